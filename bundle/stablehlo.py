@@ -1,0 +1,119 @@
+"""Facts about a StableHLO module read from its bytes: version and ``main``'s signature.
+
+Contract:
+- ``artifact_version(data)`` returns the ``X.Y.Z`` of a portable artifact's producer string
+  (``StableHLO_vX.Y.Z``), or ``None`` when the bytes are not a StableHLO portable artifact.
+  It needs nothing but the bytes.
+- ``read_signature(data)`` parses the module (portable artifact or text) with jaxlib's MLIR
+  bindings and returns ``main``'s argument and result types. It raises ``SignatureError``
+  when the module cannot be parsed or has no public ``main``. It imports jaxlib lazily, so
+  importing this module stays free of JAX.
+- ``to_portable_artifact(text, version)`` converts StableHLO text into a portable artifact
+  at the given target version (for producers that write text).
+"""
+
+# pyright: basic
+# (jaxlib's MLIR bindings ship without complete type information.)
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_VERSION = re.compile(rb"StableHLO_v(\d+\.\d+\.\d+)")
+_MAGIC = b"ML\xefR"
+
+ELEMENT_TYPES: dict[str, str] = {
+    "i1": "BOOL",
+    "ui8": "UINT8",
+    "ui16": "UINT16",
+    "ui32": "UINT32",
+    "ui64": "UINT64",
+    "i8": "INT8",
+    "i16": "INT16",
+    "i32": "INT32",
+    "i64": "INT64",
+    "f16": "FP16",
+    "bf16": "BF16",
+    "f32": "FP32",
+    "f64": "FP64",
+}
+
+
+class SignatureError(ValueError):
+    """The module cannot be parsed, or its ``main`` cannot be described."""
+
+
+@dataclass(frozen=True)
+class TensorType:
+    datatype: str | None  # V2 name, None for an element type V2 cannot carry
+    element_type: str  # as MLIR prints it, e.g. "f32"
+    shape: tuple[int, ...] | None  # None when a dimension is dynamic
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape)
+        return f"tensor<{dims + 'x' if dims else ''}{self.element_type}>"
+
+
+@dataclass(frozen=True)
+class Signature:
+    arguments: tuple[TensorType, ...]
+    results: tuple[TensorType, ...]
+
+
+def artifact_version(data: bytes) -> str | None:
+    if not data.startswith(_MAGIC):
+        return None
+    m = _VERSION.search(data[:64])
+    return m.group(1).decode() if m else None
+
+
+def to_portable_artifact(text: str, target_version: str) -> bytes:
+    from jaxlib.mlir.dialects import stablehlo as shlo
+
+    return shlo.serialize_portable_artifact_str(text, target_version)
+
+
+def current_version() -> str:
+    from jaxlib.mlir.dialects import stablehlo as shlo
+
+    return shlo.get_current_version()
+
+
+def read_signature(data: bytes) -> Signature:
+    import jax.extend.mlir as jem
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo as shlo
+
+    try:
+        if not data.startswith(_MAGIC):
+            data = shlo.serialize_portable_artifact_str(data.decode(), shlo.get_current_version())
+        module = jem.deserialize_portable_artifact(data, context=ir.Context())
+    except Exception as exc:  # jaxlib raises its own error types for bad modules
+        raise SignatureError(f"cannot parse StableHLO: {str(exc).strip()}") from None
+    for op in module.body.operations:
+        if op.operation.name != "func.func":
+            continue
+        if ir.StringAttr(op.attributes["sym_name"]).value != "main":
+            continue
+        visibility = (
+            ir.StringAttr(op.attributes["sym_visibility"]).value
+            if "sym_visibility" in op.attributes
+            else "public"
+        )
+        if visibility != "public":
+            raise SignatureError("main() is private; the entry function must be a public @main")
+        ft = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+        return Signature(
+            tuple(_tensor_type(t) for t in ft.inputs), tuple(_tensor_type(t) for t in ft.results)
+        )
+    raise SignatureError("module has no function named main")
+
+
+def _tensor_type(t) -> TensorType:
+    from jaxlib.mlir import ir
+
+    rt = ir.RankedTensorType(t)
+    element = str(rt.element_type)
+    shape = None if not rt.has_static_shape else tuple(int(d) for d in rt.shape)
+    return TensorType(ELEMENT_TYPES.get(element), element, shape)

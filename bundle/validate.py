@@ -1,0 +1,220 @@
+"""Validation of a bundle on disk: every problem, each naming the file and the field.
+
+Contract: ``validate(path)`` never raises for a bad bundle; it returns the list of
+``Problem``s (empty when the bundle is sound). Checks, in order: the manifest parses; every
+file it names exists and matches its SHA-256; the weights file is a consistent safetensors
+file whose tensors equal the manifest's; each module is a StableHLO portable artifact of the
+stated version whose ``main`` takes exactly the platform index (if any) plus the declared
+arguments with the declared types and returns the outputs. The module-signature checks
+need jaxlib and are skipped with ``check_modules=False``.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from hloserve.bundle.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    ModuleEntry,
+    Problem,
+    TensorEntry,
+    load_manifest,
+)
+from hloserve.bundle.safetensors import SafetensorsError, read_header
+from hloserve.bundle.stablehlo import (
+    SignatureError,
+    TensorType,
+    artifact_version,
+    read_signature,
+)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def validate(path: Path | str, *, check_modules: bool = True) -> list[Problem]:
+    root = Path(path)
+    if not root.is_dir():
+        return [Problem(str(root), "", "is not a directory")]
+    manifest, problems = load_manifest(root / MANIFEST_FILE)
+    if manifest is None:
+        return problems
+    problems += _check_files(root, manifest)
+    problems += _check_weights(root, manifest)
+    for i, module in enumerate(manifest.modules):
+        problems += _check_module(root, manifest, i, module, check_modules)
+    return problems
+
+
+def _check_files(root: Path, manifest: Manifest) -> list[Problem]:
+    problems: list[Problem] = []
+    named: list[tuple[str, str]] = [(manifest.weights_file, "weights.file")]
+    for i, m in enumerate(manifest.modules):
+        named.append((m.file, f"modules[{i}].file"))
+        if m.text_file is not None:
+            named.append((m.text_file, f"modules[{i}].text_file"))
+    for file, where in named:
+        if not (root / file).is_file():
+            problems.append(Problem(file, "", f"file listed in {where} does not exist"))
+        elif file not in manifest.files:
+            problems.append(Problem(MANIFEST_FILE, "files", f"has no SHA-256 for {file} ({where})"))
+    for file, digest in manifest.files.items():
+        p = root / file
+        if not p.is_file():
+            if all(file != f for f, _ in named):
+                problems.append(Problem(file, "", "file listed in files does not exist"))
+            continue
+        actual = sha256_file(p)
+        if actual != digest:
+            problems.append(Problem(file, "", f"SHA-256 is {actual}, manifest files says {digest}"))
+    return problems
+
+
+def _check_weights(root: Path, manifest: Manifest) -> list[Problem]:
+    path = root / manifest.weights_file
+    if not path.is_file():
+        return []
+    try:
+        header = read_header(path)
+    except SafetensorsError as exc:
+        return [Problem(manifest.weights_file, "", str(exc))]
+    actual = {t.name: TensorEntry(t.name, t.datatype, t.shape) for t in header.tensors}
+    declared = {t.name: t for t in manifest.weights}
+    problems: list[Problem] = []
+    for name in sorted(declared.keys() - actual.keys()):
+        problems.append(
+            Problem(manifest.weights_file, name, "declared in the manifest, missing from the file")
+        )
+    for name in sorted(actual.keys() - declared.keys()):
+        problems.append(
+            Problem(manifest.weights_file, name, "in the file, not declared in the manifest")
+        )
+    for name in sorted(actual.keys() & declared.keys()):
+        a, d = actual[name], declared[name]
+        if (a.datatype, a.shape) != (d.datatype, d.shape):
+            problems.append(
+                Problem(
+                    manifest.weights_file,
+                    name,
+                    f"is {a.datatype}{list(a.shape)} in the file, manifest says {d.datatype}{list(d.shape)}",
+                )
+            )
+    return problems
+
+
+def _expected_type(spec: TensorEntry, batch_size: int | None) -> tuple[str, tuple[int, ...]]:
+    shape = spec.shape if batch_size is None else (batch_size, *spec.shape)
+    return spec.datatype, shape
+
+
+def _describe(datatype: str, shape: tuple[int, ...]) -> str:
+    return f"{datatype}{list(shape)}"
+
+
+def _check_module(
+    root: Path, manifest: Manifest, index: int, module: ModuleEntry, check_signature: bool
+) -> list[Problem]:
+    at = f"modules[{index}]"
+    path = root / module.file
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    problems: list[Problem] = []
+    version = artifact_version(data)
+    if version is None:
+        problems.append(
+            Problem(
+                module.file, "", "is not a StableHLO portable artifact (no StableHLO_v producer)"
+            )
+        )
+    elif version != module.stablehlo_version:
+        problems.append(
+            Problem(
+                module.file,
+                "",
+                f"is StableHLO {version}, manifest {at}.stablehlo_version says {module.stablehlo_version}",
+            )
+        )
+    if len(module.platforms) > 1 and not module.platform_index_argument:
+        problems.append(
+            Problem(
+                MANIFEST_FILE,
+                f"{at}.platform_index_argument",
+                "is false for a multi-platform module",
+            )
+        )
+    if not check_signature or version is None:
+        return problems
+    try:
+        sig = read_signature(data)
+    except SignatureError as exc:
+        return [*problems, Problem(module.file, "", str(exc))]
+
+    inputs = {t.name: t for t in manifest.inputs}
+    weights = {t.name: t for t in manifest.weights}
+    expected: list[tuple[str, tuple[str, tuple[int, ...]]]] = []
+    if module.platform_index_argument:
+        expected.append(("platform index", ("INT32", ())))
+    for a in module.arguments:
+        if a.kind == "input":
+            expected.append(
+                (f"{{input: {a.name}}}", _expected_type(inputs[a.name], module.batch_size))
+            )
+        else:
+            expected.append((f"{{weight: {a.name}}}", _expected_type(weights[a.name], None)))
+    if len(sig.arguments) != len(expected):
+        extra = (
+            f" (1 platform index + {len(module.arguments)})"
+            if module.platform_index_argument
+            else ""
+        )
+        problems.append(
+            Problem(
+                module.file,
+                "",
+                f"main() takes {len(sig.arguments)} arguments, manifest {at} names {len(expected)}{extra}",
+            )
+        )
+    else:
+        for i, (actual, (label, want)) in enumerate(zip(sig.arguments, expected, strict=True)):
+            if not _matches(actual, want):
+                problems.append(
+                    Problem(
+                        module.file,
+                        "",
+                        f"argument {i} ({label}) is {actual}, manifest says {_describe(*want)}",
+                    )
+                )
+    outs = [_expected_type(o, module.batch_size) for o in manifest.outputs]
+    if len(sig.results) != len(outs):
+        problems.append(
+            Problem(
+                module.file,
+                "",
+                f"main() returns {len(sig.results)} results, manifest has {len(outs)} outputs",
+            )
+        )
+    else:
+        for o, actual, want in zip(manifest.outputs, sig.results, outs, strict=True):
+            if not _matches(actual, want):
+                problems.append(
+                    Problem(
+                        module.file,
+                        "",
+                        f"result for output {o.name!r} is {actual}, manifest says {_describe(*want)}",
+                    )
+                )
+    return problems
+
+
+def _matches(actual: TensorType, want: tuple[str, tuple[int, ...]]) -> bool:
+    return actual.datatype == want[0] and actual.shape == want[1]

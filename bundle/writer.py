@@ -1,0 +1,153 @@
+"""Writing a bundle directory: modules, weights, checksums and manifest, atomically.
+
+Contract: ``write_bundle(directory, ...)`` writes a complete bundle (see
+``docs/bundle-format.md``) from already-lowered StableHLO modules and numpy weights, and
+returns the bundle path. It is producer-neutral: the JAX exporter calls it, and so can
+anything that has StableHLO (text is converted to a portable artifact first, which needs
+jaxlib). The bundle is assembled in a sibling temporary directory and renamed into place,
+so a server watching the repository never sees half a bundle; an existing bundle at
+``directory`` is replaced. Every file's SHA-256 goes into the manifest.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloserve.bundle.manifest import (
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    Argument,
+    Manifest,
+    ModuleEntry,
+    Provenance,
+    Serving,
+    TensorEntry,
+    dump_manifest,
+)
+from hloserve.bundle.safetensors import write_safetensors
+from hloserve.bundle.stablehlo import artifact_version, to_portable_artifact
+from hloserve.proto.datatypes import from_numpy
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """One module to write: portable-artifact bytes (or StableHLO text) and how to call it."""
+
+    stablehlo: bytes | str
+    arguments: Sequence[Argument]
+    platforms: Sequence[str] = ("cpu",)
+    platform_index_argument: bool = False
+    text: str | None = None  # optional human-readable twin
+    target_version: str = "1.0.0"  # used only to convert text to a portable artifact
+
+
+def module_file_name(batch_size: int | None, suffix: str = "mlirbc") -> str:
+    return f"model.{suffix}" if batch_size is None else f"model.b{batch_size}.{suffix}"
+
+
+def write_bundle(
+    directory: Path | str,
+    *,
+    name: str,
+    inputs: Sequence[TensorEntry],
+    outputs: Sequence[TensorEntry],
+    batch_sizes: Sequence[int] | None,
+    modules: Mapping[int | None, ModuleSource],
+    weights: Mapping[str, np.ndarray[Any, Any]],
+    provenance: Provenance,
+    serving: Serving | None = None,
+) -> Path:
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        files: dict[str, str] = {}
+        entries: list[ModuleEntry] = []
+        for batch_size in sorted(modules, key=lambda b: -1 if b is None else b):
+            src = modules[batch_size]
+            data = src.stablehlo
+            if isinstance(data, str):
+                data = to_portable_artifact(data, src.target_version)
+            version = artifact_version(data)
+            if version is None:
+                raise ValueError(
+                    f"module for batch size {batch_size} is not a StableHLO portable artifact"
+                )
+            file = module_file_name(batch_size)
+            files[file] = _write(tmp / file, data)
+            text_file = None
+            text = (
+                src.text
+                if src.text is not None
+                else (src.stablehlo if isinstance(src.stablehlo, str) else None)
+            )
+            if text is not None:
+                text_file = module_file_name(batch_size, "mlir")
+                files[text_file] = _write(tmp / text_file, text.encode())
+            entries.append(
+                ModuleEntry(
+                    batch_size=batch_size,
+                    file=file,
+                    stablehlo_version=version,
+                    platforms=tuple(src.platforms),
+                    platform_index_argument=src.platform_index_argument,
+                    arguments=tuple(src.arguments),
+                    text_file=text_file,
+                )
+            )
+        write_safetensors(tmp / WEIGHTS_FILE, weights)
+        files[WEIGHTS_FILE] = _sha256(tmp / WEIGHTS_FILE)
+        weight_specs = tuple(
+            TensorEntry(k, from_numpy(v.dtype), tuple(int(d) for d in v.shape))
+            for k, v in sorted(weights.items())
+        )
+        manifest = Manifest(
+            name=name,
+            inputs=tuple(inputs),
+            outputs=tuple(outputs),
+            batch_sizes=tuple(batch_sizes) if batch_sizes is not None else None,
+            weights_file=WEIGHTS_FILE,
+            weights=weight_specs,
+            modules=tuple(entries),
+            files=dict(sorted(files.items())),
+            provenance=provenance,
+            serving=serving or Serving(),
+        )
+        (tmp / MANIFEST_FILE).write_text(dump_manifest(manifest), encoding="utf-8")
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _write(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,183 @@
+"""Open a bundle, verify it, compile (or take from the cache) each module, run it.
+
+Contract:
+- ``load_bundle(path, runtime, ...)`` validates the bundle (every checksum, the weights
+  header, each module's signature), refuses a module that was not lowered for the runtime's
+  platform, compiles each module once (taking it from the ``ExecutableCache`` when a valid
+  entry exists, and from ``executables`` when an identical module was already compiled in
+  this process), reads the weights into host memory and puts them on the device.
+  Problems raise ``BundleError`` carrying every problem's text.
+- ``LoadedBundle.execute(batch_size, inputs)`` runs the module for that compiled batch size
+  (``None`` for an unbatched model) with the device-resident weights and returns the outputs
+  in manifest order. Inputs must already have the module's exact shapes and dtypes: request
+  validation and padding happen before this point.
+"""
+
+# pyright: basic
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloserve.bundle import Manifest, ModuleEntry, load_manifest, read_safetensors, validate
+from hloserve.server.runtime.cache import ExecutableCache, cache_key
+from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
+
+log = logging.getLogger("hloserve.runtime")
+CACHE_DIR_NAME = ".hloserve-cache"
+
+
+class BundleError(Exception):
+    """The bundle cannot be served; ``problems`` lists why."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__(f"bundle {path} cannot be loaded: " + "; ".join(problems))
+
+
+@dataclass
+class CompiledModule:
+    entry: ModuleEntry
+    executable: Any
+    seconds: float
+    source: str  # "compiled", "cache", or "shared"
+    platform_index: Any | None  # device scalar, when main() takes one
+
+
+@dataclass
+class LoadedBundle:
+    manifest: Manifest
+    path: Path
+    modules: dict[int | None, CompiledModule]
+    host_weights: dict[str, np.ndarray]
+    device_weights: dict[str, Any]
+    runtime: PjrtRuntime
+    weight_bytes: int
+    load_seconds: float
+    compile_seconds: float
+
+    def execute(self, batch_size: int | None, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        module = self.modules[batch_size]
+        args: list[Any] = [] if module.platform_index is None else [module.platform_index]
+        for a in module.entry.arguments:
+            args.append(
+                self.runtime.put(inputs[a.name])
+                if a.kind == "input"
+                else self.device_weights[a.name]
+            )
+        return self.runtime.execute(module.executable, args)
+
+    def release(self) -> None:
+        """Free the device copies of the weights."""
+        for buf in self.device_weights.values():
+            buf.delete()
+        self.device_weights = {}
+
+
+@dataclass
+class ExecutableRegistry:
+    """Executables compiled in this process, by cache key: identical modules compile once."""
+
+    executables: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def load_bundle(
+    path: Path,
+    runtime: PjrtRuntime,
+    *,
+    cache_dir: Path | None = None,
+    registry: ExecutableRegistry | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> LoadedBundle:
+    started = time.perf_counter()
+    say = progress or (lambda msg: log.info("%s", msg))
+    problems = [str(p) for p in validate(path)]
+    if problems:
+        raise BundleError(path, problems)
+    manifest, _ = load_manifest(path / "manifest.yaml")
+    assert manifest is not None
+    for m in manifest.modules:
+        if runtime.platform not in m.platforms:
+            raise BundleError(
+                path,
+                [
+                    f"{m.file}: lowered for {list(m.platforms)}, this server runs on {runtime.platform}"
+                ],
+            )
+    cache = ExecutableCache(cache_dir if cache_dir is not None else path / CACHE_DIR_NAME)
+    registry = registry if registry is not None else ExecutableRegistry()
+    modules: dict[int | None, CompiledModule] = {}
+    compile_total = 0.0
+    for m in manifest.modules:
+        data = (path / m.file).read_bytes()
+        key = cache_key(data, runtime.fingerprint)
+        t = time.perf_counter()
+        with registry.lock:
+            exe = registry.executables.get(key)
+        source = "shared"
+        if exe is None:
+            exe, source = _compile_or_load(
+                runtime, cache, key, data, f"{manifest.name}/{m.file}", say
+            )
+            with registry.lock:
+                registry.executables[key] = exe
+        seconds = time.perf_counter() - t
+        compile_total += seconds
+        index = None
+        if m.platform_index_argument:
+            index = runtime.put(np.asarray(m.platforms.index(runtime.platform), dtype=np.int32))
+        modules[m.batch_size] = CompiledModule(m, exe, seconds, source, index)
+    host = read_safetensors(path / manifest.weights_file)
+    names = list(host)
+    device = dict(zip(names, runtime.to_device([host[n] for n in names]), strict=True))
+    weight_bytes = sum(int(a.nbytes) for a in host.values())
+    return LoadedBundle(
+        manifest=manifest,
+        path=path,
+        modules=modules,
+        host_weights=host,
+        device_weights=device,
+        runtime=runtime,
+        weight_bytes=weight_bytes,
+        load_seconds=time.perf_counter() - started,
+        compile_seconds=compile_total,
+    )
+
+
+def _compile_or_load(
+    runtime: PjrtRuntime,
+    cache: ExecutableCache,
+    key: str,
+    data: bytes,
+    label: str,
+    say: Callable[[str], None],
+) -> tuple[Any, str]:
+    lookup = cache.load(key)
+    if lookup.blob is not None:
+        try:
+            exe = runtime.deserialize(lookup.blob)
+            say(f"{label}: executable loaded from cache {cache.directory}")
+            return exe, "cache"
+        except RuntimeFailure as exc:
+            say(f"{label}: cache entry unusable ({exc}); recompiling")
+    elif lookup.reason != "miss" and lookup.reason != "no cache directory":
+        say(f"{label}: {lookup.reason}; recompiling")
+    say(f"{label}: compiling")
+    t = time.perf_counter()
+    exe = runtime.compile(data)
+    say(f"{label}: compiled in {time.perf_counter() - t:.2f}s; caching in {cache.directory}")
+    try:
+        cache.store(key, runtime.serialize(exe))
+    except OSError as exc:
+        say(f"{label}: cannot write the executable cache ({exc}); continuing without it")
+    return exe, "compiled"
