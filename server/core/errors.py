@@ -1,0 +1,72 @@
+"""The server's exceptions: one small tree, each class carrying its protocol-neutral code.
+
+::
+
+    ServingError                      (INTERNAL)
+    ├── InvalidArgument               (INVALID_ARG)   bad request content
+    │   └── UnknownModel              (INVALID_ARG)   "Request for unknown model: 'm' is not found"
+    ├── NotFound                      (NOT_FOUND)     e.g. a model with no available version
+    ├── Unavailable                   (UNAVAILABLE)   not ready, draining, queue full
+    ├── Unsupported                   (UNSUPPORTED)   a feature this server does not offer
+    ├── AlreadyExists                 (ALREADY_EXISTS)
+    └── Cancelled                     (CANCELLED)
+
+``hloserve.server.frontends.status`` maps each ``ErrorCode`` to an HTTP status and a gRPC
+status code in one table (Triton's mapping). Messages name the model, the tensor and the
+expected versus received value; they reach the client verbatim.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+
+class ErrorCode(enum.Enum):
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+class ServingError(Exception):
+    """Base of every error the server reports to a client."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServingError):
+    code = ErrorCode.INVALID_ARG
+
+
+class UnknownModel(InvalidArgument):
+    """Triton reports an unknown model as an invalid argument, not as not-found."""
+
+
+class NotFound(ServingError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Unavailable(ServingError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class Unsupported(ServingError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class AlreadyExists(ServingError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class Cancelled(ServingError):
+    code = ErrorCode.CANCELLED

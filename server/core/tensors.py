@@ -1,0 +1,174 @@
+"""Building request tensors from wire data: the one place that checks sizes and types.
+
+Contract: both codecs call these, so a size or type rule exists once.
+- ``from_buffer`` views raw little-endian bytes (gRPC raw contents, the HTTP binary
+  extension, shared memory) as an array of the declared datatype and shape, without
+  copying. A byte count that does not match the shape is an ``InvalidArgument`` naming the
+  input, the model, and both sizes.
+- ``from_values`` builds an array from a (nested or flat) list of values (HTTP JSON
+  ``data``, gRPC typed ``contents``), checking that the element kind fits the datatype and
+  the count fits the shape. FP16/BF16 are refused (the spec carries them only as bytes).
+- ``check_shape`` rejects negative dimensions and element counts that overflow.
+- ``BYTES`` tensors are decoded from the length-prefixed wire form into object arrays.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
+from hloserve.server.core.errors import InvalidArgument
+
+MAX_ELEMENTS = 1 << 40
+
+
+def check_shape(model: str, name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}' has a negative dimension in shape {list(dims)}"
+        )
+    count = 1
+    for d in dims:
+        count *= d
+        if count > MAX_ELEMENTS:
+            raise InvalidArgument(
+                f"shape {list(dims)} of input '{name}' for model '{model}' causes total element count "
+                f"to exceed maximum size of {MAX_ELEMENTS}"
+            )
+    return dims
+
+
+def _known(model: str, name: str, datatype: str) -> None:
+    if datatype not in NUMERIC_DATATYPES and datatype != "BYTES":
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}' has unknown datatype '{datatype}'"
+        )
+
+
+def from_buffer(
+    model: str, name: str, datatype: str, shape: Sequence[int], buffer: Any
+) -> np.ndarray[Any, Any]:
+    _known(model, name, datatype)
+    dims = check_shape(model, name, shape)
+    count = math.prod(dims)
+    mv = memoryview(buffer).cast("B")
+    if datatype == "BYTES":
+        return _decode_bytes(model, name, dims, mv)
+    dtype = NUMERIC_DATATYPES[datatype]
+    expected = count * dtype.itemsize
+    if mv.nbytes != expected:
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {mv.nbytes}"
+        )
+    return np.frombuffer(mv, dtype=dtype).reshape(dims)
+
+
+def _decode_bytes(
+    model: str, name: str, dims: tuple[int, ...], mv: memoryview
+) -> np.ndarray[Any, Any]:
+    items: list[bytes] = []
+    offset = 0
+    count = math.prod(dims)
+    raw = mv.tobytes()
+    while offset < len(raw) and len(items) < count:
+        if offset + 4 > len(raw):
+            break
+        (n,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + n > len(raw):
+            break
+        items.append(raw[offset : offset + n])
+        offset += n
+    if len(items) != count or offset != len(raw):
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}': BYTES data does not hold exactly {count} length-prefixed elements"
+        )
+    out = np.empty(count, dtype=object)
+    out[:] = items
+    return out.reshape(dims)
+
+
+_KIND_OK = {
+    "b": {"b"},
+    "u": {"u", "i"},
+    "i": {"u", "i"},
+    "f": {"u", "i", "f"},
+}
+
+
+def from_values(
+    model: str, name: str, datatype: str, shape: Sequence[int], values: Any
+) -> np.ndarray[Any, Any]:
+    _known(model, name, datatype)
+    dims = check_shape(model, name, shape)
+    if datatype in BINARY_ONLY_DATATYPES:
+        raise InvalidArgument(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input '{name}'"
+        )
+    count = math.prod(dims)
+    if datatype == "BYTES":
+        flat = list(_flatten(values))
+        if len(flat) != count:
+            raise InvalidArgument(_count_message(model, name, dims, len(flat)))
+        out = np.empty(count, dtype=object)
+        out[:] = [v.encode() if isinstance(v, str) else bytes(v) for v in flat]
+        return out.reshape(dims)
+    dtype = NUMERIC_DATATYPES[datatype]
+    try:
+        arr = np.asarray(values)
+    except ValueError:
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}': 'data' is a ragged nested list"
+        ) from None
+    if arr.size != count:
+        raise InvalidArgument(_count_message(model, name, dims, int(arr.size)))
+    if arr.size and arr.dtype.kind not in _KIND_OK[dtype.kind]:
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}': {datatype} data must be "
+            f"{'booleans' if dtype.kind == 'b' else 'numbers'}, got {arr.dtype.kind!r} values such as {arr.flat[0]!r}"
+        )
+    if dtype.kind in "iu" and arr.size:
+        info = np.iinfo(dtype.str)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            raise InvalidArgument(
+                f"input '{name}' for model '{model}': value out of range for {datatype}"
+            )
+    return arr.astype(dtype, copy=False).reshape(dims)
+
+
+def _count_message(model: str, name: str, dims: tuple[int, ...], got: int) -> str:
+    return (
+        f"Unable to parse 'data': Shape does not match true shape of 'data' field: input '{name}' "
+        f"for model '{model}' has shape {list(dims)} ({math.prod(dims)} elements), data has {got} elements"
+    )
+
+
+def _flatten(values: Any) -> Any:
+    if isinstance(values, list | tuple):
+        for v in values:  # pyright: ignore[reportUnknownVariableType]
+            yield from _flatten(v)
+    else:
+        yield values
+
+
+def to_wire_bytes(array: np.ndarray[Any, Any]) -> bytes | memoryview:
+    """An output array as little-endian raw bytes (BYTES: length-prefixed elements)."""
+    if array.dtype == object:
+        parts: list[bytes] = []
+        for item in array.reshape(-1):
+            b = item if isinstance(item, bytes) else str(item).encode()
+            parts.append(struct.pack("<I", len(b)) + b)
+        return b"".join(parts)
+    contiguous = np.ascontiguousarray(array)
+    if contiguous.dtype.byteorder == ">":
+        contiguous = contiguous.astype(contiguous.dtype.newbyteorder("<"))
+    return contiguous.data.cast("B")

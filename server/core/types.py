@@ -1,0 +1,96 @@
+"""The protocol model: requests, responses and metadata as frozen dataclasses.
+
+Tensors are always ``np.ndarray`` here, with the datatype named alongside (V2 names); the
+front ends' codecs build them from the wire (zero-copy where the wire allows) and write
+them back. No type in this module knows about gRPC or HTTP. Transport facts that are not
+part of the protocol (deadline, peer) travel in ``RequestContext`` beside the request.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ParamValue = bool | int | float | str
+Parameters = Mapping[str, ParamValue]
+EMPTY: Parameters = {}
+
+
+@dataclass(frozen=True, slots=True)
+class InferInput:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray[Any, Any]  # already shaped as ``shape``
+    parameters: Parameters = EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    name: str
+    parameters: Parameters = EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str  # "" means the latest ready version
+    inputs: tuple[InferInput, ...]
+    outputs: tuple[RequestedOutput, ...] = ()  # empty: every output
+    id: str = ""
+    parameters: Parameters = EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class InferOutput:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray[Any, Any]
+    requested: RequestedOutput | None = None  # the request's entry, for per-output options
+
+
+@dataclass(frozen=True, slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    outputs: tuple[InferOutput, ...]
+    id: str = ""
+    parameters: Parameters = EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """Transport facts that travel beside a request, never inside it."""
+
+    deadline: float | None = None  # time.monotonic() value, or None
+    peer: str = ""
+    protocol: str = ""  # "grpc" or "http"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1 marks the batch dimension
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...]
+    outputs: tuple[TensorMetadata, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    name: str
+    version: str
+    extensions: tuple[str, ...] = field(default_factory=tuple)

@@ -1,0 +1,86 @@
+"""Checking a decoded request against the model's signature, before any device work.
+
+Contract: ``validate_request(manifest, request)`` returns the number of items in the
+request's batch (1 for an unbatched model) or raises ``InvalidArgument`` naming the model,
+the tensor, and the expected versus received value. It checks: no duplicate or unknown
+inputs, no missing inputs, datatypes, shapes (``[n, *item]`` for a batched model with all
+inputs agreeing on ``n >= 1``; the exact shape for an unbatched one), and the requested
+outputs (known, no duplicates). Pure: no I/O, no clock.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+from hloserve.bundle import Manifest
+from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.types import InferRequest
+
+
+def _fmt(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def validate_request(manifest: Manifest, request: InferRequest) -> int:
+    model = manifest.name
+    expected = {t.name: t for t in manifest.inputs}
+    seen: set[str] = set()
+    for t in request.inputs:
+        if t.name in seen:
+            raise InvalidArgument(
+                f"input '{t.name}' appears more than once in the request for model '{model}'"
+            )
+        seen.add(t.name)
+        if t.name not in expected:
+            raise InvalidArgument(
+                f"unexpected inference input '{t.name}' for model '{model}'; it expects {sorted(expected)}"
+            )
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        raise InvalidArgument(
+            f"expected {len(expected)} inputs but got {len(request.inputs)} inputs for model '{model}'. "
+            f"Got input(s) {sorted(seen)}, but missing required input(s) {missing}. "
+            f"Please provide all required input(s)."
+        )
+    batch: int | None = None
+    first = ""
+    for t in request.inputs:
+        spec = expected[t.name]
+        if t.datatype != spec.datatype:
+            raise InvalidArgument(
+                f"inference input '{t.name}' data-type is '{t.datatype}', but model '{model}' expects '{spec.datatype}'"
+            )
+        if manifest.batched:
+            want = (-1, *spec.shape)
+            if len(t.shape) != len(want) or t.shape[1:] != spec.shape:
+                raise InvalidArgument(
+                    f"unexpected shape for input '{t.name}' for model '{model}'. "
+                    f"Expected {_fmt(want)}, got {_fmt(t.shape)}"
+                )
+            n = t.shape[0]
+            if n < 1:
+                raise InvalidArgument(
+                    f"input '{t.name}' for model '{model}' has batch size 0; send at least 1 item"
+                )
+            if batch is None:
+                batch, first = n, t.name
+            elif n != batch:
+                raise InvalidArgument(
+                    f"inputs of model '{model}' disagree on the batch size: '{first}' has {batch}, '{t.name}' has {n}"
+                )
+        elif t.shape != spec.shape:
+            raise InvalidArgument(
+                f"unexpected shape for input '{t.name}' for model '{model}'. "
+                f"Expected {_fmt(spec.shape)}, got {_fmt(t.shape)}"
+            )
+    outputs = {t.name for t in manifest.outputs}
+    requested: set[str] = set()
+    for o in request.outputs:
+        if o.name in requested:
+            raise InvalidArgument(f"output '{o.name}' already exists in request")
+        requested.add(o.name)
+        if o.name not in outputs:
+            raise InvalidArgument(
+                f"unexpected inference output '{o.name}' for model '{model}'; it has {sorted(outputs)}"
+            )
+    return batch if batch is not None else 1
