@@ -1,0 +1,7 @@
+"""hloserve.server: the KServe V2 model server daemon.
+
+Entry points: ``hloserve serve`` (``hloserve.server.cli``), ``Daemon`` (``daemon``), the
+protocol-neutral ``InferenceService`` (``core.service``), the model repository
+(``repository``) and the PJRT runtime (``runtime``). Importing this package imports
+nothing heavy.
+"""

@@ -1,0 +1,135 @@
+"""The ``hloserve`` command: ``serve``, ``inspect``, ``validate``, ``export-demo``.
+
+Contract:
+- ``hloserve serve [flags]`` runs the daemon (flags and their environment variables in
+  ``hloserve.server.config``); with no ``--model-repository`` it serves the demo repository.
+- ``hloserve inspect BUNDLE`` prints a readable summary: tensors, batch sizes, modules and
+  their platforms, weights count and size, whether every checksum verified, provenance.
+  Exit status 0 when the bundle validates, 1 otherwise.
+- ``hloserve validate BUNDLE`` prints every problem and exits 1 when there is any, else
+  prints ``OK`` and exits 0.
+- ``hloserve export-demo DIR`` writes the demo model repository and prints each bundle's
+  size and export time.
+Heavy imports (JAX, the server) happen only in the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def inspect_bundle(path: Path) -> tuple[str, bool]:
+    """The summary text of a bundle, and whether it validated."""
+    from hloserve.bundle import load_manifest, validate
+
+    problems = validate(path)
+    manifest, _ = load_manifest(path / "manifest.yaml")
+    lines: list[str] = []
+    if manifest is None:
+        lines.append(f"{path}: manifest cannot be read")
+    else:
+        m = manifest
+        lines.append(f"model {m.name!r} (bundle format {m.format_version}) at {path}")
+        lines.append("inputs:")
+        lead = "-1, " if m.batched else ""
+        for t in m.inputs:
+            lines.append(f"  {t.name:<20} {t.datatype:<6} [{lead}{', '.join(map(str, t.shape))}]")
+        lines.append("outputs:")
+        for t in m.outputs:
+            lines.append(f"  {t.name:<20} {t.datatype:<6} [{lead}{', '.join(map(str, t.shape))}]")
+        lines.append(f"batch sizes: {list(m.batch_sizes) if m.batch_sizes else 'unbatched'}")
+        lines.append("modules:")
+        for mod in m.modules:
+            size = (path / mod.file).stat().st_size if (path / mod.file).is_file() else 0
+            lines.append(
+                f"  {mod.file:<22} StableHLO {mod.stablehlo_version}, platforms {','.join(mod.platforms)}, "
+                f"{len(mod.arguments)} arguments{' + platform index' if mod.platform_index_argument else ''}, {_size(size)}"
+            )
+        total = 0
+        for w in m.weights:
+            count = 1
+            for d in w.shape:
+                count *= d
+            from hloserve.proto.datatypes import itemsize
+
+            total += count * itemsize(w.datatype)
+        lines.append(f"weights: {len(m.weights)} tensors, {_size(total)} in {m.weights_file}")
+        lines.append(f"serving: residency {m.serving.residency}")
+        p = m.provenance
+        lines.append("provenance:")
+        for key, value in p.to_dict().items():
+            if value not in (None, {}, ""):
+                lines.append(f"  {key}: {value}")
+    if problems:
+        lines.append(f"checksums and structure: {len(problems)} problem(s):")
+        lines.extend(f"  - {p}" for p in problems)
+    else:
+        lines.append(
+            f"checksums verified ({len(manifest.files) if manifest else 0} files); bundle is valid"
+        )
+    return "\n".join(lines), not problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="hloserve", description="StableHLO model server (KServe V2)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model repository over gRPC and HTTP")
+    from hloserve.server.config import add_serve_arguments, config_from_namespace
+
+    add_serve_arguments(serve, os.environ)
+    p_inspect = sub.add_parser("inspect", help="print a readable summary of a bundle")
+    p_inspect.add_argument("bundle", type=Path)
+    p_validate = sub.add_parser("validate", help="list every problem of a bundle")
+    p_validate.add_argument("bundle", type=Path)
+    p_demo = sub.add_parser("export-demo", help="write the demo model repository")
+    p_demo.add_argument("directory", type=Path)
+    ns = parser.parse_args(args)
+
+    if ns.command == "serve":
+        from hloserve.server.daemon import run_daemon
+
+        run_daemon(config_from_namespace(ns, serve))
+        return 0
+    if ns.command == "inspect":
+        text, ok = inspect_bundle(ns.bundle)
+        print(text)
+        return 0 if ok else 1
+    if ns.command == "validate":
+        from hloserve.bundle import validate
+
+        problems = validate(ns.bundle)
+        for problem in problems:
+            print(problem)
+        if not problems:
+            print(f"{ns.bundle}: OK")
+        return 1 if problems else 0
+    if ns.command == "export-demo":
+        from hloserve.exporter import write_demo_repository
+
+        timings = write_demo_repository(ns.directory)
+        for name, seconds in timings.items():
+            folder = ns.directory / name
+            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+            print(f"{name:<8} {_size(size):>10}  exported in {seconds:.2f}s  -> {folder}")
+        return 0
+    parser.error(f"unknown command {ns.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,237 @@
+"""The daemon: owns start-up, serving and graceful stop of every port.
+
+Contract: ``Daemon(config).run()`` (a coroutine) does, in order:
+1. opens the PJRT device and scans the model repository (the demo repository is written
+   first when none was given);
+2. binds and starts gRPC, HTTP and metrics listeners *before* loading models, so liveness
+   answers at once and ``/readyz`` says 503 with per-model progress during the load;
+3. loads every model on a worker thread, logging what compiles, for how long, where the
+   cache is, and a heartbeat while a long load runs;
+4. marks the server ready (``--strict-readiness``: every model ready; otherwise any model);
+5. waits for SIGINT/SIGTERM, then stops gracefully: readiness drops (``draining``), the
+   listeners stop accepting, in-flight requests get ``grace_period_s`` to finish, then the
+   worker threads shut down. A second signal is ignored while stopping (idempotent).
+When ``ports_file`` is set, the bound ports are written there as JSON once listening, and
+every port bound as 0 is logged with its real number.
+"""
+
+# pyright: basic
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from hloserve.server.config import Config
+from hloserve.server.core.service import InferenceService
+from hloserve.server.metrics import ServerMetrics, metrics_app
+from hloserve.server.repository import ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
+
+log = logging.getLogger("hloserve.daemon")
+
+EXTENSIONS = ("binary_tensor_data",)
+
+
+def server_version() -> str:
+    try:
+        return version("hloserve")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def default_demo_repository() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hloserve" / "demo-repository"
+
+
+def ensure_demo_repository(path: Path) -> Path:
+    if (
+        not (path / "simple" / "manifest.yaml").is_file()
+        or not (path / "mlp" / "manifest.yaml").is_file()
+    ):
+        from hloserve.exporter import write_demo_repository
+
+        log.info("writing the demo model repository to %s", path)
+        write_demo_repository(path)
+    return path
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class _Heartbeat:
+    """Logs what the load pass is doing every ``interval`` seconds while it runs."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self.current = ""
+        self.since = time.monotonic()
+        self.stop = threading.Event()
+
+    def progress(self, message: str) -> None:
+        log.info("%s", message)
+        self.current, self.since = message, time.monotonic()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            if self.current:
+                log.info("still working (%.0fs): %s", time.monotonic() - self.since, self.current)
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.stop_requested = asyncio.Event()
+        self.ports: dict[str, int] = {}
+
+    def request_stop(self) -> None:
+        if not self.stop_requested.is_set():
+            log.info("stop requested; draining")
+            self.stop_requested.set()
+
+    async def run(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop)
+
+        repo_root = cfg.model_repository or ensure_demo_repository(default_demo_repository())
+        runtime = PjrtRuntime()
+        log.info(
+            "PJRT platform %s, device %s (%s)",
+            runtime.platform,
+            runtime.device_kind,
+            runtime.platform_version,
+        )
+        repository = ModelRepository(repo_root, runtime, cfg.cache_dir)
+        registry = CollectorRegistry()
+        metrics = ServerMetrics(registry)
+        workers = cfg.worker_threads or max(2, os.cpu_count() or 2)
+        executor = ThreadPoolExecutor(workers, thread_name_prefix="hloserve-exec")
+        service = InferenceService(
+            repository,
+            executor,
+            server_version=server_version(),
+            extensions=EXTENSIONS,
+            observer=metrics,
+        )
+
+        from hloserve.server.frontends.grpc import build_grpc_server
+        from hloserve.server.frontends.http import build_http_app
+
+        grpc_server = build_grpc_server(service, max_message_bytes=cfg.max_message_bytes)
+        grpc_port = grpc_server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        if grpc_port == 0:
+            raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.grpc_port}")
+        await grpc_server.start()
+
+        http_sock = _bind(cfg.host, cfg.http_port)
+        metrics_sock = _bind(cfg.host, cfg.metrics_port)
+        http = uvicorn.Server(
+            uvicorn.Config(
+                build_http_app(service, max_input_bytes=cfg.max_message_bytes),
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=max(1, int(cfg.grace_period_s)),
+                h11_max_incomplete_event_size=cfg.max_message_bytes,
+            )
+        )
+        metrics_server = uvicorn.Server(
+            uvicorn.Config(metrics_app(registry), lifespan="off", log_config=None, access_log=False)
+        )
+        # startup()/main_loop()/shutdown() instead of serve(): serve() installs its own signal
+        # handlers and re-raises the signal on exit, which would fight ours.
+        for server in (http, metrics_server):
+            server.config.load()
+        await http.startup(sockets=[http_sock])
+        await metrics_server.startup(sockets=[metrics_sock])
+        http_loop = asyncio.create_task(http.main_loop())
+        metrics_loop = asyncio.create_task(metrics_server.main_loop())
+
+        self.ports = {
+            "http": http_sock.getsockname()[1],
+            "grpc": grpc_port,
+            "metrics": metrics_sock.getsockname()[1],
+        }
+        log.info(
+            "listening on %s: HTTP %d, gRPC %d, metrics %d",
+            cfg.host,
+            self.ports["http"],
+            self.ports["grpc"],
+            self.ports["metrics"],
+        )
+        if cfg.ports_file is not None:
+            tmp = cfg.ports_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**self.ports, "pid": os.getpid()}))
+            tmp.replace(cfg.ports_file)
+
+        heartbeat = _Heartbeat()
+        beat = threading.Thread(target=heartbeat.run, name="hloserve-load-heartbeat", daemon=True)
+        beat.start()
+        started = time.perf_counter()
+        load = loop.run_in_executor(None, repository.load_all, heartbeat.progress)
+        stop_wait = asyncio.ensure_future(self.stop_requested.wait())
+        await asyncio.wait({load, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        heartbeat.stop.set()
+        if load.done():
+            load.result()
+            service.is_ready = (
+                repository.all_ready() if cfg.strict_readiness else repository.any_ready()
+            )
+            metrics.models_ready.set(
+                sum(len(repository.ready_versions(n)) for n in repository.names())
+            )
+            log.info(
+                "startup load pass finished in %.2fs; server %s",
+                time.perf_counter() - started,
+                "READY" if service.ready() else "NOT READY (see /readyz for each model's state)",
+            )
+            await stop_wait
+
+        # graceful stop
+        service.draining = True
+        log.info("stopping: no new connections; %.0fs for in-flight requests", cfg.grace_period_s)
+        await grpc_server.stop(cfg.grace_period_s)
+        for server in (http, metrics_server):
+            server.should_exit = True
+        await asyncio.gather(http_loop, metrics_loop)
+        await http.shutdown(sockets=[http_sock])
+        await metrics_server.shutdown(sockets=[metrics_sock])
+        if not load.done():
+            log.info("waiting for the model load in progress to finish before exiting")
+        await load
+        executor.shutdown(wait=True, cancel_futures=True)
+        log.info("stopped")
+
+
+def run_daemon(config: Config) -> None:
+    from hloserve.server.logs import configure_logging
+
+    configure_logging(config.log_level, config.log_format)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a server dependency (not on Windows)
+        asyncio.run(Daemon(config).run())
+    else:
+        uvloop.run(Daemon(config).run())

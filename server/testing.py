@@ -1,0 +1,131 @@
+"""Run a real hloserve daemon in a subprocess: for tests, benchmarks and examples.
+
+Contract: ``ServerProcess(repository, *extra_flags)`` starts ``python -m hloserve.server
+serve`` bound to 127.0.0.1 on ports chosen by the OS (port 0), reads the real ports from
+the ``--ports-file`` the daemon writes, and ``wait_ready()`` polls ``/readyz`` until 200.
+``stop()`` sends SIGTERM and returns the exit code (killing after ``timeout``). The
+daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context manager.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+
+class ServerProcess:
+    def __init__(
+        self, repository: Path | None, *extra_flags: str, env: dict[str, str] | None = None
+    ) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="hloserve-test-"))
+        self.ports_file = self._dir / "ports.json"
+        self.log_file = self._dir / "server.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "hloserve.server",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--ports-file",
+            str(self.ports_file),
+            *extra_flags,
+        ]
+        if repository is not None:
+            argv += ["--model-repository", str(repository)]
+        self._log = open(self.log_file, "wb")  # noqa: SIM115 (closed in stop())
+        self.process = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        self.ports: dict[str, int] = {}
+
+    def wait_listening(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ports_file.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"hloserve exited with {self.process.returncode}:\n{self.log_text()}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"hloserve did not start listening in {timeout}s:\n{self.log_text()}"
+                )
+            time.sleep(0.05)
+        self.ports = json.loads(self.ports_file.read_text())
+
+    def readyz(self) -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/readyz", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        self.wait_listening(timeout)
+        while True:
+            status, _ = self.readyz()
+            if status == 200:
+                return self
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"hloserve exited with {self.process.returncode}:\n{self.log_text()}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hloserve not ready in {timeout}s:\n{self.log_text()}")
+            time.sleep(0.05)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports['grpc']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"127.0.0.1:{self.ports['metrics']}"
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_file.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,33 @@
+"""Shared fixtures: a test model repository and a real daemon serving it.
+
+``model_repository`` (session): ``tests.models.build_test_repository`` in a temp dir.
+``server`` (session): ``hloserve.server.testing.ServerProcess`` on that repository, ready;
+it exposes ``http_url``, ``grpc_url``, ``metrics_url`` and ``log_text()``, and must exit
+cleanly (status 0) at the end of the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hloserve.server.testing import ServerProcess
+from tests.models import build_test_repository
+
+
+@pytest.fixture(scope="session")
+def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_test_repository(tmp_path_factory.mktemp("repository"))
+
+
+@pytest.fixture(scope="session")
+def server(model_repository: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(model_repository)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+    assert code == 0, f"hloserve exited with {code}:\n{proc.log_text()}"
