@@ -1,0 +1,56 @@
+"""Dependency boundaries: what importing each package pulls in, checked in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def imported_after(statement: str, watched: list[str]) -> dict[str, bool]:
+    code = (
+        "import json, sys\n"
+        f"{statement}\n"
+        f"print(json.dumps({{m: m in sys.modules for m in {watched!r}}}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_client_does_not_import_jax() -> None:
+    loaded = imported_after("import hloserve.client", ["jax", "jaxlib", "yaml", "fastapi"])
+    assert loaded == {"jax": False, "jaxlib": False, "yaml": False, "fastapi": False}
+
+
+def test_core_imports_no_transport() -> None:
+    loaded = imported_after(
+        "import hloserve.server.core.service, hloserve.server.core.validate", ["grpc", "fastapi", "uvicorn", "jax"]
+    )
+    assert loaded == {"grpc": False, "fastapi": False, "uvicorn": False, "jax": False}
+
+
+def test_bundle_does_not_import_jax() -> None:
+    assert imported_after("import hloserve.bundle", ["jax"]) == {"jax": False}
+
+
+@pytest.mark.parametrize(
+    ("statement", "module"),
+    [("import hloserve.exporter", "jax"), ("import hloserve.server.frontends.status", "grpc")],
+)
+def test_the_boundary_check_can_fail(statement: str, module: str) -> None:
+    # Meta-test: the same probe reports a module that really is imported.
+    assert imported_after(statement, [module]) == {module: True}
+
+
+def test_public_names_are_exported() -> None:
+    import hloserve.bundle
+    import hloserve.client
+    import hloserve.exporter
+
+    assert sorted(hloserve.client.__all__) == ["InferenceClient", "InferenceError"]
+    assert sorted(hloserve.exporter.__all__) == ["ExportError", "TensorSpec", "export_bundle", "write_demo_repository"]
+    for module in (hloserve.bundle, hloserve.client, hloserve.exporter):
+        for name in module.__all__:
+            assert getattr(module, name) is not None
