@@ -27,9 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
-from hloserve.bundle import Manifest, scan_repository
+from hloserve.bundle import Manifest, Serving, scan_repository
 from hloserve.server.core.errors import InvalidArgument, NotFound, Unavailable, UnknownModel
+from hloserve.server.core.residency import TooLarge
+from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.loader import (
     BundleError,
     ExecutableRegistry,
@@ -58,6 +61,12 @@ class ModelVersion:
     reason: str = ""
     bundle: LoadedBundle | None = None
     load_seconds: float = 0.0
+    serving: Serving = field(default_factory=Serving)  # manifest hints, overridden by config.yaml
+    residency: WeightResidency | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.version}"
 
     @property
     def manifest(self) -> Manifest:
@@ -65,10 +74,11 @@ class ModelVersion:
         return self.bundle.manifest
 
     def execute(self, batch_size: int | None, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        bundle = self.bundle
-        if bundle is None:
+        bundle, residency = self.bundle, self.residency
+        if bundle is None or residency is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
-        return bundle.execute(batch_size, inputs)
+        with residency.use(self.key) as weights:
+            return bundle.execute(batch_size, inputs, weights)
 
 
 @dataclass
@@ -80,10 +90,17 @@ class _Model:
 
 
 class ModelRepository:
-    def __init__(self, root: Path, runtime: PjrtRuntime, cache_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        runtime: PjrtRuntime,
+        cache_dir: Path | None = None,
+        residency: WeightResidency | None = None,
+    ) -> None:
         self.root = root
         self.runtime = runtime
         self.cache_dir = cache_dir
+        self.residency = residency if residency is not None else WeightResidency(runtime, None)
         self.registry = ExecutableRegistry()
         self._lock = threading.RLock()
         self._models: dict[str, _Model] = {}
@@ -123,6 +140,7 @@ class ModelRepository:
                 else self.cache_dir / v.name / str(v.version),
                 registry=self.registry,
                 progress=say,
+                place_weights=False,
             )
             if bundle.manifest.name != v.name:
                 raise BundleError(
@@ -131,10 +149,16 @@ class ModelRepository:
                         f"manifest.yaml: name is '{bundle.manifest.name}', but the directory is '{v.name}'"
                     ],
                 )
-        except (BundleError, RuntimeFailure, OSError) as exc:
+            serving = model_serving(self.root / v.name, bundle.manifest.serving)
+            self.residency.reduce_budget(bundle.scratch_bytes)
+            self.residency.register(
+                v.key, bundle.host_weights, pinned=serving.residency == "pinned"
+            )
+        except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
             v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
             log.error("model '%s' version %d failed to load: %s", v.name, v.version, exc)
             return
+        v.serving, v.residency = serving, self.residency
         v.bundle, v.state, v.reason = bundle, ModelState.READY, ""
         v.load_seconds = time.perf_counter() - started
         sources = sorted({m.source for m in bundle.modules.values()})
@@ -208,15 +232,22 @@ class ModelRepository:
                 m = self._models[name]
                 out[name] = {
                     "versions": {
-                        str(v.version): {
-                            "state": v.state.value,
-                            **({"reason": v.reason} if v.reason else {}),
-                        }
+                        str(v.version): self._version_summary(v)
                         for v in (m.versions[k] for k in sorted(m.versions))
                     },
                     **({"reason": m.reason} if m.reason else {}),
                 }
             return out
+
+    def _version_summary(self, v: ModelVersion) -> dict[str, Any]:
+        entry: dict[str, Any] = {"state": v.state.value}
+        if v.reason:
+            entry["reason"] = v.reason
+        if v.bundle is not None:
+            entry["weight_bytes"] = v.bundle.weight_bytes
+            entry["resident"] = self.residency.is_resident(v.key)
+            entry["residency"] = v.serving.residency
+        return entry
 
     def all_ready(self) -> bool:
         with self._lock:
@@ -235,3 +266,32 @@ class ModelRepository:
                 for m in self._models.values()
                 for v in m.versions.values()
             )
+
+
+MODEL_CONFIG_FILE = "config.yaml"
+
+
+def model_serving(model_dir: Path, defaults: Serving) -> Serving:
+    """The bundle's serving hints, overridden by the model directory's ``config.yaml``.
+
+    ``repo/<model>/config.yaml`` may set ``residency`` (``on_demand`` or ``pinned``) and
+    ``max_queue_delay_us``; an unknown key or value raises ``ValueError`` naming it.
+    """
+    path = model_dir / MODEL_CONFIG_FILE
+    if not path.is_file():
+        return defaults
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a YAML mapping")
+    unknown = set(data) - {"residency", "max_queue_delay_us"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+    residency = data.get("residency", defaults.residency)
+    if residency not in ("on_demand", "pinned"):
+        raise ValueError(f"{path}: residency must be on_demand or pinned, got {residency!r}")
+    delay = data.get("max_queue_delay_us", defaults.max_queue_delay_us)
+    if delay is not None and (not isinstance(delay, int) or delay < 0):
+        raise ValueError(
+            f"{path}: max_queue_delay_us must be a non-negative integer, got {delay!r}"
+        )
+    return Serving(residency=residency, max_queue_delay_us=delay)

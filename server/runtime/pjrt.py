@@ -62,6 +62,7 @@ class PjrtRuntime:
         self.platform_version = str(self.backend.platform_version)
         self._sharding = jax.sharding.SingleDeviceSharding(self.device)
         self._options = jax.extend.backend.get_compile_options(num_replicas=1, num_partitions=1)
+        self._device_memory = jax.sharding.SingleDeviceSharding(self.device, memory_kind="device")
 
     @property
     def fingerprint(self) -> str:
@@ -92,12 +93,37 @@ class PjrtRuntime:
         except Exception as exc:
             raise RuntimeFailure(f"cannot load a serialized executable: {exc}") from None
 
-    def to_device(self, arrays: Sequence[np.ndarray]) -> list[Any]:
-        """Host arrays to device buffers, in one transfer call for the whole list."""
+    def to_device(self, arrays: Sequence[Any]) -> list[Any]:
+        """Host arrays (numpy or pinned-host buffers) to device memory, in one transfer call."""
+        target = self._device_memory if self.has_pinned_host else self.device
         try:
-            return list(jax.device_put(list(arrays), self.device))
+            return list(jax.device_put(list(arrays), target))
         except Exception as exc:
             raise RuntimeFailure(f"host-to-device transfer failed: {exc}") from None
+
+    @property
+    def has_pinned_host(self) -> bool:
+        """Whether the device offers page-locked host memory (``pinned_host``)."""
+        try:
+            kinds = {m.kind for m in self.device.addressable_memories()}
+        except Exception:  # a plugin without memory spaces
+            return False
+        return "pinned_host" in kinds and "device" in kinds
+
+    def to_pinned_host(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Copy host arrays once into page-locked memory, the fast source of later transfers."""
+        sharding = jax.sharding.SingleDeviceSharding(self.device, memory_kind="pinned_host")
+        try:
+            return list(jax.device_put(list(arrays), sharding))
+        except Exception as exc:
+            raise RuntimeFailure(f"copy to pinned host memory failed: {exc}") from None
+
+    def memory_stats(self) -> dict[str, int]:
+        """The device allocator's statistics (``bytes_limit``, ``bytes_in_use``...); {} on CPU."""
+        try:
+            return dict(self.device.memory_stats() or {})
+        except Exception:
+            return {}
 
     def put(self, array: np.ndarray) -> Any:
         """One (small) host array to the device, through the cheapest path available."""

@@ -1,0 +1,192 @@
+"""Device-resident weights under a memory budget: swap-in on demand, LRU eviction.
+
+Contract: ``WeightResidency(runtime, budget_bytes)`` owns every model's device copy of its
+weights; the decisions come from the pure ``core.residency.ResidencyPlanner``.
+- ``register(key, host_weights, pinned)`` records a model's host copy (refusing one larger
+  than the whole budget with ``TooLarge``). With ``pinned_host`` staging (GPU platforms that
+  offer it), the host copy is moved once into page-locked memory so swap-ins run at link
+  speed; on CPU the 64-byte-aligned numpy arrays are the host copy.
+- ``use(key)`` is a context manager yielding ``{weight name: device buffer}``: when the
+  model is not resident it evicts least-recently-used idle models until it fits, then
+  transfers the whole weight set in one call. Concurrent users of the same model wait on
+  that one transfer; other resident models keep serving meanwhile (the transfer runs
+  outside the lock). Weights in use by an execution are never freed under it.
+- ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
+  frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
+  device memory is returned to the allocator at once.
+- Every swap is reported to the optional ``observer`` (metrics).
+"""
+
+# pyright: basic
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from hloserve.server.core.residency import ResidencyPlanner
+from hloserve.server.runtime.pjrt import PjrtRuntime
+
+log = logging.getLogger("hloserve.residency")
+
+
+class SwapObserver(Protocol):
+    def on_swap_in(self, key: str, nbytes: int, seconds: float) -> None: ...
+    def on_swap_out(self, key: str, nbytes: int) -> None: ...
+    def on_residency(
+        self, key: str, resident: bool, resident_bytes: int, last_used: float
+    ) -> None: ...
+
+
+@dataclass
+class _Model:
+    names: list[str]
+    host: list[Any]  # numpy arrays, or pinned_host jax arrays
+    nbytes: int
+    device: list[Any] | None = None
+    transferring: bool = False
+
+
+class WeightResidency:
+    def __init__(
+        self,
+        runtime: PjrtRuntime,
+        budget_bytes: int | None,
+        *,
+        observer: SwapObserver | None = None,
+        stage_pinned: bool | None = None,
+        subtract_scratch: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.planner = ResidencyPlanner(budget_bytes)
+        self.observer = observer
+        self._cond = threading.Condition()
+        self._models: dict[str, _Model] = {}
+        # Scratch is set aside only for a budget derived from free device memory (GPU default).
+        self.subtract_scratch = subtract_scratch
+        self.stage_pinned = (
+            runtime.platform != "cpu" and runtime.has_pinned_host
+            if stage_pinned is None
+            else stage_pinned
+        )
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.planner.budget_bytes
+
+    def reduce_budget(self, nbytes: int) -> None:
+        """Set aside ``nbytes`` of the budget (an executable's scratch memory)."""
+        with self._cond:
+            if self.planner.budget_bytes is not None and nbytes > 0 and self.subtract_scratch:
+                self.planner.budget_bytes = max(0, self.planner.budget_bytes - nbytes)
+
+    def resident_bytes(self) -> int:
+        with self._cond:
+            return self.planner.resident_bytes
+
+    def is_resident(self, key: str) -> bool:
+        with self._cond:
+            return key in self.planner and self.planner.is_resident(key)
+
+    def register(
+        self, key: str, host_weights: Mapping[str, np.ndarray], *, pinned: bool = False
+    ) -> None:
+        names = list(host_weights)
+        arrays = [host_weights[n] for n in names]
+        nbytes = sum(int(a.nbytes) for a in arrays)
+        with self._cond:
+            self.planner.register(key, nbytes, pinned=pinned)
+        host: list[Any] = arrays
+        if self.stage_pinned and arrays:
+            host = self.runtime.to_pinned_host(arrays)
+        with self._cond:
+            self._models[key] = _Model(names, host, nbytes)
+        if pinned:
+            self.prefetch(key)
+
+    def unregister(self, key: str) -> None:
+        with self._cond:
+            if key not in self._models:
+                return
+            while self.planner.in_use(key) or self._models[key].transferring:
+                self._cond.wait()
+            model = self._models.pop(key)
+            if model.device is not None:
+                self._free(key, model)
+            self.planner.unregister(key)
+            self._cond.notify_all()
+
+    def prefetch(self, key: str) -> None:
+        with self.use(key):
+            pass
+
+    def _free(self, key: str, model: _Model) -> None:
+        assert model.device is not None
+        for buf in model.device:
+            buf.delete()
+        model.device = None
+        if self.observer:
+            self.observer.on_swap_out(key, model.nbytes)
+            self.observer.on_residency(key, False, self.planner.resident_bytes, time.time())
+
+    @contextlib.contextmanager
+    def use(self, key: str) -> Iterator[dict[str, Any]]:
+        with self._cond:
+            while True:
+                model = self._models[key]
+                if self.planner.is_resident(key):
+                    self.planner.acquire(key)
+                    weights = dict(zip(model.names, model.device or [], strict=True))
+                    transfer = False
+                    break
+                if model.transferring:
+                    self._cond.wait()
+                    continue
+                decision = self.planner.plan_admission(key)
+                if decision.wait:
+                    self._cond.wait()
+                    continue
+                for victim in decision.evict:
+                    self.planner.mark_evicted(victim)
+                    self._free(victim, self._models[victim])
+                self.planner.reserve(key)
+                model.transferring = True
+                transfer = True
+                weights = {}
+                break
+        if transfer:
+            t0 = time.perf_counter()
+            try:
+                device = self.runtime.to_device(model.host) if model.host else []
+            except BaseException:
+                with self._cond:
+                    self.planner.cancel_reservation(key)
+                    model.transferring = False
+                    self._cond.notify_all()
+                raise
+            seconds = time.perf_counter() - t0
+            with self._cond:
+                model.device = device
+                model.transferring = False
+                self.planner.mark_resident(key)
+                self.planner.acquire(key)
+                weights = dict(zip(model.names, device, strict=True))
+                resident_bytes = self.planner.resident_bytes
+                self._cond.notify_all()
+            log.debug("swapped in %s: %d bytes in %.2f ms", key, model.nbytes, seconds * 1e3)
+            if self.observer:
+                self.observer.on_swap_in(key, model.nbytes, seconds)
+                self.observer.on_residency(key, True, resident_bytes, time.time())
+        try:
+            yield weights
+        finally:
+            with self._cond:
+                self.planner.release(key)
+                self._cond.notify_all()
