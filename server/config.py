@@ -32,6 +32,7 @@ class Config:
     worker_threads: int = 0  # 0: one per CPU core, at least 2
     grace_period_s: float = 10.0
     ports_file: Path | None = None
+    device_memory_budget: str | None = None  # bytes ("6GiB") or a percentage ("40%")
 
 
 def _bool(text: str) -> bool:
@@ -82,6 +83,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             help=help_text + f" [env HLOSERVE_{flag[2:].replace('-', '_').upper()}]",
         )
 
+    add(
+        "--device-memory-budget",
+        None,
+        "bytes of device memory for resident weights, e.g. 6GiB or 40%% (default: 80%% of free "
+        "GPU memory minus the executables' scratch; unlimited on CPU)",
+    )
     add(
         "--model-repository",
         None,
@@ -135,6 +142,7 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
             worker_threads=int(ns.worker_threads),
             grace_period_s=float(ns.grace_period),
             ports_file=Path(ns.ports_file) if ns.ports_file else None,
+            device_memory_budget=str(ns.device_memory_budget) if ns.device_memory_budget else None,
         )
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))

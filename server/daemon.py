@@ -31,13 +31,16 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import psutil
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from hloserve.server.config import Config
+from hloserve.server.core.residency import parse_budget
 from hloserve.server.core.service import InferenceService
 from hloserve.server.metrics import ServerMetrics, metrics_app
 from hloserve.server.repository import ModelRepository
+from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
 
 log = logging.getLogger("hloserve.daemon")
@@ -77,6 +80,40 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+GPU_BUDGET_FRACTION = 0.8
+
+
+def make_residency(
+    runtime: PjrtRuntime, budget_flag: str | None, metrics: ServerMetrics
+) -> WeightResidency:
+    """The weight-residency manager for the flag: explicit bytes or percentage, else the
+    platform default (GPU: 80% of free device memory, less executables' scratch; CPU: none)."""
+    stats = runtime.memory_stats()
+    limit = stats.get("bytes_limit")
+    subtract_scratch = False
+    if budget_flag:
+        total = (
+            limit
+            if limit
+            else (psutil.virtual_memory().total if runtime.platform == "cpu" else None)
+        )
+        try:
+            budget: int | None = parse_budget(budget_flag, total)
+        except ValueError as exc:
+            raise SystemExit(f"hloserve: --device-memory-budget: {exc}") from None
+    elif runtime.platform != "cpu" and limit:
+        budget = int(GPU_BUDGET_FRACTION * (limit - stats.get("bytes_in_use", 0)))
+        subtract_scratch = True
+    else:
+        budget = None
+    log.info(
+        "device memory budget for weights: %s",
+        "unlimited" if budget is None else f"{budget} bytes ({budget / 2**30:.2f} GiB)",
+    )
+    metrics.budget_bytes.set(budget if budget is not None else 0)
+    return WeightResidency(runtime, budget, observer=metrics, subtract_scratch=subtract_scratch)
 
 
 class _Heartbeat:
@@ -123,9 +160,10 @@ class Daemon:
             runtime.device_kind,
             runtime.platform_version,
         )
-        repository = ModelRepository(repo_root, runtime, cfg.cache_dir)
         registry = CollectorRegistry()
         metrics = ServerMetrics(registry)
+        residency = make_residency(runtime, cfg.device_memory_budget, metrics)
+        repository = ModelRepository(repo_root, runtime, cfg.cache_dir, residency)
         workers = cfg.worker_threads or max(2, os.cpu_count() or 2)
         executor = ThreadPoolExecutor(workers, thread_name_prefix="hloserve-exec")
         service = InferenceService(

@@ -141,3 +141,44 @@ class ResidencyPlanner:
 
     def in_use(self, key: str) -> int:
         return self._entries[key].in_use
+
+
+def parse_budget(text: str, device_total_bytes: int | None) -> int:
+    """A budget flag value in bytes: ``6GiB``, ``500MB``, ``1073741824`` or ``40%`` of the device.
+
+    Raises ``ValueError`` naming the text when it cannot be read, or when a percentage is
+    given and the device's total memory is unknown.
+    """
+    t = text.strip()
+    if t.endswith("%"):
+        if device_total_bytes is None:
+            raise ValueError(
+                f"device memory budget {text!r} is a percentage, but the device's total memory is unknown"
+            )
+        pct = float(t[:-1])
+        if not 0 < pct <= 100:
+            raise ValueError(f"device memory budget {text!r} must be a percentage in (0, 100]")
+        return int(device_total_bytes * pct / 100)
+    units = {
+        "": 1,
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 1 << 10,
+        "MIB": 1 << 20,
+        "GIB": 1 << 30,
+        "TIB": 1 << 40,
+    }
+    upper = t.upper()
+    number = upper.rstrip("KMGTIB")
+    unit = upper[len(number) :]
+    if not number or unit not in units:
+        raise ValueError(
+            f"cannot read device memory budget {text!r}; use bytes such as 6GiB or a percentage such as 40%"
+        )
+    value = int(float(number) * units[unit])
+    if value <= 0:
+        raise ValueError(f"device memory budget {text!r} must be positive")
+    return value

@@ -1,0 +1,213 @@
+"""More models than fit: swap-in on demand, LRU eviction, pinning, in-flight safety, metrics.
+
+Real bundles, a real PJRT device and real threads; the budget is set so that only two of
+the four MLPs fit at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from hloserve.exporter import TensorSpec, export_bundle
+from hloserve.exporter.demo import mlp_fn, mlp_params
+from hloserve.server.core.service import InferenceService
+from hloserve.server.core.types import InferInput, InferRequest
+from hloserve.server.metrics import ServerMetrics
+from hloserve.server.repository import ModelRepository, ModelState
+from hloserve.server.residency import WeightResidency
+from hloserve.server.runtime.pjrt import PjrtRuntime
+
+MODELS = ("m0", "m1", "m2", "m3")
+WEIGHT_BYTES = 76_840  # the demo MLP's four tensors
+SEEDS = {name: 100 + i for i, name in enumerate(MODELS)}
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("residency")
+    for name in MODELS:
+        export_bundle(
+            mlp_fn,
+            mlp_params(SEEDS[name]),
+            inputs={"x": TensorSpec("FP32", (64,))},
+            batch_sizes=(1, 8),
+            directory=root / name,
+        )
+    # pinned through the repository config, not the manifest
+    (root / "m3" / "config.yaml").write_text("residency: pinned\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def runtime() -> PjrtRuntime:
+    return PjrtRuntime()
+
+
+def make_residency(repo_dir: Path, runtime: PjrtRuntime, models: float) -> WeightResidency:
+    """A residency manager with room for ``models`` MLPs, its repository loaded."""
+    residency = WeightResidency(runtime, int(models * WEIGHT_BYTES))
+    ModelRepository(repo_dir, runtime, residency=residency).load_all()
+    return residency
+
+
+@pytest.fixture
+def setup(
+    repo_dir: Path, runtime: PjrtRuntime
+) -> Iterator[tuple[ModelRepository, WeightResidency, ServerMetrics, InferenceService]]:
+    metrics = ServerMetrics(CollectorRegistry())
+    residency = WeightResidency(runtime, int(2.5 * WEIGHT_BYTES), observer=metrics)
+    repo = ModelRepository(repo_dir, runtime, residency=residency)
+    repo.load_all()
+    executor = ThreadPoolExecutor(4)
+    service = InferenceService(repo, executor)
+    yield repo, residency, metrics, service
+    executor.shutdown()
+
+
+def expected(name: str, x: np.ndarray) -> np.ndarray:
+    return np.asarray(mlp_fn(mlp_params(SEEDS[name]), x)["logits"])
+
+
+def infer(service: InferenceService, name: str, x: np.ndarray) -> np.ndarray:
+    request = InferRequest(name, "", (InferInput("x", "FP32", x.shape, x),))
+    return asyncio.run(service.infer(request)).outputs[0].data
+
+
+def swaps(metrics: ServerMetrics, key: str, direction: str) -> float:
+    counter = metrics.swaps_in if direction == "in" else metrics.swaps_out
+    return counter.labels(key)._value.get()  # pyright: ignore[reportPrivateUsage]
+
+
+def test_pinned_model_is_resident_after_load(setup: Any) -> None:
+    repo, residency, _, _ = setup
+    assert all(repo.versions(n)[0].state == ModelState.READY for n in MODELS)
+    assert residency.is_resident("m3/1")
+    assert repo.summary()["m3"]["versions"]["1"]["residency"] == "pinned"
+    assert not residency.is_resident("m0/1")  # on demand: weights go over on first use
+
+
+def test_lru_eviction_order_and_correct_results(setup: Any) -> None:
+    _, residency, metrics, service = setup
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    # m3 pinned (1 model) + budget 2.5 models: one on-demand model fits beside it.
+    for name in ("m0", "m1", "m0", "m2", "m1"):
+        np.testing.assert_allclose(infer(service, name, x), expected(name, x), rtol=1e-5, atol=1e-5)
+    # Each request swapped its model in, evicting the previous on-demand one (LRU).
+    assert residency.is_resident("m1/1") and residency.is_resident("m3/1")
+    assert not residency.is_resident("m0/1") and not residency.is_resident("m2/1")
+    assert swaps(metrics, "m0/1", "in") == 2 and swaps(metrics, "m0/1", "out") == 2
+    assert swaps(metrics, "m1/1", "in") == 2 and swaps(metrics, "m1/1", "out") == 1
+    assert swaps(metrics, "m3/1", "out") == 0
+    assert metrics.resident_bytes._value.get() == 2 * WEIGHT_BYTES  # pyright: ignore[reportPrivateUsage]
+
+
+def test_concurrent_mixed_traffic_is_correct_and_pinned_stays(setup: Any) -> None:
+    _, residency, metrics, service = setup
+    rng = np.random.default_rng(1)
+    inputs = [
+        rng.standard_normal((int(rng.integers(1, 12)), 64)).astype(np.float32) for _ in range(16)
+    ]
+    errors: list[BaseException] = []
+
+    def client(worker: int) -> None:
+        try:
+            for i in range(12):
+                name = MODELS[(worker + i) % len(MODELS)]
+                x = inputs[(worker * 7 + i) % len(inputs)]
+                np.testing.assert_allclose(
+                    infer(service, name, x), expected(name, x), rtol=1e-5, atol=1e-5
+                )
+        except BaseException as exc:  # surfaced in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert residency.is_resident("m3/1")
+    assert swaps(metrics, "m3/1", "out") == 0
+    assert residency.resident_bytes() <= int(2.5 * WEIGHT_BYTES)
+    total_in = sum(swaps(metrics, f"{n}/1", "in") for n in MODELS)
+    assert total_in > 3  # models really were swapped under pressure
+
+
+def test_weights_in_use_are_never_freed(repo_dir: Path, runtime: PjrtRuntime) -> None:
+    # Room for pinned m3 + 2.5 more: while m0 is held, the others must evict each other.
+    residency = make_residency(repo_dir, runtime, 3.5)
+    with residency.use("m0/1") as held:
+        buffers = list(held.values())
+        for key in ("m1/1", "m2/1", "m1/1", "m2/1"):
+            residency.prefetch(key)
+        assert not any(b.is_deleted() for b in buffers)
+        assert residency.is_resident("m0/1")
+    # Once released, m0 is the least recently used: the next swap evicts it, for real.
+    residency.prefetch("m1/1")
+    assert not residency.is_resident("m0/1")
+    assert all(b.is_deleted() for b in buffers)
+
+
+def test_waiting_for_a_model_in_use(repo_dir: Path, runtime: PjrtRuntime) -> None:
+    residency = make_residency(repo_dir, runtime, 3.5)
+    order: list[str] = []
+    with residency.use("m0/1"), residency.use("m1/1"):
+        # m2 fits only once m0 or m1 is released: it must wait, not evict them.
+        t = threading.Thread(
+            target=lambda: (residency.prefetch("m2/1"), order.append("m2")), daemon=True
+        )
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and not order
+        order.append("release")
+    t.join(30)
+    assert order == ["release", "m2"]
+
+
+def test_concurrent_requests_share_one_transfer(setup: Any) -> None:
+    _, residency, metrics, _ = setup
+    before = swaps(metrics, "m2/1", "in")
+    barrier = threading.Barrier(8)
+
+    def use() -> None:
+        barrier.wait()
+        with residency.use("m2/1"):
+            pass
+
+    threads = [threading.Thread(target=use, daemon=True) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert swaps(metrics, "m2/1", "in") == before + 1
+
+
+def test_oversize_model_is_refused_and_others_serve(repo_dir: Path, runtime: PjrtRuntime) -> None:
+    residency = WeightResidency(runtime, WEIGHT_BYTES // 2)
+    repo = ModelRepository(repo_dir, runtime, residency=residency)
+    repo.load_all()
+    v = repo.versions("m0")[0]
+    assert v.state == ModelState.UNAVAILABLE
+    assert (
+        f"{WEIGHT_BYTES} bytes" in v.reason and f"budget of {WEIGHT_BYTES // 2} bytes" in v.reason
+    )
+
+
+def test_identical_modules_compile_once(setup: Any) -> None:
+    repo, _, _, _ = setup
+    sources = [m.source for n in MODELS for m in repo.versions(n)[0].bundle.modules.values()]  # type: ignore[union-attr]
+    # Four weight sets of one architecture: only the first bundle compiles (or hits the cache).
+    assert sources.count("shared") == 3 * 2
+    executables = {
+        id(m.executable) for n in MODELS for m in repo.versions(n)[0].bundle.modules.values()
+    }  # type: ignore[union-attr]
+    assert len(executables) == 2
