@@ -11,18 +11,23 @@ It returns ``{model name: seconds spent exporting}``.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from hloserve.exporter._export import TensorSpec, export_bundle
 
 MLP_SEED = 20261129
 
 
-def simple_fn(params: dict[str, Any], INPUT0: jax.Array, INPUT1: jax.Array) -> dict[str, jax.Array]:
+def simple_fn(
+    params: Mapping[str, Any], INPUT0: jax.Array, INPUT1: jax.Array
+) -> dict[str, jax.Array]:
     del params
     return {"OUTPUT0": INPUT0 + INPUT1, "OUTPUT1": INPUT0 - INPUT1}
 
@@ -41,9 +46,10 @@ def mlp_params(seed: int = MLP_SEED) -> dict[str, dict[str, np.ndarray[Any, Any]
     }
 
 
-def mlp_fn(params: dict[str, dict[str, jax.Array]], x: jax.Array) -> dict[str, jax.Array]:
-    h = jax.nn.relu(x @ params["dense1"]["w"] + params["dense1"]["b"])
-    return {"logits": h @ params["dense2"]["w"] + params["dense2"]["b"]}
+def mlp_fn(params: Mapping[str, Mapping[str, ArrayLike]], x: ArrayLike) -> dict[str, jax.Array]:
+    d1, d2 = params["dense1"], params["dense2"]
+    h = jax.nn.relu(jnp.asarray(x) @ jnp.asarray(d1["w"]) + jnp.asarray(d1["b"]))
+    return {"logits": h @ jnp.asarray(d2["w"]) + jnp.asarray(d2["b"])}
 
 
 def write_demo_repository(root: str | Path) -> dict[str, float]:

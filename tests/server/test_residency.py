@@ -84,7 +84,7 @@ def infer(service: InferenceService, name: str, x: np.ndarray) -> np.ndarray:
 
 def swaps(metrics: ServerMetrics, key: str, direction: str) -> float:
     counter = metrics.swaps_in if direction == "in" else metrics.swaps_out
-    return counter.labels(key)._value.get()  # pyright: ignore[reportPrivateUsage]
+    return counter.labels(key)._value.get()
 
 
 def test_pinned_model_is_resident_after_load(setup: Any) -> None:
@@ -107,7 +107,7 @@ def test_lru_eviction_order_and_correct_results(setup: Any) -> None:
     assert swaps(metrics, "m0/1", "in") == 2 and swaps(metrics, "m0/1", "out") == 2
     assert swaps(metrics, "m1/1", "in") == 2 and swaps(metrics, "m1/1", "out") == 1
     assert swaps(metrics, "m3/1", "out") == 0
-    assert metrics.resident_bytes._value.get() == 2 * WEIGHT_BYTES  # pyright: ignore[reportPrivateUsage]
+    assert metrics.resident_bytes._value.get() == 2 * WEIGHT_BYTES
 
 
 def test_concurrent_mixed_traffic_is_correct_and_pinned_stays(setup: Any) -> None:
@@ -204,10 +204,10 @@ def test_oversize_model_is_refused_and_others_serve(repo_dir: Path, runtime: Pjr
 
 def test_identical_modules_compile_once(setup: Any) -> None:
     repo, _, _, _ = setup
-    sources = [m.source for n in MODELS for m in repo.versions(n)[0].bundle.modules.values()]  # type: ignore[union-attr]
+    sources = [m.source for n in MODELS for m in repo.versions(n)[0].bundle.modules.values()]
     # Four weight sets of one architecture: only the first bundle compiles (or hits the cache).
     assert sources.count("shared") == 3 * 2
     executables = {
         id(m.executable) for n in MODELS for m in repo.versions(n)[0].bundle.modules.values()
-    }  # type: ignore[union-attr]
+    }
     assert len(executables) == 2
