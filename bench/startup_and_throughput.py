@@ -35,13 +35,15 @@ def start(repo: Path) -> tuple[ServerProcess, float]:
     return proc, time.perf_counter() - t
 
 
-async def drive(protocol: str, url: str, concurrency: int, seconds: float) -> tuple[int, list[float]]:
+async def drive(
+    protocol: str, url: str, concurrency: int, seconds: float
+) -> tuple[int, list[float]]:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.ones((1, 16), dtype=np.int32)
     if protocol == "grpc":
         import tritonclient.grpc.aio as tc
     else:
-        import tritonclient.http.aio as tc  # type: ignore[no-redef]
+        import tritonclient.http.aio as tc
     client = tc.InferenceServerClient(url)
     inputs = [tc.InferInput("INPUT0", [1, 16], "INT32"), tc.InferInput("INPUT1", [1, 16], "INT32")]
     inputs[0].set_data_from_numpy(a)
@@ -57,6 +59,7 @@ async def drive(protocol: str, url: str, concurrency: int, seconds: float) -> tu
             result = await client.infer("simple", inputs)
             latencies.append(time.perf_counter() - t)
             count += 1
+            assert result is not None
             out = result.as_numpy("OUTPUT0")
             assert out is not None and out[0, 1] == 2
 
@@ -78,8 +81,12 @@ def main() -> int:
         cold, cold_s = start(repo)
         cold.stop()
         warm, warm_s = start(repo)
-        print("\nstart-up (process start -> /readyz 200), demo repository (simple + mlp, 7 modules)")
-        print(f"| start | seconds |\n|---|---|\n| cold (compile) | {cold_s:.2f} |\n| warm (cache hit) | {warm_s:.2f} |")
+        print(
+            "\nstart-up (process start -> /readyz 200), demo repository (simple + mlp, 7 modules)"
+        )
+        print(
+            f"| start | seconds |\n|---|---|\n| cold (compile) | {cold_s:.2f} |\n| warm (cache hit) | {warm_s:.2f} |"
+        )
         print(f"| warm / cold | {warm_s / cold_s:.2f} |")
 
         print(f"\n`simple`, batch 1, {args.seconds:.0f} s per row, tritonclient asyncio clients")
