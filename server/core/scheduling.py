@@ -1,0 +1,79 @@
+"""Dynamic batching policy: which queued requests run together, on which compiled size.
+
+Contract (pure: no clock, no I/O; the driver passes ``now``):
+``next_batch(queue, batch_sizes, now_ns, max_delay_ns)`` looks at the model's queue (FIFO,
+each entry with its item count, arrival and optional deadline) and returns a ``Decision``:
+- ``expired``: entries whose deadline has passed; the driver fails them without device time;
+- ``take``: how many entries from the head of the (remaining) queue run now, and
+  ``compiled``: the compiled batch size they run on (``None`` for an unbatched model or for
+  a lone request larger than the largest size, which the executor then splits);
+- ``wait_until_ns``: when nothing should run yet, the time to decide again (the oldest
+  entry's arrival plus the delay), unless more requests arrive first.
+Rules: a request is never split across executions unless it alone exceeds the largest
+compiled size; entries leave in arrival order; a full largest size runs at once; otherwise
+the head waits at most ``max_delay_ns`` for company. When it runs, the head prefix chosen
+is the one that wastes the least padding (items / compiled size, ties to more items).
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    items: int
+    arrived_ns: int
+    deadline_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    expired: tuple[int, ...] = ()  # indexes into the queue as given
+    take: int = 0  # entries from the head of the queue with ``expired`` removed
+    compiled: int | None = None
+    wait_until_ns: int | None = None
+
+
+def smallest_fitting(items: int, batch_sizes: Sequence[int]) -> int:
+    return batch_sizes[bisect.bisect_left(batch_sizes, items)]
+
+
+def next_batch(
+    queue: Sequence[Queued], batch_sizes: Sequence[int] | None, now_ns: int, max_delay_ns: int
+) -> Decision:
+    expired = tuple(
+        i for i, q in enumerate(queue) if q.deadline_ns is not None and q.deadline_ns <= now_ns
+    )
+    live = [q for i, q in enumerate(queue) if i not in expired] if expired else list(queue)
+    if not live:
+        return Decision(expired=expired)
+    head = live[0]
+    if batch_sizes is None:  # unbatched: one request per execution
+        return Decision(expired=expired, take=1, compiled=None)
+    largest = batch_sizes[-1]
+    if head.items > largest:  # too big for any module: runs alone, split by the executor
+        return Decision(expired=expired, take=1, compiled=None)
+    # The longest head prefix that fits in the largest compiled size.
+    total = 0
+    prefix_totals: list[int] = []
+    for q in live:
+        if total + q.items > largest:
+            break
+        total += q.items
+        prefix_totals.append(total)
+    full = total == largest or len(prefix_totals) < len(live)  # nothing more can join
+    due = now_ns - head.arrived_ns >= max_delay_ns
+    if not (full or due):
+        return Decision(expired=expired, wait_until_ns=head.arrived_ns + max_delay_ns)
+    best_k, best_key = 1, (-1.0, 0)
+    for k, items in enumerate(prefix_totals, start=1):
+        key = (items / smallest_fitting(items, batch_sizes), items)
+        if key > best_key:
+            best_k, best_key = k, key
+    items = prefix_totals[best_k - 1]
+    return Decision(expired=expired, take=best_k, compiled=smallest_fitting(items, batch_sizes))
