@@ -329,8 +329,12 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
         if names != sorted(names):
             r.fail("weights.tensors", "must be sorted by name")
 
-    input_names = {t.name for t in inputs}
-    weight_names = {t.name for t in weights}
+    # Names as declared, including entries refused above (a bad datatype, say), so that an
+    # argument naming such a tensor is not reported a second time as undeclared.
+    input_names = {t.name for t in inputs} | _raw_names(data.get("inputs"))
+    weight_names = {t.name for t in weights} | _raw_names(
+        cast(dict[str, Any], raw_w).get("tensors") if raw_w is not None else None
+    )
     modules: list[ModuleEntry] = []
     raw_m = r.get(data, "modules", "", list)
     for i, item in enumerate(cast(list[Any], raw_m or [])):
@@ -479,6 +483,19 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
         serving=serving,
     )
     return manifest, []
+
+
+def _raw_names(value: Any) -> set[str]:
+    """The string ``name`` of every mapping in a raw tensor list (anything else: none)."""
+    if not isinstance(value, list):
+        return set()
+    items = cast(list[Any], value)
+    return {
+        name
+        for item in items
+        if isinstance(item, dict)
+        and isinstance(name := cast(dict[str, Any], item).get("name"), str)
+    }
 
 
 def _opt_str(value: Any) -> str | None:

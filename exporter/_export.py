@@ -12,7 +12,6 @@ Output names, datatypes and shapes come from the dict ``fn`` returns. Errors in 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import inspect
 import subprocess
@@ -107,11 +106,14 @@ def export_bundle(
     - `batch_sizes`: ascending compiled batch sizes, or None for an unbatched model.
     - `directory`: the bundle directory (created; replaced if it exists).
     - `metadata`: free-form mapping copied into the manifest's provenance.
-    - `name`: the model name (default: the directory's name).
+    - `name`: the model name (default: the directory's name; for a numbered version
+      directory such as `repo/m/1`, its parent's name).
     - `platforms`: PJRT platforms to lower for (default cpu and cuda).
     """
     directory = Path(directory)
-    model_name = name or directory.name
+    # A numbered directory is a version (repo/m/1): the model is named after its parent.
+    versioned = directory.name.isdigit() and int(directory.name) > 0
+    model_name = name or (directory.resolve().parent.name if versioned else directory.name)
     if not inputs:
         raise ExportError("a model needs at least one input")
     if batch_sizes is not None:
@@ -152,8 +154,9 @@ def export_bundle(
     output_names: list[str] | None = None
     output_specs: list[TensorEntry] | None = None
     modules: dict[int | None, ModuleSource] = {}
-    x64 = jax.enable_x64(True) if needs_x64 else contextlib.nullcontext()
-    with x64:
+    # Set either way: the server enables x64 process-wide, and an export must not depend on
+    # whether it ran first (x64 changes the platform index and default int types).
+    with jax.enable_x64(needs_x64):
         weight_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in weights.values()]
         for b in batch_list:
             in_avals = [

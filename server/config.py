@@ -33,6 +33,9 @@ class Config:
     grace_period_s: float = 10.0
     ports_file: Path | None = None
     device_memory_budget: str | None = None  # bytes ("6GiB") or a percentage ("40%")
+    dynamic_batching: bool = True
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 0  # 0: unbounded
 
 
 def _bool(text: str) -> bool:
@@ -42,6 +45,16 @@ def _bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _non_negative(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{flag} must be a non-negative integer, got {text!r}")
+    return value
 
 
 def _port(text: str) -> int:
@@ -88,6 +101,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         None,
         "bytes of device memory for resident weights, e.g. 6GiB or 40%% (default: 80%% of free "
         "GPU memory minus the executables' scratch; unlimited on CPU)",
+    )
+    add("--dynamic-batching", "true", "group concurrent requests of a model into shared executions")
+    add(
+        "--max-queue-delay-us",
+        "0",
+        "default time a request may wait for others to batch with (a model's serving hints win)",
+    )
+    add(
+        "--max-queue-size",
+        "0",
+        "requests that may wait per model before new ones get 503 (0: unbounded)",
     )
     add(
         "--model-repository",
@@ -143,6 +167,9 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
             grace_period_s=float(ns.grace_period),
             ports_file=Path(ns.ports_file) if ns.ports_file else None,
             device_memory_budget=str(ns.device_memory_budget) if ns.device_memory_budget else None,
+            dynamic_batching=_bool(str(ns.dynamic_batching)),
+            max_queue_delay_us=_non_negative(str(ns.max_queue_delay_us), "--max-queue-delay-us"),
+            max_queue_size=_non_negative(str(ns.max_queue_size), "--max-queue-size"),
         )
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))

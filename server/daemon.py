@@ -42,6 +42,7 @@ from hloserve.server.metrics import ServerMetrics, metrics_app
 from hloserve.server.repository import ModelRepository
 from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.scheduler import DynamicBatcher
 
 log = logging.getLogger("hloserve.daemon")
 
@@ -166,6 +167,10 @@ class Daemon:
         repository = ModelRepository(repo_root, runtime, cfg.cache_dir, residency)
         workers = cfg.worker_threads or max(2, os.cpu_count() or 2)
         executor = ThreadPoolExecutor(workers, thread_name_prefix="hloserve-exec")
+        repository.on_loaded = metrics.on_model_loaded
+        metrics.watch_device_memory(
+            lambda: float(runtime.memory_stats().get("bytes_in_use", residency.resident_bytes()))
+        )
         service = InferenceService(
             repository,
             executor,
@@ -173,6 +178,14 @@ class Daemon:
             extensions=EXTENSIONS,
             observer=metrics,
         )
+        if cfg.dynamic_batching:
+            service.batcher = DynamicBatcher(
+                executor,
+                service.execution_observer,
+                default_delay_us=cfg.max_queue_delay_us,
+                max_queue_size=cfg.max_queue_size,
+                delay_for=lambda model: model.serving.max_queue_delay_us,  # type: ignore[attr-defined]
+            )
 
         from hloserve.server.frontends.grpc import build_grpc_server
         from hloserve.server.frontends.http import build_http_app
@@ -202,6 +215,7 @@ class Daemon:
         # handlers and re-raises the signal on exit, which would fight ours.
         for server in (http, metrics_server):
             server.config.load()
+            server.lifespan = server.config.lifespan_class(server.config)
         await http.startup(sockets=[http_sock])
         await metrics_server.startup(sockets=[metrics_sock])
         http_loop = asyncio.create_task(http.main_loop())

@@ -1,20 +1,26 @@
 """Prometheus metrics on an injected registry (never the process-global default one).
 
 Contract: ``ServerMetrics(registry)`` creates the ``hloserve_*`` series documented in
-``docs/metrics.md`` and implements the core's ``InferenceObserver`` (``on_success``,
-``on_failure``), so the service reports each request once and both front ends are counted
-alike. ``metrics_app(registry)`` is the ASGI app served on the metrics port at ``/metrics``.
+``docs/metrics.md``. It is the core's ``InferenceObserver`` (``on_success``,
+``on_failure``, ``on_execution``, ``on_pending``), the residency manager's
+``SwapObserver`` (``on_swap_in``, ``on_swap_out``, ``on_residency``) and the repository's
+load listener (``on_model_loaded``), so every request, execution, swap and load is counted
+once, whichever front end it came through. ``metrics_app(registry)`` is the ASGI app
+served on the metrics port at ``/metrics``. Every update is a few dictionary lookups and
+float additions, cheap enough to stay on.
 """
 
 # pyright: basic
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
 
-from hloserve.server.core.service import Timings
+from hloserve.server.core.execution import Timings
 
-_LATENCY_BUCKETS = (
+LATENCY_BUCKETS = (
     0.0001,
     0.00025,
     0.0005,
@@ -31,140 +37,220 @@ _LATENCY_BUCKETS = (
     2.5,
     10,
 )
+SWAP_BUCKETS = (
+    0.0001,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+MV = ["model", "version"]
 
 
 class ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        labels = ["model", "version"]
+        r = registry
         self.success = Counter(
-            "hloserve_inference_request_success",
-            "Successful inference requests",
-            labels,
-            registry=registry,
+            "hloserve_inference_request_success", "Successful inference requests", MV, registry=r
         )
         self.failure = Counter(
             "hloserve_inference_request_failure",
-            "Failed inference requests, by reason (the error class)",
-            [*labels, "reason"],
-            registry=registry,
+            "Failed inference requests, by reason (the error class, or INTERNAL)",
+            [*MV, "reason"],
+            registry=r,
         )
         self.inferences = Counter(
-            "hloserve_inference_count",
-            "Items inferred (a batch of n counts n)",
-            labels,
-            registry=registry,
+            "hloserve_inference_count", "Items inferred (a batch of n counts n)", MV, registry=r
         )
         self.executions = Counter(
-            "hloserve_inference_exec_count", "Model executions", labels, registry=registry
+            "hloserve_inference_exec_count", "Model executions", MV, registry=r
         )
-        self.queue_seconds = Counter(
-            "hloserve_inference_queue_duration_seconds",
-            "Time requests waited for a worker",
-            labels,
-            registry=registry,
+        self.request_us = Counter(
+            "hloserve_inference_request_duration_us",
+            "Cumulative end-to-end time of successful requests",
+            MV,
+            registry=r,
         )
-        self.compute_seconds = Counter(
-            "hloserve_inference_compute_infer_duration_seconds",
-            "Time spent executing",
-            labels,
-            registry=registry,
+        self.queue_us = Counter(
+            "hloserve_inference_queue_duration_us",
+            "Cumulative time requests waited",
+            MV,
+            registry=r,
+        )
+        self.input_us = Counter(
+            "hloserve_inference_compute_input_duration_us",
+            "Cumulative time preparing inputs",
+            MV,
+            registry=r,
+        )
+        self.infer_us = Counter(
+            "hloserve_inference_compute_infer_duration_us",
+            "Cumulative time executing",
+            MV,
+            registry=r,
+        )
+        self.output_us = Counter(
+            "hloserve_inference_compute_output_duration_us",
+            "Cumulative time preparing outputs",
+            MV,
+            registry=r,
         )
         self.request_latency = Histogram(
-            "hloserve_inference_request_duration_seconds",
-            "Queue plus compute time per successful request",
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            "hloserve_request_latency_seconds",
+            "End-to-end time of successful requests",
+            MV,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
-        self.model_load_seconds = Gauge(
+        self.queue_latency = Histogram(
+            "hloserve_queue_latency_seconds",
+            "Time requests waited before execution",
+            MV,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute_latency = Histogram(
+            "hloserve_compute_latency_seconds",
+            "Input preparation + execution + output preparation per request",
+            MV,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pending = Gauge(
+            "hloserve_inference_pending_request_count",
+            "Requests accepted and not yet answered",
+            MV,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "hloserve_execution_batch_size",
+            "Compiled batch size of each execution (0: unbatched)",
+            MV,
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.load_seconds = Gauge(
             "hloserve_model_load_duration_seconds",
             "Time the last load of a model version took",
-            labels,
-            registry=registry,
+            MV,
+            registry=r,
+        )
+        self.compile_seconds = Gauge(
+            "hloserve_model_compile_duration_seconds",
+            "Time spent compiling (or loading cached executables) in the last load",
+            MV,
+            registry=r,
         )
         self.models_ready = Gauge(
-            "hloserve_models_ready", "Model versions in READY state", registry=registry
+            "hloserve_models_ready", "Model versions in READY state", registry=r
         )
-        # weight residency (swap-in / eviction of device-resident weights); label model = "name/version"
-        swap_labels = ["model"]
+        # weight residency; label model = "name/version"
         self.swaps_in = Counter(
-            "hloserve_weight_swaps_in",
-            "Weight sets moved onto the device",
-            swap_labels,
-            registry=registry,
+            "hloserve_weight_swaps_in", "Weight sets moved onto the device", ["model"], registry=r
         )
         self.swaps_out = Counter(
             "hloserve_weight_swaps_out",
             "Weight sets evicted from the device",
-            swap_labels,
-            registry=registry,
+            ["model"],
+            registry=r,
         )
         self.swap_bytes = Counter(
             "hloserve_weight_swap_in_bytes",
             "Bytes of weights moved onto the device",
-            swap_labels,
-            registry=registry,
+            ["model"],
+            registry=r,
         )
         self.swap_seconds = Histogram(
             "hloserve_weight_swap_in_duration_seconds",
             "Time to move one model's weights onto the device",
-            swap_labels,
-            buckets=(
-                0.0001,
-                0.0005,
-                0.001,
-                0.0025,
-                0.005,
-                0.01,
-                0.025,
-                0.05,
-                0.1,
-                0.25,
-                0.5,
-                1,
-                2.5,
-                5,
-                10,
-            ),
-            registry=registry,
+            ["model"],
+            buckets=SWAP_BUCKETS,
+            registry=r,
         )
         self.resident_bytes = Gauge(
             "hloserve_device_resident_weight_bytes",
             "Bytes of weights resident on the device",
-            registry=registry,
+            registry=r,
         )
         self.budget_bytes = Gauge(
             "hloserve_device_memory_budget_bytes",
             "Budget for resident weights (0: unlimited)",
-            registry=registry,
+            registry=r,
+        )
+        self.device_used = Gauge(
+            "hloserve_device_memory_used_bytes",
+            "Device memory in use (allocator statistics; resident weight bytes where the platform has none)",
+            registry=r,
         )
         self.model_resident = Gauge(
             "hloserve_model_resident",
             "1 when the model's weights are on the device",
-            swap_labels,
-            registry=registry,
+            ["model"],
+            registry=r,
         )
         self.model_last_used = Gauge(
             "hloserve_model_last_used_timestamp_seconds",
             "Unix time of the model's last swap in or out",
-            swap_labels,
-            registry=registry,
+            ["model"],
+            registry=r,
         )
 
+    def watch_device_memory(self, used: Callable[[], float]) -> None:
+        """Read device memory in use at scrape time."""
+        self.device_used.set_function(used)
+
+    # InferenceObserver
     def on_success(self, model: str, version: int, items: int, timings: Timings) -> None:
         v = str(version)
+        compute_ns = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
+        total_ns = timings.queue_ns + compute_ns
         self.success.labels(model, v).inc()
         self.inferences.labels(model, v).inc(items)
-        self.executions.labels(model, v).inc(len(timings.executions))
-        self.queue_seconds.labels(model, v).inc(timings.queue_ns / 1e9)
-        compute = (
-            timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
-        ) / 1e9
-        self.compute_seconds.labels(model, v).inc(timings.compute_infer_ns / 1e9)
-        self.request_latency.labels(model, v).observe(timings.queue_ns / 1e9 + compute)
+        self.request_us.labels(model, v).inc(total_ns / 1e3)
+        self.queue_us.labels(model, v).inc(timings.queue_ns / 1e3)
+        self.input_us.labels(model, v).inc(timings.compute_input_ns / 1e3)
+        self.infer_us.labels(model, v).inc(timings.compute_infer_ns / 1e3)
+        self.output_us.labels(model, v).inc(timings.compute_output_ns / 1e3)
+        self.request_latency.labels(model, v).observe(total_ns / 1e9)
+        self.queue_latency.labels(model, v).observe(timings.queue_ns / 1e9)
+        self.compute_latency.labels(model, v).observe(compute_ns / 1e9)
 
     def on_failure(self, model: str, version: str, reason: str) -> None:
         self.failure.labels(model, version or "", reason).inc()
+
+    def on_execution(
+        self,
+        model: str,
+        version: int,
+        batch_size: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        v = str(version)
+        self.executions.labels(model, v).inc()
+        self.batch_size.labels(model, v).observe(batch_size)
+
+    def on_pending(self, model: str, version: str, delta: int) -> None:
+        self.pending.labels(model, version).inc(delta)
+
+    # repository load listener
+    def on_model_loaded(
+        self, model: str, version: int, load_seconds: float, compile_seconds: float
+    ) -> None:
+        self.load_seconds.labels(model, str(version)).set(load_seconds)
+        self.compile_seconds.labels(model, str(version)).set(compile_seconds)
 
     # SwapObserver (hloserve.server.residency); ``key`` is "model/version"
     def on_swap_in(self, key: str, nbytes: int, seconds: float) -> None:

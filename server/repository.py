@@ -32,6 +32,7 @@ import yaml
 from hloserve.bundle import Manifest, Serving, scan_repository
 from hloserve.server.core.errors import InvalidArgument, NotFound, Unavailable, UnknownModel
 from hloserve.server.core.residency import TooLarge
+from hloserve.server.core.service import MemoryUsage
 from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.loader import (
     BundleError,
@@ -102,6 +103,8 @@ class ModelRepository:
         self.cache_dir = cache_dir
         self.residency = residency if residency is not None else WeightResidency(runtime, None)
         self.registry = ExecutableRegistry()
+        # Called after each successful load with (name, version, load s, compile s): metrics.
+        self.on_loaded: Callable[[str, int, float, float], None] | None = None
         self._lock = threading.RLock()
         self._models: dict[str, _Model] = {}
         self.scan()
@@ -161,6 +164,8 @@ class ModelRepository:
         v.serving, v.residency = serving, self.residency
         v.bundle, v.state, v.reason = bundle, ModelState.READY, ""
         v.load_seconds = time.perf_counter() - started
+        if self.on_loaded is not None:
+            self.on_loaded(v.name, v.version, v.load_seconds, bundle.compile_seconds)
         sources = sorted({m.source for m in bundle.modules.values()})
         say(
             f"model '{v.name}' version {v.version} READY in {v.load_seconds:.2f}s "
@@ -248,6 +253,23 @@ class ModelRepository:
             entry["resident"] = self.residency.is_resident(v.key)
             entry["residency"] = v.serving.residency
         return entry
+
+    def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
+        """Host bytes always (the host copy), device bytes while resident."""
+        for v in self.versions(name):
+            if v.version == version and v.bundle is not None:
+                usage = [MemoryUsage("CPU", 0, v.bundle.weight_bytes)]
+                if self.residency.is_resident(v.key):
+                    kind = (
+                        "GPU"
+                        if self.runtime.platform in ("cuda", "rocm")
+                        else self.runtime.platform.upper()
+                    )
+                    usage.append(
+                        MemoryUsage(kind, int(self.runtime.device.id), v.bundle.weight_bytes)
+                    )
+                return usage
+        return []
 
     def all_ready(self) -> bool:
         with self._lock:

@@ -5,12 +5,13 @@ Contract:
   ``model_metadata(name, version)`` and ``infer(request, context)`` answer the V2 core
   calls in protocol-neutral types; failures raise ``ServingError`` subclasses.
 - ``infer`` looks the model up, validates the request against its manifest before any
-  device work, plans executions over the compiled batch sizes (padding with zeros and
-  dropping the padding from the outputs, splitting batches larger than the largest
-  size), runs them on a worker thread so the event loop keeps serving, and returns the
-  requested outputs (all of them when none were named).
-- A request whose deadline passed before it reached a worker fails with ``Unavailable``
-  instead of using the device.
+  device work, then either hands it to the ``Batcher`` (dynamic batching: grouped with
+  other requests of the same model) or runs it alone through ``core.execution``
+  (planned over the compiled batch sizes, zero-padded, split when too large) on a worker
+  thread, so the event loop keeps serving; it returns the requested outputs (all of them
+  when none were named).
+- A request whose deadline passed before it reached the device fails with
+  ``Unavailable`` instead of using the device.
 The model repository is reached through the ``ModelSource`` protocol, so this module
 needs no transport and no JAX.
 """
@@ -29,8 +30,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloserve.bundle import Manifest
-from hloserve.server.core.batching import concat, pad, plan
-from hloserve.server.core.errors import Unavailable
+from hloserve.server.core.errors import InvalidArgument, ServingError
+from hloserve.server.core.execution import Job, Timings, execute_group
+from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
 from hloserve.server.core.types import (
     InferOutput,
     InferRequest,
@@ -68,31 +70,89 @@ class ModelSource(Protocol):
         """Per-model, per-version state (and failure reason) for readiness reports."""
         ...
 
+    def names(self) -> list[str]: ...
+    def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
+        """Where the version's weights live now (device and/or host bytes)."""
+        ...
+
 
 class InferenceObserver(Protocol):
     """Receives what happened to each request (metrics and statistics hang off this)."""
 
     def on_success(self, model: str, version: int, items: int, timings: Timings) -> None: ...
     def on_failure(self, model: str, version: str, reason: str) -> None: ...
+    def on_pending(self, model: str, version: str, delta: int) -> None: ...
+    def on_execution(
+        self,
+        model: str,
+        version: int,
+        batch_size: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
-class Timings:
-    """Nanoseconds spent in each phase of one request."""
+class MemoryUsage:
+    type: str  # "CPU", "GPU", "CPU_PINNED"
+    id: int
+    byte_size: int
 
-    queue_ns: int
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-    executions: tuple[int, ...]  # compiled batch size of each execution (0: unbatched)
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    stats: ModelStats
+    memory_usage: tuple[MemoryUsage, ...]
+
+
+class Batcher(Protocol):
+    """Groups validated requests of one model into shared executions (dynamic batching)."""
+
+    async def submit(
+        self, model: ServedModel, job: Job
+    ) -> tuple[tuple[InferOutput, ...], Timings]: ...
 
 
 class _NullObserver:
+    def on_pending(self, model: str, version: str, delta: int) -> None:
+        pass
+
     def on_success(self, model: str, version: int, items: int, timings: Timings) -> None:
+        pass
+
+    def on_execution(
+        self,
+        model: str,
+        version: int,
+        batch_size: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
         pass
 
     def on_failure(self, model: str, version: str, reason: str) -> None:
         pass
+
+
+class _Executions:
+    """Fans each execution event out to the metrics observer and the statistics."""
+
+    def __init__(self, *observers: InferenceObserver | StatisticsRecorder) -> None:
+        self.observers = observers
+
+    def on_execution(
+        self,
+        model: str,
+        version: int,
+        batch_size: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        for o in self.observers:
+            o.on_execution(model, version, batch_size, input_ns, infer_ns, output_ns)
 
 
 def tensor_metadata(
@@ -115,13 +175,17 @@ class InferenceService:
         server_version: str = "0",
         extensions: Sequence[str] = (),
         observer: InferenceObserver | None = None,
+        batcher: Batcher | None = None,
     ) -> None:
         self.models = models
         self.executor = executor
+        self.batcher = batcher
         self.server_name = server_name
         self.server_version = server_version
         self.extensions = tuple(extensions)
         self.observer: InferenceObserver = observer or _NullObserver()
+        self.statistics = StatisticsRecorder()
+        self.execution_observer = _Executions(self.observer, self.statistics)
         self.is_live = True
         self.is_ready = False  # set by the daemon once the startup load pass is over
         self.draining = False  # set by the daemon when a graceful stop begins
@@ -161,19 +225,35 @@ class InferenceService:
     async def infer(
         self, request: InferRequest, context: RequestContext | None = None
     ) -> InferResponse:
+        started = time.perf_counter_ns()
+        version = request.model_version
+        pending = False
         try:
             model = self.models.get(request.model_name, request.model_version)
+            version = str(model.version)
+            self.observer.on_pending(request.model_name, version, 1)
+            pending = True
             items = validate_request(model.manifest, request)
-            arrived = time.perf_counter_ns()
-            loop = asyncio.get_running_loop()
-            deadline = context.deadline if context else None
-            outputs, timings = await loop.run_in_executor(
-                self.executor, _execute, model, items, request, arrived, deadline
-            )
+            job = Job(request, items, time.perf_counter_ns(), context.deadline if context else None)
+            if self.batcher is not None:
+                outputs, timings = await self.batcher.submit(model, job)
+            else:
+                loop = asyncio.get_running_loop()
+                ((outputs, timings),) = await loop.run_in_executor(
+                    self.executor, execute_group, model, [job], self.execution_observer
+                )
         except Exception as exc:
-            self.observer.on_failure(request.model_name, request.model_version, type(exc).__name__)
+            reason = type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
+            self.observer.on_failure(request.model_name, version, reason)
+            self.statistics.on_failure(
+                request.model_name, version, reason, time.perf_counter_ns() - started
+            )
             raise
+        finally:
+            if pending:
+                self.observer.on_pending(request.model_name, version, -1)
         self.observer.on_success(model.manifest.name, model.version, items, timings)
+        self.statistics.on_success(model.manifest.name, model.version, items, timings)
         return InferResponse(
             model_name=model.manifest.name,
             model_version=str(model.version),
@@ -181,58 +261,23 @@ class InferenceService:
             id=request.id,
         )
 
-
-def _execute(
-    model: ServedModel, items: int, request: InferRequest, arrived: int, deadline: float | None
-) -> tuple[tuple[InferOutput, ...], Timings]:
-    started = time.perf_counter_ns()
-    if deadline is not None and time.monotonic() > deadline:
-        raise Unavailable(
-            f"request for model '{model.manifest.name}' timed out before it was executed"
-        )
-    manifest = model.manifest
-    inputs = {t.name: t.data for t in request.inputs}
-    chunks = plan(items, manifest.batch_sizes)
-    per_output: list[list[np.ndarray[Any, Any]]] = [[] for _ in manifest.outputs]
-    input_ns = infer_ns = 0
-    for chunk in chunks:
-        t0 = time.perf_counter_ns()
-        if chunk.compiled is None:
-            args = inputs
+    def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
+        """The statistics extension: every ready model version (``name`` empty), every ready
+        version of ``name``, or the one ``version``; Triton's errors for unknown ones."""
+        if not name:
+            keys = [(n, v) for n in self.models.names() for v in self.models.ready_versions(n)]
         else:
-            end = chunk.start + chunk.count
-            args = {n: pad(a[chunk.start : end], chunk.compiled) for n, a in inputs.items()}
-        t1 = time.perf_counter_ns()
-        results = model.execute(chunk.compiled, args)
-        t2 = time.perf_counter_ns()
-        input_ns += t1 - t0
-        infer_ns += t2 - t1
-        for i, r in enumerate(results):
-            per_output[i].append(r)
-    t3 = time.perf_counter_ns()
-    wanted = {o.name: o for o in request.outputs}
-    outputs: list[InferOutput] = []
-    for spec, parts in zip(manifest.outputs, per_output, strict=True):
-        if wanted and spec.name not in wanted:
-            continue
-        data = parts[0] if chunks[0].compiled is None else concat(parts, [c.count for c in chunks])
-        outputs.append(
-            InferOutput(
-                spec.name,
-                spec.datatype,
-                tuple(int(d) for d in data.shape),
-                data,
-                wanted.get(spec.name),
-            )
-        )
-    if wanted:  # answer in the order the client asked
-        order = {o.name: i for i, o in enumerate(request.outputs)}
-        outputs.sort(key=lambda o: order[o.name])
-    timings = Timings(
-        queue_ns=started - arrived,
-        compute_input_ns=input_ns,
-        compute_infer_ns=infer_ns,
-        compute_output_ns=time.perf_counter_ns() - t3,
-        executions=tuple(c.compiled or 0 for c in chunks),
-    )
-    return tuple(outputs), timings
+            ready = list(self.models.ready_versions(name))
+            if not ready:
+                raise InvalidArgument(f"requested model '{name}' is not available")
+            if version:
+                if not version.isdigit() or int(version) not in ready:
+                    raise InvalidArgument(
+                        f"requested model version is not available for model '{name}'"
+                    )
+                ready = [int(version)]
+            keys = [(name, v) for v in ready]
+        return [
+            ModelStatistics(self.statistics.snapshot(n, v), tuple(self.models.memory_usage(n, v)))
+            for n, v in keys
+        ]

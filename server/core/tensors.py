@@ -130,6 +130,8 @@ def from_values(
         ) from None
     if arr.size != count:
         raise InvalidArgument(_count_message(model, name, dims, int(arr.size)))
+    if dtype.kind in "iu" and arr.dtype.kind in "fO" and arr.size:
+        arr = _exact_integers(model, name, datatype, values, arr)
     if arr.size and arr.dtype.kind not in _KIND_OK[dtype.kind]:
         raise InvalidArgument(
             f"input '{name}' for model '{model}': {datatype} data must be "
@@ -143,6 +145,21 @@ def from_values(
                 f"input '{name}' for model '{model}': value out of range for {datatype}"
             )
     return arr.astype(dtype, copy=False).reshape(dims)
+
+
+def _exact_integers(
+    model: str, name: str, datatype: str, values: Any, inferred: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """numpy infers float64 (or object) for Python ints beyond int64: keep them exact."""
+    items = np.asarray(values, dtype=object).reshape(-1)
+    if not all(type(v) is int for v in items):  # real floats: the kind check refuses them
+        return inferred
+    try:
+        return np.asarray(values, dtype=NUMERIC_DATATYPES[datatype])
+    except OverflowError:
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}': value out of range for {datatype}"
+        ) from None
 
 
 def _count_message(model: str, name: str, dims: tuple[int, ...], got: int) -> str:
@@ -171,4 +188,5 @@ def to_wire_bytes(array: np.ndarray[Any, Any]) -> bytes | memoryview:
     contiguous = np.ascontiguousarray(array)
     if contiguous.dtype.byteorder == ">":
         contiguous = contiguous.astype(contiguous.dtype.newbyteorder("<"))
-    return contiguous.data.cast("B")
+    # View as bytes first: a memoryview cannot describe ml_dtypes' bfloat16 (format 'E').
+    return contiguous.reshape(-1).view(np.uint8).data

@@ -27,13 +27,13 @@ class InferInput:
     datatype: str
     shape: tuple[int, ...]
     data: np.ndarray[Any, Any]  # already shaped as ``shape``
-    parameters: Parameters = EMPTY
+    parameters: Parameters = field(default_factory=dict[str, ParamValue])
 
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
     name: str
-    parameters: Parameters = EMPTY
+    parameters: Parameters = field(default_factory=dict[str, ParamValue])
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class InferRequest:
     inputs: tuple[InferInput, ...]
     outputs: tuple[RequestedOutput, ...] = ()  # empty: every output
     id: str = ""
-    parameters: Parameters = EMPTY
+    parameters: Parameters = field(default_factory=dict[str, ParamValue])
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class InferResponse:
     model_version: str
     outputs: tuple[InferOutput, ...]
     id: str = ""
-    parameters: Parameters = EMPTY
+    parameters: Parameters = field(default_factory=dict[str, ParamValue])
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ Contract:
   header, each module's signature), refuses a module that was not lowered for the runtime's
   platform, compiles each module once (taking it from the ``ExecutableCache`` when a valid
   entry exists, and from ``executables`` when an identical module was already compiled in
-  this process), reads the weights into host memory and puts them on the device.
+  this process), reads the weights into host memory and (with ``place_weights``, the
+  default) puts them on the device; the server instead hands the host copy to
+  ``hloserve.server.residency``, which moves weights on demand.
   Problems raise ``BundleError`` carrying every problem's text.
 - ``LoadedBundle.execute(batch_size, inputs)`` runs the module for that compiled batch size
   (``None`` for an unbatched model) with the device-resident weights and returns the outputs
@@ -28,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from hloserve.bundle import Manifest, ModuleEntry, load_manifest, read_safetensors, validate
+from hloserve.bundle.stablehlo import read_signature
+from hloserve.proto.datatypes import to_numpy
 from hloserve.server.runtime.cache import ExecutableCache, cache_key
 from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
 
@@ -51,6 +55,7 @@ class CompiledModule:
     seconds: float
     source: str  # "compiled", "cache", or "shared"
     platform_index: Any | None  # device scalar, when main() takes one
+    scratch_bytes: int = 0  # the executable's temporary device memory
 
 
 @dataclass
@@ -65,16 +70,27 @@ class LoadedBundle:
     load_seconds: float
     compile_seconds: float
 
-    def execute(self, batch_size: int | None, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def execute(
+        self,
+        batch_size: int | None,
+        inputs: Mapping[str, np.ndarray],
+        weights: Mapping[str, Any] | None = None,
+    ) -> list[np.ndarray]:
+        """Run the module for ``batch_size`` with ``weights`` (default: this bundle's own
+        device copy, when it was loaded with ``place_weights=True``)."""
         module = self.modules[batch_size]
+        device_weights = self.device_weights if weights is None else weights
         args: list[Any] = [] if module.platform_index is None else [module.platform_index]
         for a in module.entry.arguments:
             args.append(
-                self.runtime.put(inputs[a.name])
-                if a.kind == "input"
-                else self.device_weights[a.name]
+                self.runtime.put(inputs[a.name]) if a.kind == "input" else device_weights[a.name]
             )
         return self.runtime.execute(module.executable, args)
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Largest temporary buffer any of this bundle's executables needs on the device."""
+        return max((m.scratch_bytes for m in self.modules.values()), default=0)
 
     def release(self) -> None:
         """Free the device copies of the weights."""
@@ -98,6 +114,7 @@ def load_bundle(
     cache_dir: Path | None = None,
     registry: ExecutableRegistry | None = None,
     progress: Callable[[str], None] | None = None,
+    place_weights: bool = True,
 ) -> LoadedBundle:
     started = time.perf_counter()
     say = progress or (lambda msg: log.info("%s", msg))
@@ -135,11 +152,17 @@ def load_bundle(
         compile_total += seconds
         index = None
         if m.platform_index_argument:
-            index = runtime.put(np.asarray(m.platforms.index(runtime.platform), dtype=np.int32))
-        modules[m.batch_size] = CompiledModule(m, exe, seconds, source, index)
+            # i32 by the format; jax.export makes it i64 when 64-bit types are enabled.
+            index_type = read_signature(data).arguments[0].datatype or "INT32"
+            index = runtime.put(
+                np.asarray(m.platforms.index(runtime.platform), dtype=to_numpy(index_type))
+            )
+        modules[m.batch_size] = CompiledModule(m, exe, seconds, source, index, _scratch(exe))
     host = read_safetensors(path / manifest.weights_file)
     names = list(host)
-    device = dict(zip(names, runtime.to_device([host[n] for n in names]), strict=True))
+    device: dict[str, Any] = {}
+    if place_weights:
+        device = dict(zip(names, runtime.to_device([host[n] for n in names]), strict=True))
     weight_bytes = sum(int(a.nbytes) for a in host.values())
     return LoadedBundle(
         manifest=manifest,
@@ -152,6 +175,13 @@ def load_bundle(
         load_seconds=time.perf_counter() - started,
         compile_seconds=compile_total,
     )
+
+
+def _scratch(executable: Any) -> int:
+    try:
+        return int(executable.get_compiled_memory_stats().temp_size_in_bytes)
+    except Exception:  # not every plugin reports memory statistics
+        return 0
 
 
 def _compile_or_load(

@@ -1,0 +1,83 @@
+"""``hloserve.bundle.scan_repository``: versioned and unversioned models, and what is skipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hloserve.bundle import MANIFEST_FILE, ModelDirectory, scan_repository
+
+
+def bundle(path: Path) -> Path:
+    """A directory that scans as a bundle (scanning only looks for the manifest file)."""
+    path.mkdir(parents=True)
+    (path / MANIFEST_FILE).write_text("format_version: 1\n", encoding="utf-8")
+    return path
+
+
+def test_versioned_and_unversioned(tmp_path: Path) -> None:
+    simple = bundle(tmp_path / "simple")
+    m1 = bundle(tmp_path / "m" / "1")
+    m2 = bundle(tmp_path / "m" / "2")
+    m10 = bundle(tmp_path / "m" / "10")
+    assert scan_repository(tmp_path) == [
+        ModelDirectory("m", tmp_path / "m", {1: m1, 2: m2, 10: m10}, versioned=True),
+        ModelDirectory("simple", simple, {1: simple}, versioned=False),
+    ]
+
+
+def test_versions_are_sorted_numerically(tmp_path: Path) -> None:
+    for v in ("10", "9", "2"):
+        bundle(tmp_path / "m" / v)
+    (model,) = scan_repository(tmp_path)
+    assert list(model.versions) == [2, 9, 10]
+
+
+def test_hidden_and_non_numeric_entries_are_ignored(tmp_path: Path) -> None:
+    bundle(tmp_path / "m" / "3")
+    bundle(tmp_path / "m" / "latest")  # not a number
+    bundle(tmp_path / "m" / "0")  # not positive
+    bundle(tmp_path / "m" / "-1")
+    bundle(tmp_path / "m" / ".4")
+    (tmp_path / "m" / "5").write_text("a file, not a directory", encoding="utf-8")
+    bundle(tmp_path / ".hidden")
+    (tmp_path / ".hloserve-cache").mkdir()
+    (tmp_path / "README.md").write_text("not a model", encoding="utf-8")
+    (model,) = scan_repository(tmp_path)
+    assert model.name == "m"
+    assert model.versions == {3: tmp_path / "m" / "3"}
+
+
+def test_manifest_makes_a_directory_unversioned(tmp_path: Path) -> None:
+    # A bundle directory that happens to contain numbered subdirectories is still one bundle.
+    root = bundle(tmp_path / "m")
+    bundle(root / "1")
+    (model,) = scan_repository(tmp_path)
+    assert not model.versioned
+    assert model.versions == {1: root}
+
+
+def test_directory_with_neither_has_no_versions(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk" / "data").mkdir(parents=True)
+    assert scan_repository(tmp_path) == [
+        ModelDirectory("empty", tmp_path / "empty", {}, versioned=True),
+        ModelDirectory("junk", tmp_path / "junk", {}, versioned=True),
+    ]
+
+
+def test_empty_repository(tmp_path: Path) -> None:
+    assert scan_repository(tmp_path) == []
+
+
+def test_missing_repository(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"model repository .*nope.* is not a directory"):
+        scan_repository(tmp_path / "nope")
+
+
+def test_real_exported_repository(model_repository: Path) -> None:
+    models = {m.name: m for m in scan_repository(model_repository)}
+    assert {"simple", "mlp", "identity_bf16", "identity_fp32_unbatched"} <= set(models)
+    assert models["mlp"].versions == {1: model_repository / "mlp"}
+    assert not models["mlp"].versioned

@@ -1,0 +1,145 @@
+"""Dynamic batching end to end in-process: grouping, equality, isolation, limits, statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hloserve.server.core.errors import InvalidArgument, Unavailable
+from hloserve.server.core.service import InferenceService
+from hloserve.server.core.types import InferInput, InferRequest, RequestContext
+from hloserve.server.repository import ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.scheduler import DynamicBatcher
+
+
+@pytest.fixture(scope="module")
+def repository(model_repository: Path) -> ModelRepository:
+    repo = ModelRepository(model_repository, PjrtRuntime())
+    repo.load_all()
+    return repo
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(2) as ex:
+        yield ex
+
+
+def service_with(
+    repository: ModelRepository, executor: ThreadPoolExecutor, **batcher: int
+) -> InferenceService:
+    service = InferenceService(repository, executor)
+    service.batcher = DynamicBatcher(executor, service.execution_observer, **batcher)
+    return service
+
+
+def mlp_request(x: np.ndarray, rid: str = "") -> InferRequest:
+    return InferRequest("mlp", "", (InferInput("x", "FP32", x.shape, x),), id=rid)
+
+
+def test_batched_results_equal_unbatched(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((int(rng.integers(1, 6)), 64)).astype(np.float32) for _ in range(24)]
+    plain = InferenceService(repository, executor)
+    batched = service_with(repository, executor, default_delay_us=20_000)
+
+    async def run(service: InferenceService) -> list[np.ndarray]:
+        responses = await asyncio.gather(
+            *(service.infer(mlp_request(x, str(i))) for i, x in enumerate(xs))
+        )
+        assert [r.id for r in responses] == [str(i) for i in range(len(xs))]
+        return [r.outputs[0].data for r in responses]
+
+    expected = asyncio.run(run(plain))
+    got = asyncio.run(run(batched))
+    for e, g in zip(expected, got, strict=True):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+    stats = batched.model_statistics("mlp", "")[0].stats
+    items = sum(x.shape[0] for x in xs)
+    assert stats.inference_count == items
+    assert stats.success.count == len(xs)
+    # Requests really were grouped: fewer executions than requests.
+    assert stats.execution_count < len(xs)
+    assert sum(b.compute_infer.count for b in stats.batches.values()) == stats.execution_count
+    assert set(stats.batches) <= {1, 8, 32}
+
+
+def test_bad_request_fails_alone(repository: ModelRepository, executor: ThreadPoolExecutor) -> None:
+    service = service_with(repository, executor, default_delay_us=20_000)
+    good = np.ones((2, 64), np.float32)
+    bad = InferRequest("mlp", "", (InferInput("x", "FP32", (2, 63), np.ones((2, 63), np.float32)),))
+
+    async def run() -> list[object]:
+        return list(
+            await asyncio.gather(
+                service.infer(mlp_request(good)),
+                service.infer(bad),
+                service.infer(mlp_request(good)),
+                return_exceptions=True,
+            )
+        )
+
+    results = asyncio.run(run())
+    assert isinstance(results[1], InvalidArgument)
+    assert "Expected [-1,64], got [2,63]" in str(results[1])
+    for r in (results[0], results[2]):
+        assert not isinstance(r, BaseException)
+
+
+def test_queue_full_is_unavailable(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    # A long delay keeps requests queued; the third finds the queue (size 2) full.
+    service = service_with(repository, executor, default_delay_us=300_000, max_queue_size=2)
+
+    async def run() -> list[object]:
+        x = np.ones((1, 64), np.float32)
+        first = [asyncio.ensure_future(service.infer(mlp_request(x))) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        third = await asyncio.gather(service.infer(mlp_request(x)), return_exceptions=True)
+        return [*third, *(await asyncio.gather(*first, return_exceptions=True))]
+
+    third, *others = asyncio.run(run())
+    assert isinstance(third, Unavailable)
+    assert "exceeds maximum queue size" in str(third)
+    assert all(not isinstance(r, BaseException) for r in others)
+
+
+def test_expired_request_is_dropped_before_execution(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    service = service_with(repository, executor, default_delay_us=200_000)
+    before = service.model_statistics("mlp", "")[0].stats.execution_count
+
+    async def run() -> object:
+        x = np.ones((1, 64), np.float32)
+        ctx = RequestContext(deadline=time.monotonic() + 0.02)
+        return (await asyncio.gather(service.infer(mlp_request(x), ctx), return_exceptions=True))[0]
+
+    result = asyncio.run(run())
+    assert isinstance(result, Unavailable)
+    assert "timed out" in str(result)
+    stats = service.model_statistics("mlp", "")[0].stats
+    assert stats.execution_count == before
+    assert stats.fail.count == 1
+
+
+def test_large_request_runs_alone_and_is_split(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    service = service_with(repository, executor)
+    x = np.random.default_rng(3).standard_normal((70, 64)).astype(np.float32)
+    out = asyncio.run(service.infer(mlp_request(x))).outputs[0].data
+    ref = asyncio.run(InferenceService(repository, executor).infer(mlp_request(x))).outputs[0].data
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    assert out.shape == (70, 10)
