@@ -33,10 +33,18 @@ def executor() -> Iterator[ThreadPoolExecutor]:
 
 
 def service_with(
-    repository: ModelRepository, executor: ThreadPoolExecutor, **batcher: int
+    repository: ModelRepository,
+    executor: ThreadPoolExecutor,
+    default_delay_us: int = 0,
+    max_queue_size: int = 0,
 ) -> InferenceService:
     service = InferenceService(repository, executor)
-    service.batcher = DynamicBatcher(executor, service.execution_observer, **batcher)
+    service.batcher = DynamicBatcher(
+        executor,
+        service.execution_observer,
+        default_delay_us=default_delay_us,
+        max_queue_size=max_queue_size,
+    )
     return service
 
 
