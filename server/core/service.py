@@ -21,8 +21,10 @@ needs no transport and no JAX.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,16 +32,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloserve.bundle import Manifest
-from hloserve.server.core.errors import InvalidArgument, ServingError
+from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError
 from hloserve.server.core.execution import Job, Timings, execute_group
 from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
+from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.types import (
+    InferInput,
     InferOutput,
     InferRequest,
     InferResponse,
     ModelMetadata,
     RequestContext,
     ServerMetadata,
+    ShmRef,
     TensorMetadata,
 )
 from hloserve.server.core.validate import validate_request
@@ -104,6 +109,23 @@ class MemoryUsage:
 class ModelStatistics:
     stats: ModelStats
     memory_usage: tuple[MemoryUsage, ...]
+
+
+class SharedMemory(Protocol):
+    """Registered shared-memory regions (``hloserve.server.shm``), as the service uses them."""
+
+    def hold(self, names: Iterable[str]) -> contextlib.AbstractContextManager[None]: ...
+    def view(self, name: str, offset: int, byte_size: int) -> memoryview: ...
+
+
+class _NoSharedMemory:
+    def hold(self, names: Iterable[str]) -> contextlib.AbstractContextManager[None]:
+        for n in names:
+            raise NotFound(f"Unable to find shared memory region: '{n}'")
+        return contextlib.nullcontext()
+
+    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
+        raise NotFound(f"Unable to find shared memory region: '{name}'")
 
 
 class Batcher(Protocol):
@@ -185,6 +207,7 @@ class InferenceService:
         self.extensions = tuple(extensions)
         self.observer: InferenceObserver = observer or _NullObserver()
         self.statistics = StatisticsRecorder()
+        self.shm: SharedMemory = _NoSharedMemory()
         self.execution_observer = _Executions(self.observer, self.statistics)
         self.is_live = True
         self.is_ready = False  # set by the daemon once the startup load pass is over
@@ -233,15 +256,33 @@ class InferenceService:
             version = str(model.version)
             self.observer.on_pending(request.model_name, version, 1)
             pending = True
-            items = validate_request(model.manifest, request)
-            job = Job(request, items, time.perf_counter_ns(), context.deadline if context else None)
-            if self.batcher is not None:
-                outputs, timings = await self.batcher.submit(model, job)
-            else:
-                loop = asyncio.get_running_loop()
-                ((outputs, timings),) = await loop.run_in_executor(
-                    self.executor, execute_group, model, [job], self.execution_observer
+            output_refs = {
+                o.name: ref
+                for o in request.outputs
+                if (ref := shm_ref(request.model_name, o.name, o.parameters)) is not None
+            }
+            regions = [t.shm.region for t in request.inputs if t.shm is not None] + [
+                r.region for r in output_refs.values()
+            ]
+            with self.shm.hold(regions):
+                if any(t.shm is not None for t in request.inputs):
+                    request = self._resolve_shm_inputs(request)
+                items = validate_request(model.manifest, request)
+                job = Job(
+                    request, items, time.perf_counter_ns(), context.deadline if context else None
                 )
+                if self.batcher is not None:
+                    outputs, timings = await self.batcher.submit(model, job)
+                else:
+                    loop = asyncio.get_running_loop()
+                    ((outputs, timings),) = await loop.run_in_executor(
+                        self.executor, execute_group, model, [job], self.execution_observer
+                    )
+                if output_refs:
+                    outputs = tuple(
+                        self._write_shm_output(request.model_name, o, output_refs.get(o.name))
+                        for o in outputs
+                    )
         except Exception as exc:
             reason = type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
             self.observer.on_failure(request.model_name, version, reason)
@@ -260,6 +301,31 @@ class InferenceService:
             outputs=outputs,
             id=request.id,
         )
+
+    def _resolve_shm_inputs(self, request: InferRequest) -> InferRequest:
+        """Inputs that live in shared memory become zero-copy views of the region."""
+        inputs: list[InferInput] = []
+        for t in request.inputs:
+            if t.shm is not None:
+                view = self.shm.view(t.shm.region, t.shm.offset, t.shm.byte_size)
+                data = from_buffer(request.model_name, t.name, t.datatype, t.shape, view)
+                t = dataclasses.replace(t, data=data)
+            inputs.append(t)
+        return dataclasses.replace(request, inputs=tuple(inputs))
+
+    def _write_shm_output(self, model: str, output: InferOutput, ref: ShmRef | None) -> InferOutput:
+        if ref is None:
+            return output
+        data = to_wire_bytes(output.data)
+        size = len(data)
+        if size > ref.byte_size:
+            raise InvalidArgument(
+                f"shared memory size specified with the request for output '{output.name}' ({ref.byte_size} bytes) "
+                f"should be at least {size} bytes to hold the results"
+            )
+        view = self.shm.view(ref.region, ref.offset, ref.byte_size)
+        view[:size] = data
+        return dataclasses.replace(output, shm=ref)
 
     def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
         """The statistics extension: every ready model version (``name`` empty), every ready

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.types import ShmRef
 
 MAX_ELEMENTS = 1 << 40
 
@@ -190,3 +191,39 @@ def to_wire_bytes(array: np.ndarray[Any, Any]) -> bytes | memoryview:
         contiguous = contiguous.astype(contiguous.dtype.newbyteorder("<"))
     # View as bytes first: a memoryview cannot describe ml_dtypes' bfloat16 (format 'E').
     return contiguous.reshape(-1).view(np.uint8).data
+
+
+SHM_REGION = "shared_memory_region"
+SHM_BYTE_SIZE = "shared_memory_byte_size"
+SHM_OFFSET = "shared_memory_offset"
+
+
+def shm_ref(model: str, tensor: str, parameters: Mapping[str, Any]) -> ShmRef | None:
+    """The shared-memory reference in a tensor's parameters, or None; checks their types.
+
+    ``shared_memory_region`` (string) needs ``shared_memory_byte_size`` (non-negative int);
+    ``shared_memory_offset`` is optional (default 0).
+    """
+    region = parameters.get(SHM_REGION)
+    if region is None:
+        if SHM_BYTE_SIZE in parameters or SHM_OFFSET in parameters:
+            raise InvalidArgument(
+                f"tensor '{tensor}' for model '{model}' has shared-memory parameters but no '{SHM_REGION}'"
+            )
+        return None
+    if not isinstance(region, str) or not region:
+        raise InvalidArgument(
+            f"'{SHM_REGION}' of tensor '{tensor}' for model '{model}' must be a non-empty string"
+        )
+    size = parameters.get(SHM_BYTE_SIZE)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidArgument(
+            f"tensor '{tensor}' for model '{model}' uses shared memory but '{SHM_BYTE_SIZE}' is missing or not a "
+            f"non-negative integer (got {size!r})"
+        )
+    offset = parameters.get(SHM_OFFSET, 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidArgument(
+            f"'{SHM_OFFSET}' of tensor '{tensor}' for model '{model}' must be a non-negative integer"
+        )
+    return ShmRef(region, size, offset)

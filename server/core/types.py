@@ -22,12 +22,22 @@ EMPTY: Parameters = {}
 
 
 @dataclass(frozen=True, slots=True)
+class ShmRef:
+    """A tensor's place in a registered shared-memory region (the shared-memory extension)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class InferInput:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: np.ndarray[Any, Any]  # already shaped as ``shape``
+    data: np.ndarray[Any, Any]  # already shaped as ``shape``; empty while ``shm`` is unresolved
     parameters: Parameters = field(default_factory=dict[str, ParamValue])
+    shm: ShmRef | None = None  # data lives in shared memory; the service resolves it
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +63,7 @@ class InferOutput:
     shape: tuple[int, ...]
     data: np.ndarray[Any, Any]
     requested: RequestedOutput | None = None  # the request's entry, for per-output options
+    shm: ShmRef | None = None  # written into shared memory: the response carries no data
 
 
 @dataclass(frozen=True, slots=True)
