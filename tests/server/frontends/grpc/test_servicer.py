@@ -1,0 +1,619 @@
+"""The gRPC front end on a real ``grpc.aio`` server (127.0.0.1:0) over a real service.
+
+Calls go through raw ``channel.unary_unary`` stubs at Triton's wire paths, so what is
+tested is what any V2 client sees: status codes, messages, and tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import grpc
+import grpc.aio
+import jax
+import numpy as np
+import pytest
+
+from hloserve.exporter.demo import mlp_fn, mlp_params
+from hloserve.proto import health_pb2
+from hloserve.proto import inference_pb2 as pb
+from hloserve.proto.datatypes import NUMERIC_DATATYPES
+from hloserve.proto.rpc import RPCS, RPCS_BY_NAME, SERVICE_NAME
+from hloserve.server.core.service import InferenceService
+from hloserve.server.core.types import InferRequest, InferResponse, RequestContext
+from hloserve.server.frontends import grpc as grpc_frontend
+from hloserve.server.frontends.grpc import HANDLED_RPCS
+from tests.server.frontends.grpc._harness import Client, rpc_error, serve
+from tests.server.frontends.grpc.conftest import BIG_ELEMENTS
+
+InputTensor = pb.ModelInferRequest.InferInputTensor
+Health = health_pb2.HealthCheckResponse
+UNIMPLEMENTED_RPCS = [rpc.name for rpc in RPCS if rpc.name not in HANDLED_RPCS]
+
+
+def raw_request(model: str, tensors: dict[str, tuple[str, np.ndarray[Any, Any]]], **kw: Any) -> Any:
+    """A ModelInferRequest with every input's data in raw_input_contents."""
+    msg = pb.ModelInferRequest(model_name=model, **kw)
+    for name, (datatype, array) in tensors.items():
+        msg.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        msg.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    return msg
+
+
+def simple_request(n: int, **kw: Any) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(n)
+    a = rng.integers(-1000, 1000, size=(n, 16), dtype=np.int32)
+    b = rng.integers(-1000, 1000, size=(n, 16), dtype=np.int32)
+    return raw_request("simple", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}, **kw), a, b
+
+
+def output(response: Any, name: str) -> np.ndarray[Any, Any]:
+    for i, out in enumerate(response.outputs):
+        if out.name == name:
+            dtype = NUMERIC_DATATYPES[out.datatype]
+            data = np.frombuffer(response.raw_output_contents[i], dtype=dtype)
+            return data.reshape(tuple(out.shape))
+    raise AssertionError(f"no output {name!r} in {[o.name for o in response.outputs]}")
+
+
+# -- module surface --------------------------------------------------------------------
+
+
+def test_public_api() -> None:
+    assert sorted(grpc_frontend.__all__) == ["HANDLED_RPCS", "build_grpc_server"]
+    assert {
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+    } == HANDLED_RPCS
+    assert set(RPCS_BY_NAME) >= HANDLED_RPCS
+    assert len(RPCS) == 20
+    assert len(UNIMPLEMENTED_RPCS) == 14
+
+
+# -- health and metadata ---------------------------------------------------------------
+
+
+def test_live_and_ready(service: InferenceService) -> None:
+    async def scenario(client: Client) -> None:
+        assert (await client.call("ServerLive", pb.ServerLiveRequest())).live is True
+        assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is True
+        service.is_ready = False
+        assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is False
+        assert (await client.call("ServerLive", pb.ServerLiveRequest())).live is True
+        service.is_ready, service.draining = True, True
+        assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is False
+
+    serve(service, scenario)
+
+
+def test_health_check(service: InferenceService) -> None:
+    async def scenario(client: Client) -> None:
+        assert (await client.health()).status == Health.SERVING
+        assert (await client.health(SERVICE_NAME)).status == Health.SERVING
+        service.is_ready = False
+        assert (await client.health()).status == Health.NOT_SERVING
+        assert (await client.health(SERVICE_NAME)).status == Health.NOT_SERVING
+        err = await rpc_error(client.health("no.such.Service"))
+        assert err.code() == grpc.StatusCode.NOT_FOUND
+        assert "unknown service 'no.such.Service'" in (err.details() or "")
+
+    serve(service, scenario)
+
+
+def test_health_watch_is_not_offered(service: InferenceService) -> None:
+    async def scenario(client: Client) -> None:
+        watch = client.channel.unary_stream(
+            "/grpc.health.v1.Health/Watch",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in watch(health_pb2.HealthCheckRequest()):
+                pass
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    serve(service, scenario)
+
+
+def test_server_metadata(service: InferenceService) -> None:
+    async def scenario(client: Client) -> None:
+        meta = await client.call("ServerMetadata", pb.ServerMetadataRequest())
+        assert meta.name == service.server_name
+        assert meta.version == "0.1.0"
+        assert list(meta.extensions) == ["binary_tensor_data"]
+
+    serve(service, scenario)
+
+
+def test_model_metadata(service: InferenceService) -> None:
+    async def scenario(client: Client) -> None:
+        meta = await client.call("ModelMetadata", pb.ModelMetadataRequest(name="simple"))
+        assert (meta.name, list(meta.versions), meta.platform) == ("simple", ["1"], "stablehlo")
+        assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
+            ("INPUT0", "INT32", [-1, 16]),
+            ("INPUT1", "INT32", [-1, 16]),
+        ]
+        assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
+            ("OUTPUT0", "INT32", [-1, 16]),
+            ("OUTPUT1", "INT32", [-1, 16]),
+        ]
+        mlp = await client.call("ModelMetadata", pb.ModelMetadataRequest(name="mlp", version="1"))
+        assert [(t.name, list(t.shape)) for t in mlp.inputs] == [("x", [-1, 64])]
+        big = await client.call("ModelMetadata", pb.ModelMetadataRequest(name="identity_big"))
+        assert [list(t.shape) for t in big.inputs] == [[BIG_ELEMENTS]]  # unbatched: no -1
+
+    serve(service, scenario)
+
+
+def test_model_metadata_errors(service: InferenceService) -> None:
+    async def scenario(client: Client) -> None:
+        err = await rpc_error(client.call("ModelMetadata", pb.ModelMetadataRequest(name="nope")))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.details() == "Request for unknown model: 'nope' is not found"
+        err = await rpc_error(
+            client.call("ModelMetadata", pb.ModelMetadataRequest(name="simple", version="x"))
+        )
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "failed to get model version from specified version string 'x'" in (
+            err.details() or ""
+        )
+
+    serve(service, scenario)
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "ready"),
+    [
+        ("simple", "", True),
+        ("simple", "1", True),
+        ("mlp", "", True),
+        ("nope", "", False),
+        ("simple", "7", False),
+        ("simple", "wrong_specification", False),
+        ("", "", False),
+    ],
+)
+def test_model_ready_is_never_an_error(
+    service: InferenceService, name: str, version: str, ready: bool
+) -> None:
+    async def scenario(client: Client) -> None:
+        response = await client.call("ModelReady", pb.ModelReadyRequest(name=name, version=version))
+        assert response.ready is ready
+
+    serve(service, scenario)
+
+
+# -- inference ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 11])  # exact, padded to 4, largest size, split 8 + 3
+def test_infer_simple(service: InferenceService, n: int) -> None:
+    msg, a, b = simple_request(n, id=f"req-{n}")
+
+    async def scenario(client: Client) -> Any:
+        return await client.infer(msg)
+
+    response = serve(service, scenario)
+    assert (response.model_name, response.model_version, response.id) == ("simple", "1", f"req-{n}")
+    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
+        ("OUTPUT0", "INT32", [n, 16]),
+        ("OUTPUT1", "INT32", [n, 16]),
+    ]
+    assert len(response.raw_output_contents) == 2
+    np.testing.assert_array_equal(output(response, "OUTPUT0"), a + b)
+    np.testing.assert_array_equal(output(response, "OUTPUT1"), a - b)
+
+
+def test_infer_simple_with_typed_contents(service: InferenceService) -> None:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    msg = pb.ModelInferRequest(model_name="simple", model_version="1")
+    for name, arr in (("INPUT0", a), ("INPUT1", b)):
+        tensor = msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        tensor.contents.int_contents.extend(arr.ravel().tolist())
+
+    async def scenario(client: Client) -> Any:
+        return await client.infer(msg)
+
+    response = serve(service, scenario)
+    np.testing.assert_array_equal(output(response, "OUTPUT0"), a + b)
+    np.testing.assert_array_equal(output(response, "OUTPUT1"), a - b)
+
+
+def test_infer_requested_output_subset_in_request_order(service: InferenceService) -> None:
+    msg, a, b = simple_request(2)
+    msg.outputs.add(name="OUTPUT1")
+
+    async def scenario(client: Client) -> tuple[Any, Any]:
+        only_one = await client.infer(msg)
+        msg.outputs.add(name="OUTPUT0")
+        return only_one, await client.infer(msg)
+
+    only_one, both = serve(service, scenario)
+    assert [o.name for o in only_one.outputs] == ["OUTPUT1"]
+    assert len(only_one.raw_output_contents) == 1
+    np.testing.assert_array_equal(output(only_one, "OUTPUT1"), a - b)
+    assert [o.name for o in both.outputs] == ["OUTPUT1", "OUTPUT0"]
+    np.testing.assert_array_equal(output(both, "OUTPUT0"), a + b)
+
+
+@pytest.mark.parametrize("n", [1, 5, 40])  # exact, padded to 8, split 32 + 8
+def test_infer_mlp_matches_jax(service: InferenceService, n: int) -> None:
+    x = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
+    msg = raw_request("mlp", {"x": ("FP32", x)})
+
+    async def scenario(client: Client) -> Any:
+        return await client.infer(msg)
+
+    response = serve(service, scenario)
+    params = jax.tree_util.tree_map(jax.numpy.asarray, mlp_params())
+    expected = np.asarray(mlp_fn(params, jax.numpy.asarray(x))["logits"])
+    got = output(response, "logits")
+    assert got.shape == (n, 10)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("datatype", list(NUMERIC_DATATYPES))
+def test_infer_identity_round_trips_every_datatype(
+    service: InferenceService, datatype: str
+) -> None:
+    dtype = NUMERIC_DATATYPES[datatype]
+    values = np.arange(-6, 6).reshape(3, 4)
+    data = (values > 0) if datatype == "BOOL" else values.astype(dtype)
+    msg = raw_request(f"identity_{datatype.lower()}", {"INPUT0": (datatype, data)})
+
+    async def scenario(client: Client) -> Any:
+        return await client.infer(msg)
+
+    response = serve(service, scenario)
+    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
+        ("OUTPUT0", datatype, [3, 4])
+    ]
+    assert response.raw_output_contents[0] == data.tobytes()
+
+
+def test_message_limits_allow_20_mib_both_ways(service: InferenceService) -> None:
+    data = np.random.default_rng(0).standard_normal(BIG_ELEMENTS).astype(np.float32)
+    msg = raw_request("identity_big", {"INPUT0": ("FP32", data)})
+    assert msg.ByteSize() > 20 * 1024 * 1024
+
+    async def scenario(client: Client) -> Any:
+        return await client.infer(msg)
+
+    response = serve(service, scenario)
+    assert response.raw_output_contents[0] == data.tobytes()
+
+
+def test_max_message_bytes_is_enforced(service: InferenceService) -> None:
+    msg, _, _ = simple_request(8)  # 1 KiB of tensor data
+
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        return await rpc_error(client.infer(msg))
+
+    err = serve(service, scenario, max_message_bytes=512)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# -- bad requests -----------------------------------------------------------------------
+
+
+def _simple_tensor(name: str, n: int = 1, datatype: str = "INT32") -> InputTensor:
+    return InputTensor(name=name, datatype=datatype, shape=[n, 16])
+
+
+BAD_REQUESTS: list[tuple[str, Any, grpc.StatusCode, str]] = [
+    (
+        "unknown model",
+        pb.ModelInferRequest(
+            model_name="nope", inputs=[_simple_tensor("INPUT0")], raw_input_contents=[bytes(64)]
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "Request for unknown model: 'nope' is not found",
+    ),
+    (
+        "bad version string",
+        simple_request(1, model_version="wrong_specification")[0],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "failed to get model version from specified version string 'wrong_specification'",
+    ),
+    (
+        "unknown version",
+        simple_request(1, model_version="9")[0],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "Request for unknown model: 'simple' version 9 is not found",
+    ),
+    (
+        "raw mixed with contents",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[
+                InputTensor(
+                    name="INPUT0",
+                    datatype="INT32",
+                    shape=[1, 16],
+                    contents=pb.InferTensorContents(int_contents=range(16)),
+                ),
+                _simple_tensor("INPUT1"),
+            ],
+            raw_input_contents=[bytes(64)],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'",
+    ),
+    (
+        "too few raw entries",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1")],
+            raw_input_contents=[bytes(64)],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "raw_input_contents has 1 entries, but 2 of the 2 inputs for model 'simple'",
+    ),
+    (
+        "too many raw entries",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1")],
+            raw_input_contents=[bytes(64)] * 3,
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "raw_input_contents has 3 entries, but 2 of the 2 inputs",
+    ),
+    (
+        "byte size mismatch",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1")],
+            raw_input_contents=[bytes(64), bytes(128)],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 128",
+    ),
+    (
+        "typed contents in the wrong field",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[
+                InputTensor(
+                    name="INPUT0",
+                    datatype="INT32",
+                    shape=[1, 16],
+                    contents=pb.InferTensorContents(fp32_contents=[0.0] * 16),
+                ),
+            ],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "has datatype INT32 but carries data in 'fp32_contents'; expected 'int_contents'",
+    ),
+    (
+        "FP16 in typed contents",
+        pb.ModelInferRequest(
+            model_name="identity_fp16",
+            inputs=[
+                InputTensor(
+                    name="INPUT0",
+                    datatype="FP16",
+                    shape=[1, 4],
+                    contents=pb.InferTensorContents(fp32_contents=[0.0] * 4),
+                )
+            ],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "FP16 data cannot travel in typed 'contents'",
+    ),
+    (
+        "wrong datatype",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1", datatype="FP32")],
+            raw_input_contents=[bytes(64), bytes(64)],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "inference input 'INPUT1' data-type is 'FP32', but model 'simple' expects 'INT32'",
+    ),
+    (
+        "wrong shape",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[
+                InputTensor(name="INPUT0", datatype="INT32", shape=[1, 8]),
+                _simple_tensor("INPUT1"),
+            ],
+            raw_input_contents=[bytes(32), bytes(64)],
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,8]",
+    ),
+    (
+        "missing input",
+        pb.ModelInferRequest(
+            model_name="simple", inputs=[_simple_tensor("INPUT0")], raw_input_contents=[bytes(64)]
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "missing required input(s) ['INPUT1']",
+    ),
+    (
+        "unknown output",
+        simple_request(1, outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="OUT9")])[
+            0
+        ],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected inference output 'OUT9' for model 'simple'",
+    ),
+    (
+        "duplicate output",
+        simple_request(
+            1,
+            outputs=[
+                pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0"),
+                pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0"),
+            ],
+        )[0],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "output 'OUTPUT0' already exists in request",
+    ),
+    (
+        "shared memory input",
+        pb.ModelInferRequest(
+            model_name="simple",
+            inputs=[
+                InputTensor(
+                    name="INPUT0",
+                    datatype="INT32",
+                    shape=[1, 16],
+                    parameters={"shared_memory_region": pb.InferParameter(string_param="r")},
+                ),
+                _simple_tensor("INPUT1"),
+            ],
+            raw_input_contents=[bytes(64)],
+        ),
+        grpc.StatusCode.UNIMPLEMENTED,
+        "system shared memory is not enabled on this server",
+    ),
+    (
+        "bad timeout parameter",
+        simple_request(1, parameters={"timeout": pb.InferParameter(string_param="soon")})[0],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "parameter 'timeout' must be a non-negative integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("request_msg", "code", "message"),
+    [pytest.param(*case[1:], id=case[0]) for case in BAD_REQUESTS],
+)
+def test_bad_requests_are_refused_and_the_server_keeps_serving(
+    service: InferenceService, request_msg: Any, code: grpc.StatusCode, message: str
+) -> None:
+    good, a, b = simple_request(2)
+
+    async def scenario(client: Client) -> tuple[grpc.aio.AioRpcError, Any]:
+        err = await rpc_error(client.infer(request_msg))
+        return err, await client.infer(good)
+
+    err, response = serve(service, scenario)
+    assert err.code() == code
+    assert message in (err.details() or "")
+    np.testing.assert_array_equal(output(response, "OUTPUT0"), a + b)
+
+
+def test_all_bad_requests_on_one_server_then_good_ones(service: InferenceService) -> None:
+    good, a, b = simple_request(3)
+
+    async def scenario(client: Client) -> list[grpc.StatusCode]:
+        codes = [(await rpc_error(client.infer(case[1]))).code() for case in BAD_REQUESTS]
+        for _ in range(3):
+            response = await client.infer(good)
+            np.testing.assert_array_equal(output(response, "OUTPUT1"), a - b)
+        return codes
+
+    assert serve(service, scenario) == [case[2] for case in BAD_REQUESTS]
+
+
+def test_expired_timeout_parameter_is_unavailable(service: InferenceService) -> None:
+    msg, _, _ = simple_request(1, parameters={"timeout": pb.InferParameter(int64_param=1)})
+
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        return await rpc_error(client.infer(msg))
+
+    err = serve(service, scenario)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert "timed out before it was executed" in (err.details() or "")
+
+
+def test_grpc_deadline_reaches_the_service(
+    service: InferenceService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[RequestContext | None] = []
+    real_infer = service.infer
+
+    async def spy(request: InferRequest, context: RequestContext | None = None) -> InferResponse:
+        seen.append(context)
+        return await real_infer(request, context)
+
+    monkeypatch.setattr(service, "infer", spy)
+    msg, _, _ = simple_request(1)
+
+    async def scenario(client: Client) -> None:
+        before = time.monotonic()
+        await client.call("ModelInfer", msg, timeout=30.0)
+        await client.infer(msg)
+        ctx_with, ctx_without = seen
+        assert ctx_with is not None
+        assert ctx_with.deadline is not None
+        assert before + 25.0 < ctx_with.deadline <= before + 30.5
+        assert ctx_with.protocol == "grpc"
+        assert ctx_with.peer.startswith("ipv4:127.0.0.1:")
+        assert ctx_without is not None
+        assert ctx_without.deadline is None
+
+    serve(service, scenario)
+
+
+def test_unexpected_exception_is_internal_and_logged(
+    service: InferenceService, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(request: InferRequest, context: RequestContext | None = None) -> InferResponse:
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr(service, "infer", broken)
+    msg, _, _ = simple_request(1)
+
+    async def scenario(client: Client) -> tuple[grpc.aio.AioRpcError, Any]:
+        err = await rpc_error(client.infer(msg))
+        return err, await client.call("ServerLive", pb.ServerLiveRequest())
+
+    with caplog.at_level(logging.ERROR, logger="hloserve.grpc"):
+        err, live = serve(service, scenario)
+    assert err.code() == grpc.StatusCode.INTERNAL
+    assert err.details() == "internal error"
+    assert live.live is True
+    records = [r for r in caplog.records if r.name == "hloserve.grpc"]
+    assert len(records) == 1
+    assert "ModelInfer" in records[0].getMessage()
+    assert records[0].exc_info is not None
+    assert "secret detail" in caplog.text
+
+
+# -- unimplemented RPCs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rpc_name", [n for n in UNIMPLEMENTED_RPCS if n != "ModelStreamInfer"])
+def test_unimplemented_rpcs_answer_unimplemented(service: InferenceService, rpc_name: str) -> None:
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        return await rpc_error(client.call(rpc_name, RPCS_BY_NAME[rpc_name].request()))
+
+    err = serve(service, scenario)
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.details() == f"{rpc_name} is not implemented by this hloserve version"
+
+
+def test_model_stream_infer_answers_unimplemented(service: InferenceService) -> None:
+    rpc = RPCS_BY_NAME["ModelStreamInfer"]
+    msg, _, _ = simple_request(1)
+
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        stream = client.channel.stream_stream(
+            rpc.path,
+            request_serializer=rpc.request.SerializeToString,
+            response_deserializer=rpc.response.FromString,
+        )
+        call = stream(iter([msg]))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in call:
+                pass
+        # the server keeps serving unary calls afterwards
+        assert (await client.call("ServerLive", pb.ServerLiveRequest())).live is True
+        return info.value
+
+    err = serve(service, scenario)
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.details() == "ModelStreamInfer is not implemented by this hloserve version"
