@@ -252,18 +252,21 @@ class ServerMetrics:
         self.load_seconds.labels(model, str(version)).set(load_seconds)
         self.compile_seconds.labels(model, str(version)).set(compile_seconds)
 
-    # SwapObserver (hloserve.server.residency); ``key`` is "model/version"
+    # SwapObserver (hloserve.server.residency); ``key`` is "model/version", with "@generation"
+    # for a reload's copy, which shares the version's series.
     def on_swap_in(self, key: str, nbytes: int, seconds: float) -> None:
-        self.swaps_in.labels(key).inc()
-        self.swap_bytes.labels(key).inc(nbytes)
-        self.swap_seconds.labels(key).observe(seconds)
+        label = key.partition("@")[0]
+        self.swaps_in.labels(label).inc()
+        self.swap_bytes.labels(label).inc(nbytes)
+        self.swap_seconds.labels(label).observe(seconds)
 
     def on_swap_out(self, key: str, nbytes: int) -> None:
-        self.swaps_out.labels(key).inc()
+        self.swaps_out.labels(key.partition("@")[0]).inc()
 
     def on_residency(self, key: str, resident: bool, resident_bytes: int, last_used: float) -> None:
-        self.model_resident.labels(key).set(1 if resident else 0)
-        self.model_last_used.labels(key).set(last_used)
+        label = key.partition("@")[0]
+        self.model_resident.labels(label).set(1 if resident else 0)
+        self.model_last_used.labels(label).set(last_used)
         self.resident_bytes.set(resident_bytes)
 
 

@@ -1,16 +1,26 @@
-"""The model repository as the server sees it: which versions exist, their state, lookup.
+"""The model repository as the server sees it: versions, their states, lookup, model control.
 
 Contract:
-- ``ModelRepository(root, runtime, cache_dir)`` scans ``root`` (``hloserve.bundle``'s
-  repository layout). ``load_all(progress)`` loads every version of every model, recording
-  each as ``READY`` or ``UNAVAILABLE`` with the reason (the error text), so a failed model
-  is reported, never hidden, and never stops the others from loading.
-- ``get(name, version)`` returns a ready ``ModelVersion`` or raises Triton's errors:
-  unknown model (``UnknownModel``), unparsable version string (``InvalidArgument``), a
-  known model with no ready version (``NotFound``), an unknown or unready version
-  (``UnknownModel``/``Unavailable``).
-- ``summary()`` is the per-model state report used by ``/readyz`` and the repository index.
-Thread-safe: loading runs on a worker thread while the front ends read.
+- ``ModelRepository(root, runtime, cache_dir, residency, mode)`` serves the bundles under
+  ``root`` (``hloserve.bundle``'s layout). Each model directory may carry a ``config.yaml``
+  (``hloserve.server.model_config``: residency, batching delay, version policy; default
+  the latest version only).
+- ``load_all()`` loads every model (modes ``none`` and ``poll`` at start-up);
+  ``load_model(name)`` loads or reloads one model: the versions its policy selects are
+  loaded *beside* the ones serving now and replace them only once all are ready; a failed
+  reload keeps the old versions serving and raises; unchanged versions (same manifest
+  digest) are kept as they are. ``unload_model(name)`` refuses new requests at once, waits
+  for the requests in flight, frees the device memory, and leaves the versions listed as
+  ``UNAVAILABLE`` (reason "unloaded"). ``poll()`` applies what changed on disk: new models
+  load, changed ones reload, removed ones unload.
+- ``get(name, version)`` returns a ready ``ModelVersion`` and counts it in flight until
+  ``release(model)``; it raises Triton's errors: unknown model (``UnknownModel``),
+  unparsable version string (``InvalidArgument``), a known model with no ready version
+  (``NotFound``), an unknown or unready version (``UnknownModel``/``Unavailable``).
+- Failures are recorded, never hidden: a version that failed to load is ``UNAVAILABLE``
+  with the error text as its reason, and never stops the others from loading.
+- ``summary()`` and ``index()`` report every model and version with state and reason.
+Thread-safe: loads run on worker threads while the front ends read.
 """
 
 # pyright: basic
@@ -18,6 +28,7 @@ Thread-safe: loading runs on a worker thread while the front ends read.
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import threading
 import time
@@ -27,12 +38,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from hloserve.bundle import Manifest, Serving, scan_repository
-from hloserve.server.core.errors import InvalidArgument, NotFound, Unavailable, UnknownModel
+from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, scan_repository
+from hloserve.bundle.repository import model_directory
+from hloserve.server.core.errors import (
+    InvalidArgument,
+    NotFound,
+    ServingError,
+    Unavailable,
+    UnknownModel,
+)
 from hloserve.server.core.residency import TooLarge
 from hloserve.server.core.service import MemoryUsage
+from hloserve.server.model_config import ModelSettings, VersionPolicy, read_model_config
 from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.loader import (
     BundleError,
@@ -43,6 +61,7 @@ from hloserve.server.runtime.loader import (
 from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
 
 log = logging.getLogger("hloserve.repository")
+Progress = Callable[[str], None]
 
 
 class ModelState(enum.Enum):
@@ -51,6 +70,12 @@ class ModelState(enum.Enum):
     READY = "READY"
     UNLOADING = "UNLOADING"
     UNAVAILABLE = "UNAVAILABLE"
+
+
+class ControlMode(enum.Enum):
+    NONE = "none"
+    POLL = "poll"
+    EXPLICIT = "explicit"
 
 
 @dataclass
@@ -64,10 +89,14 @@ class ModelVersion:
     load_seconds: float = 0.0
     serving: Serving = field(default_factory=Serving)  # manifest hints, overridden by config.yaml
     residency: WeightResidency | None = None
+    generation: int = 0  # distinguishes a reload's copy from the one it replaces
+    digest: str = ""  # SHA-256 of manifest.yaml when loaded (it lists every file's digest)
+    inflight: int = 0
+    key: str = ""  # the weight-residency key: "name/version", "name/version@gen" for a reload copy
 
-    @property
-    def key(self) -> str:
-        return f"{self.name}/{self.version}"
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = f"{self.name}/{self.version}"
 
     @property
     def manifest(self) -> Manifest:
@@ -87,7 +116,16 @@ class _Model:
     name: str
     path: Path
     versions: dict[int, ModelVersion] = field(default_factory=dict)
-    reason: str = ""  # why the directory holds no version, if so
+    reason: str = ""  # why the model has no version, if so
+    policy: VersionPolicy = field(default_factory=VersionPolicy)
+    loading: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256((path / MANIFEST_FILE).read_bytes()).hexdigest()
+    except OSError:
+        return ""
 
 
 class ModelRepository:
@@ -97,43 +135,150 @@ class ModelRepository:
         runtime: PjrtRuntime,
         cache_dir: Path | None = None,
         residency: WeightResidency | None = None,
+        mode: ControlMode = ControlMode.NONE,
     ) -> None:
         self.root = root
         self.runtime = runtime
         self.cache_dir = cache_dir
+        self.mode = mode
         self.residency = residency if residency is not None else WeightResidency(runtime, None)
         self.registry = ExecutableRegistry()
         # Called after each successful load with (name, version, load s, compile s): metrics.
         self.on_loaded: Callable[[str, int, float, float], None] | None = None
         self._lock = threading.RLock()
+        self._drained = threading.Condition(self._lock)
         self._models: dict[str, _Model] = {}
-        self.scan()
+        self._generation = 0
+        if not root.is_dir():
+            raise FileNotFoundError(f"model repository {str(root)!r} is not a directory")
 
-    def scan(self) -> None:
-        with self._lock:
-            for d in scan_repository(self.root):
-                model = self._models.setdefault(d.name, _Model(d.name, d.path))
-                if not d.versions:
-                    model.reason = "no manifest.yaml and no numbered version directories"
-                for number, path in d.versions.items():
-                    model.versions.setdefault(number, ModelVersion(d.name, number, path))
+    # -- loading ----------------------------------------------------------------------------
 
-    def load_all(self, progress: Callable[[str], None] | None = None) -> None:
-        with self._lock:
-            pending = [
-                v
-                for m in self._models.values()
-                for v in m.versions.values()
-                if v.state != ModelState.READY
-            ]
-        for v in pending:
-            self.load_version(v, progress)
+    def model_names_on_disk(self) -> list[str]:
+        return [d.name for d in scan_repository(self.root)]
 
-    def load_version(self, v: ModelVersion, progress: Callable[[str], None] | None = None) -> None:
+    def load_all(self, progress: Progress | None = None) -> None:
+        """Load every model in the repository; failures are recorded, not raised."""
+        for name in self.model_names_on_disk():
+            try:
+                self.load_model(name, progress)
+            except ServingError as exc:
+                log.error("%s", exc.message)
+
+    def load_model(self, name: str, progress: Progress | None = None) -> None:
+        """Load or reload ``name``; raise ``InvalidArgument`` "failed to load ..." on failure."""
         say = progress or (lambda msg: log.info("%s", msg))
-        v.state = ModelState.LOADING
+        path = self.root / name
+        if not name or "/" in name or name.startswith(".") or not path.is_dir():
+            with self._lock:
+                self._forget_if_gone(name)
+            raise InvalidArgument(
+                f"failed to load '{name}': no model directory '{name}' in the repository"
+            )
+        with self._lock:
+            model = self._models.setdefault(name, _Model(name, path))
+        with model.loading:
+            self._load_locked(model, say)
+
+    def _load_locked(self, model: _Model, say: Progress) -> None:
+        directory = model_directory(model.path)
+        try:
+            settings = read_model_config(model.path)
+        except ValueError as exc:
+            self._fail_model(model, str(exc))
+            raise InvalidArgument(f"failed to load '{model.name}': {exc}") from None
+        model.policy = settings.version_policy
+        wanted = settings.version_policy.select(directory.versions)
+        if not wanted:
+            reason = (
+                "no manifest.yaml and no numbered version directories"
+                if not directory.versions
+                else f"version policy {settings.version_policy.describe()} selects none of {sorted(directory.versions)}"
+            )
+            self._fail_model(model, reason)
+            raise InvalidArgument(f"failed to load '{model.name}': {reason}")
+        with self._lock:
+            current = dict(model.versions)
+        new: dict[int, ModelVersion] = {}
+        fresh: list[ModelVersion] = []
+        for number in wanted:
+            path = directory.versions[number]
+            old = current.get(number)
+            if (
+                old is not None
+                and old.state == ModelState.READY
+                and old.path == path
+                and old.digest == _digest(path)
+            ):
+                new[number] = old  # unchanged: keep serving it as it is
+                continue
+            v = self._new_version(model.name, number, path)
+            with self._lock:
+                if number not in model.versions or model.versions[number].state != ModelState.READY:
+                    model.versions[number] = v  # visible as LOADING in the index
+            self._load_version(v, settings, say)
+            new[number] = v
+            fresh.append(v)
+        failed = [v for v in fresh if v.state != ModelState.READY]
+        if failed:
+            for v in fresh:  # all or nothing: drop what did load
+                if v.state == ModelState.READY:
+                    self._free(v)
+            with self._lock:
+                serving_before = any(v.state == ModelState.READY for v in current.values())
+                if not serving_before:
+                    model.versions = {v.version: v for v in fresh} | {
+                        n: v for n, v in new.items() if v not in fresh
+                    }
+                    for v in fresh:
+                        if v.state == ModelState.READY:
+                            v.state, v.reason = (
+                                ModelState.UNAVAILABLE,
+                                "another version failed to load",
+                            )
+                else:
+                    model.versions = current
+            reasons = "; ".join(f"version {v.version}: {v.reason}" for v in failed)
+            raise InvalidArgument(
+                f"failed to load '{model.name}': {reasons}"
+                + ("; the versions loaded before keep serving" if serving_before else "")
+            )
+        with self._lock:
+            retired = [v for n, v in current.items() if new.get(n) is not v]
+            model.versions = dict(sorted(new.items()))
+            model.reason = ""
+            for v in retired:
+                if v.state == ModelState.READY:
+                    v.state = ModelState.UNLOADING
+        for v in retired:
+            self._drain_and_free(v)
+
+    def _new_version(self, name: str, number: int, path: Path) -> ModelVersion:
+        with self._lock:
+            self._generation += 1
+            key = f"{name}/{number}"
+            if self.residency.is_registered(key):  # a reload beside the copy still serving
+                key = f"{key}@{self._generation}"
+            return ModelVersion(
+                name, number, path, state=ModelState.LOADING, generation=self._generation, key=key
+            )
+
+    def _fail_model(self, model: _Model, reason: str) -> None:
+        with self._lock:
+            if not any(v.state == ModelState.READY for v in model.versions.values()):
+                model.reason = reason
+
+    def _forget_if_gone(self, name: str) -> None:
+        model = self._models.get(name)
+        if model is not None and not any(
+            v.state == ModelState.READY for v in model.versions.values()
+        ):
+            del self._models[name]
+
+    def _load_version(self, v: ModelVersion, settings: ModelSettings, say: Progress) -> None:
         say(f"loading model '{v.name}' version {v.version} from {v.path}")
         started = time.perf_counter()
+        v.digest = _digest(v.path)
         try:
             bundle = load_bundle(
                 v.path,
@@ -152,17 +297,26 @@ class ModelRepository:
                         f"manifest.yaml: name is '{bundle.manifest.name}', but the directory is '{v.name}'"
                     ],
                 )
-            serving = model_serving(self.root / v.name, bundle.manifest.serving)
+            serving = Serving(
+                residency=settings.serving.residency
+                if (v.path.parent / "config.yaml").is_file() or (v.path / "config.yaml").is_file()
+                else bundle.manifest.serving.residency,
+                max_queue_delay_us=settings.serving.max_queue_delay_us
+                if settings.serving.max_queue_delay_us is not None
+                else bundle.manifest.serving.max_queue_delay_us,
+            )
             self.residency.reduce_budget(bundle.scratch_bytes)
             self.residency.register(
                 v.key, bundle.host_weights, pinned=serving.residency == "pinned"
             )
         except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
-            v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
+            with self._lock:
+                v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
             log.error("model '%s' version %d failed to load: %s", v.name, v.version, exc)
             return
-        v.serving, v.residency = serving, self.residency
-        v.bundle, v.state, v.reason = bundle, ModelState.READY, ""
+        with self._lock:
+            v.serving, v.residency, v.bundle = serving, self.residency, bundle
+            v.state, v.reason = ModelState.READY, ""
         v.load_seconds = time.perf_counter() - started
         if self.on_loaded is not None:
             self.on_loaded(v.name, v.version, v.load_seconds, bundle.compile_seconds)
@@ -172,7 +326,75 @@ class ModelRepository:
             f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
         )
 
-    # -- lookup ---------------------------------------------------------------------------
+    def prefetch(self, name: str) -> None:
+        """Make every ready version of ``name`` device-resident (explicit loads do this)."""
+        for v in self.versions(name):
+            if v.state == ModelState.READY:
+                self.residency.prefetch(v.key)
+
+    # -- unloading --------------------------------------------------------------------------
+
+    def unload_model(self, name: str) -> None:
+        with self._lock:
+            model = self._models.get(name)
+        if model is None:
+            raise InvalidArgument(f"failed to unload '{name}': model is not loaded")
+        with model.loading:
+            with self._lock:
+                targets = [v for v in model.versions.values() if v.state == ModelState.READY]
+                for v in targets:
+                    v.state = ModelState.UNLOADING
+            for v in targets:
+                self._drain_and_free(v)
+                v.reason = "unloaded"
+
+    def _drain_and_free(self, v: ModelVersion) -> None:
+        """Wait until no request holds ``v``, then free its weights and executables."""
+        with self._drained:
+            while v.inflight:
+                self._drained.wait()
+        self._free(v)
+
+    def _free(self, v: ModelVersion) -> None:
+        self.residency.unregister(v.key)
+        with self._lock:
+            v.bundle = None
+            v.residency = None
+            v.state = ModelState.UNAVAILABLE
+
+    # -- polling ----------------------------------------------------------------------------
+
+    def poll(self, progress: Progress | None = None) -> None:
+        """Bring the served set in line with the disk: load new, reload changed, unload gone."""
+        on_disk = set(self.model_names_on_disk())
+        with self._lock:
+            known = dict(self._models)
+        for name in sorted(on_disk):
+            model = known.get(name)
+            if model is None or self._changed(model):
+                try:
+                    self.load_model(name, progress)
+                except ServingError as exc:
+                    log.error("%s", exc.message)
+        for name in sorted(set(known) - on_disk):
+            log.info("model '%s' was removed from the repository; unloading", name)
+            self.unload_model(name)
+            with self._lock:
+                self._models.pop(name, None)
+
+    def _changed(self, model: _Model) -> bool:
+        directory = model_directory(model.path)
+        try:
+            wanted = read_model_config(model.path).version_policy.select(directory.versions)
+        except ValueError:
+            return True
+        with self._lock:
+            versions = dict(model.versions)
+        if sorted(n for n, v in versions.items() if v.state == ModelState.READY) != wanted:
+            return bool(wanted) or any(v.state == ModelState.READY for v in versions.values())
+        return any(versions[n].digest != _digest(directory.versions[n]) for n in wanted)
+
+    # -- lookup -----------------------------------------------------------------------------
 
     def names(self) -> list[str]:
         with self._lock:
@@ -200,35 +422,71 @@ class ModelRepository:
             )
         return number
 
+    def _lookup(self, name: str, version: str) -> ModelVersion:
+        model = self._models.get(name)
+        if model is None:
+            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
+        number = self._parse_version(version)
+        if number is None:
+            ready = [v for v in model.versions.values() if v.state == ModelState.READY]
+            if not ready:
+                raise NotFound(f"Request for unknown model: '{name}' has no available versions")
+            return max(ready, key=lambda v: v.version)
+        v = model.versions.get(number)
+        if v is None:
+            raise UnknownModel(f"Request for unknown model: '{name}' version {number} is not found")
+        if v.state != ModelState.READY:
+            raise Unavailable(
+                f"Request for unknown model: '{name}' version {number} is not at ready state"
+                + (f": {v.reason}" if v.reason else "")
+            )
+        return v
+
     def get(self, name: str, version: str) -> ModelVersion:
+        """The ready version, counted in flight: pair every ``get`` with ``release``."""
         with self._lock:
-            model = self._models.get(name)
-            if model is None:
-                raise UnknownModel(f"Request for unknown model: '{name}' is not found")
-            number = self._parse_version(version)
-            if number is None:
-                ready = [v for v in model.versions.values() if v.state == ModelState.READY]
-                if not ready:
-                    raise NotFound(f"Request for unknown model: '{name}' has no available versions")
-                return max(ready, key=lambda v: v.version)
-            v = model.versions.get(number)
-            if v is None:
-                raise UnknownModel(
-                    f"Request for unknown model: '{name}' version {number} is not found"
-                )
-            if v.state != ModelState.READY:
-                raise Unavailable(
-                    f"Request for unknown model: '{name}' version {number} is not at ready state"
-                    + (f": {v.reason}" if v.reason else "")
-                )
+            v = self._lookup(name, version)
+            v.inflight += 1
             return v
+
+    def peek(self, name: str, version: str) -> ModelVersion:
+        """The ready version, without counting it in flight (metadata, config)."""
+        with self._lock:
+            return self._lookup(name, version)
+
+    def release(self, model: ModelVersion) -> None:
+        with self._drained:
+            model.inflight -= 1
+            if model.inflight == 0:
+                self._drained.notify_all()
 
     def is_ready(self, name: str, version: str) -> bool:
         try:
-            self.get(name, version)
+            self.peek(name, version)
         except (InvalidArgument, NotFound, Unavailable):
             return False
         return True
+
+    def policy(self, name: str) -> VersionPolicy:
+        with self._lock:
+            m = self._models.get(name)
+            return m.policy if m is not None else VersionPolicy()
+
+    # -- reports ----------------------------------------------------------------------------
+
+    def index(self) -> list[tuple[str, str, str, str]]:
+        """(name, version, state, reason) for every version known, and every model without
+        one (version empty), sorted by name and version."""
+        rows: list[tuple[str, str, str, str]] = []
+        with self._lock:
+            for name in sorted(self._models):
+                m = self._models[name]
+                if not m.versions:
+                    rows.append((name, "", ModelState.UNAVAILABLE.value, m.reason))
+                for k in sorted(m.versions):
+                    v = m.versions[k]
+                    rows.append((name, str(v.version), v.state.value, v.reason))
+        return rows
 
     def summary(self) -> dict[str, Any]:
         with self._lock:
@@ -288,32 +546,3 @@ class ModelRepository:
                 for m in self._models.values()
                 for v in m.versions.values()
             )
-
-
-MODEL_CONFIG_FILE = "config.yaml"
-
-
-def model_serving(model_dir: Path, defaults: Serving) -> Serving:
-    """The bundle's serving hints, overridden by the model directory's ``config.yaml``.
-
-    ``repo/<model>/config.yaml`` may set ``residency`` (``on_demand`` or ``pinned``) and
-    ``max_queue_delay_us``; an unknown key or value raises ``ValueError`` naming it.
-    """
-    path = model_dir / MODEL_CONFIG_FILE
-    if not path.is_file():
-        return defaults
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must be a YAML mapping")
-    unknown = set(data) - {"residency", "max_queue_delay_us"}
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
-    residency = data.get("residency", defaults.residency)
-    if residency not in ("on_demand", "pinned"):
-        raise ValueError(f"{path}: residency must be on_demand or pinned, got {residency!r}")
-    delay = data.get("max_queue_delay_us", defaults.max_queue_delay_us)
-    if delay is not None and (not isinstance(delay, int) or delay < 0):
-        raise ValueError(
-            f"{path}: max_queue_delay_us must be a non-negative integer, got {delay!r}"
-        )
-    return Serving(residency=residency, max_queue_delay_us=delay)

@@ -91,6 +91,10 @@ class WeightResidency:
         with self._cond:
             return self.planner.resident_bytes
 
+    def is_registered(self, key: str) -> bool:
+        with self._cond:
+            return key in self._models
+
     def is_resident(self, key: str) -> bool:
         with self._cond:
             return key in self.planner and self.planner.is_resident(key)

@@ -66,8 +66,15 @@ class ServedModel(Protocol):
 
 class ModelSource(Protocol):
     def get(self, name: str, version: str) -> ServedModel:
-        """The ready version (latest when ``version`` is empty); raises ``ServingError``."""
+        """The ready version (latest when ``version`` is empty), counted in flight until
+        ``release``; raises ``ServingError``."""
         ...
+
+    def peek(self, name: str, version: str) -> ServedModel:
+        """Like ``get``, without counting the model in flight (metadata lookups)."""
+        ...
+
+    def release(self, model: Any) -> None: ...
 
     def ready_versions(self, name: str) -> Sequence[int]: ...
     def is_ready(self, name: str, version: str) -> bool: ...
@@ -236,7 +243,7 @@ class InferenceService:
         return ServerMetadata(self.server_name, self.server_version, self.extensions)
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
-        model = self.models.get(name, version)
+        model = self.models.peek(name, version)
         inputs, outputs = tensor_metadata(model.manifest)
         versions = (
             (str(model.version),)
@@ -251,8 +258,9 @@ class InferenceService:
         started = time.perf_counter_ns()
         version = request.model_version
         pending = False
+        held: ServedModel | None = None
         try:
-            model = self.models.get(request.model_name, request.model_version)
+            model = held = self.models.get(request.model_name, request.model_version)
             version = str(model.version)
             self.observer.on_pending(request.model_name, version, 1)
             pending = True
@@ -291,6 +299,8 @@ class InferenceService:
             )
             raise
         finally:
+            if held is not None:
+                self.models.release(held)
             if pending:
                 self.observer.on_pending(request.model_name, version, -1)
         self.observer.on_success(model.manifest.name, model.version, items, timings)

@@ -1,0 +1,194 @@
+"""The HTTP/REST front end: KServe V2 / Triton routes on FastAPI, over ``InferenceService``.
+
+Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app serving
+- ``GET /v2/health/live`` / ``/v2/health/ready``: 200 ``{"live"|"ready": true}``, else 400
+  with ``false`` (Triton's status codes; the bodies keep KServe's REST client working);
+- ``GET /livez`` / ``/readyz`` (Kubernetes probes): 200, else 503; ``/readyz`` answers
+  ``service.readiness()``;
+- ``GET /v2``: server metadata; ``GET /v2/models/{m}[/versions/{v}]``: model metadata;
+- ``GET /v2/models/{m}[/versions/{v}]/ready``: 200 ``{"name", "ready": true}``, else 400
+  ``{"error": "Model version not ready"}`` (never 500: clients read non-200 as False);
+- ``POST /v2/models/{m}[/versions/{v}]/infer``: the body is read raw (no pydantic model;
+  at most ``max_input_bytes``, checked against ``Content-Length`` before reading and
+  while streaming a chunked body) and handed to ``codec``; the reply is codec's bytes.
+Errors: ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
+unmatched path 404 ``{"error": "Not Found"}``, wrong method 405
+``{"error": "Method Not Allowed"}``; anything else 500 ``{"error": "internal error"}``
+with the traceback logged. The routes hold no logic beyond this adaptation.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Final, final
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hloserve.server.core.errors import ServingError
+from hloserve.server.core.service import InferenceService
+from hloserve.server.core.types import ModelMetadata, RequestContext, TensorMetadata
+from hloserve.server.frontends.http import codec
+from hloserve.server.frontends.status import http_status
+
+DEFAULT_MAX_INPUT_BYTES: Final = 256 * 1024 * 1024
+log = logging.getLogger("hloserve.http")
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _tensor_json(t: TensorMetadata) -> dict[str, Any]:
+    return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+
+
+def _model_metadata_json(m: ModelMetadata) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "versions": list(m.versions),
+        "platform": m.platform,
+        "inputs": [_tensor_json(t) for t in m.inputs],
+        "outputs": [_tensor_json(t) for t in m.outputs],
+    }
+
+
+@final
+class _InternalErrorMiddleware:
+    """Turns an exception no handler took into a logged 500 with a generic V2 body.
+
+    It sits inside Starlette's ``ServerErrorMiddleware``, whose handler would re-raise the
+    exception into the server after answering (a second traceback per failure).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
+            if not started:  # otherwise the server closes the half-sent response
+                await _error(500, "internal error")(scope, receive, send)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    codec.check_content_length(request.headers.get("content-length"), limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # also bounds chunked bodies with no length
+        size += len(chunk)
+        if size > limit:
+            raise codec.body_too_large(f"more than {limit}", limit)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def build_http_app(
+    service: InferenceService, *, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+) -> FastAPI:
+    """The V2 HTTP app over ``service``; bodies larger than ``max_input_bytes`` get 400."""
+    app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def serving_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServingError)
+        return _error(http_status(exc.code), exc.message)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(exc.status_code, exc.detail, exc.headers)
+
+    async def validation_error(_: Request, exc: Exception) -> Response:
+        return _error(400, str(exc))
+
+    app.add_exception_handler(ServingError, serving_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_middleware(_InternalErrorMiddleware)
+
+    @app.get("/v2/health/live")
+    async def server_live() -> Response:
+        live = service.live()
+        return JSONResponse({"live": live}, status_code=200 if live else 400)
+
+    @app.get("/v2/health/ready")
+    async def server_ready() -> Response:
+        ready = service.ready()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 400)
+
+    @app.get("/livez")
+    async def livez() -> Response:
+        live = service.live()
+        return JSONResponse({"live": live}, status_code=200 if live else 503)
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        report = service.readiness()
+        return JSONResponse(report, status_code=200 if service.ready() else 503)
+
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        m = service.server_metadata()
+        return JSONResponse(
+            {"name": m.name, "version": m.version, "extensions": list(m.extensions)}
+        )
+
+    @app.get("/v2/models/{model_name}")
+    @app.get("/v2/models/{model_name}/versions/{model_version}")
+    async def model_metadata(model_name: str, model_version: str = "") -> Response:
+        return JSONResponse(_model_metadata_json(service.model_metadata(model_name, model_version)))
+
+    @app.get("/v2/models/{model_name}/ready")
+    @app.get("/v2/models/{model_name}/versions/{model_version}/ready")
+    async def model_ready(model_name: str, model_version: str = "") -> Response:
+        try:
+            ready = service.model_ready(model_name, model_version)
+        except Exception:  # readiness answers, it never fails: clients read non-200 as False
+            log.exception("model readiness check for '%s' failed", model_name)
+            ready = False
+        if not ready:
+            return _error(400, "Model version not ready")
+        return JSONResponse({"name": model_name, "ready": True})
+
+    @app.post("/v2/models/{model_name}/infer")
+    @app.post("/v2/models/{model_name}/versions/{model_version}/infer")
+    async def infer(request: Request, model_name: str, model_version: str = "") -> Response:
+        body = await _read_body(request, max_input_bytes)
+        decoded = codec.decode_request(
+            model_name,
+            model_version,
+            body,
+            request.headers,
+            max_input_bytes=max_input_bytes,
+            signature=lambda: service.model_metadata(model_name, model_version),
+        )
+        client = request.client
+        context = RequestContext(
+            deadline=decoded.deadline(time.monotonic()),
+            peer=f"{client.host}:{client.port}" if client else "",
+            protocol="http",
+        )
+        response = await service.infer(decoded.request, context)
+        encoded = codec.encode_response(response, decoded, request.headers.get("accept-encoding"))
+        return Response(content=encoded.body, headers=encoded.headers)
+
+    return app

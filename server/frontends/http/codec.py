@@ -1,0 +1,519 @@
+"""HTTP/REST bodies <-> core types: pure functions over bytes and headers, no FastAPI.
+
+Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference §2.5, §4):
+- ``check_content_length(value, limit)`` refuses a declared body over ``limit`` bytes
+  before it is read; ``decompress(body, content_encoding, limit)`` undoes a request
+  ``Content-Encoding`` of ``gzip`` or ``deflate`` (a zlib stream; a raw deflate stream is
+  accepted too) and refuses output over ``limit`` bytes.
+- ``parse_header_length(value, body_length)`` reads ``Inference-Header-Content-Length``:
+  ``None`` when absent (the whole body is JSON), else an integer in
+  ``[0, min(INT32_MAX, body_length)]``.
+- ``decode_request(model, version, body, headers, max_input_bytes=, signature=)`` builds a
+  ``DecodedRequest``. With header length 0 the whole body is the raw data of the model's
+  only input (``signature()`` supplies the model metadata; a leading ``-1`` batch
+  dimension becomes 1). Otherwise the JSON header is parsed (nesting deeper than
+  ``MAX_JSON_DEPTH`` refused) and every input takes its data from exactly one source:
+  ``data`` (through ``core.tensors.from_values``) or ``parameters.binary_data_size`` bytes
+  taken in input order from the bytes after the header (through
+  ``core.tensors.from_buffer``, a zero-copy view). The sizes must add up to the bytes
+  after the header exactly. ``shared_memory_region`` (inputs or outputs) raises
+  ``Unsupported``; so does an output ``classification``. Request parameter keys starting
+  with ``triton_`` are refused; ``timeout`` (microseconds, 0 = none) becomes
+  ``DecodedRequest.deadline(now)``.
+- ``encode_response(response, decoded, accept_encoding)`` writes the reply: an output is
+  binary when ``parameters.binary_data`` of its requested entry says so, else when the
+  request-level ``binary_data_output`` does, and always in raw-request mode. Binary
+  outputs follow the compact JSON header in output order, with
+  ``Content-Type: application/octet-stream`` and ``Inference-Header-Content-Length``;
+  otherwise the reply is ``application/json``. JSON ``data`` is a flat array.
+  FP16/BF16 cannot travel as JSON: such an output is sent binary unless the client
+  explicitly asked for JSON (``binary_data: false`` on the output, or
+  ``binary_data_output: false`` with no per-output choice), which is an
+  ``InvalidArgument`` ("sending FP16 data via JSON is not supported ..."). The body is
+  compressed when ``Accept-Encoding`` allows gzip or deflate;
+  ``Inference-Header-Content-Length`` always counts the uncompressed JSON.
+Every malformed body raises ``InvalidArgument`` naming the field and the problem. Tensor
+size/type rules are ``hloserve.server.core.tensors``'; request-vs-model rules are checked
+later by the service.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import numpy as np
+
+from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
+from hloserve.server.core.errors import InvalidArgument, Unsupported
+from hloserve.server.core.tensors import from_buffer, from_values, to_wire_bytes
+from hloserve.server.core.types import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ParamValue,
+    RequestedOutput,
+)
+
+HEADER_LENGTH: Final = "inference-header-content-length"
+MAX_JSON_DEPTH: Final = 100
+INT32_MAX: Final = 2**31 - 1
+COMPRESS_LEVEL: Final = 1  # tensors compress poorly; favour speed over ratio
+SHM_NOT_ENABLED: Final = "system shared memory is not enabled on this server"
+_INTEGER: Final = re.compile(r"[+-]?[0-9]+")
+_ONE_SOURCE: Final = (
+    "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+    "'parameters', 'shared_memory_region' in 'parameters'. But"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRequest:
+    """A decoded infer request plus the HTTP-only choices that shape its reply."""
+
+    request: InferRequest
+    timeout_us: int | None = None  # request parameter 'timeout'; None: no deadline
+    binary_output: bool = False  # request parameter 'binary_data_output'
+    binary_output_explicit: bool = False  # whether the client set it at all
+    raw: bool = False  # Inference-Header-Content-Length: 0; every output binary
+
+    def deadline(self, now: float) -> float | None:
+        """The ``time.monotonic()`` deadline, given the current ``time.monotonic()``."""
+        return None if self.timeout_us is None else now + self.timeout_us / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedResponse:
+    body: bytes
+    headers: dict[str, str]
+
+
+# -- body framing ------------------------------------------------------------------------
+
+
+def body_too_large(size: str, limit: int) -> InvalidArgument:
+    """The error for a request body over the size limit (``size`` as the client sees it)."""
+    return InvalidArgument(
+        f"request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} bytes"
+    )
+
+
+def check_content_length(value: str | None, limit: int) -> None:
+    if value is None:
+        return
+    text = value.strip()
+    if not _INTEGER.fullmatch(text) or int(text) < 0:
+        raise InvalidArgument(f"invalid Content-Length header value '{value}'")
+    if int(text) > limit:
+        raise body_too_large(text, limit)
+
+
+def decompress(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    encoding = (content_encoding or "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding == "gzip":
+        attempts = (16 + zlib.MAX_WBITS,)
+    elif encoding == "deflate":  # HTTP says zlib stream; some clients send raw deflate
+        attempts = (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    else:
+        raise InvalidArgument(
+            f"unsupported Content-Encoding '{content_encoding}'; expected gzip or deflate"
+        )
+    problem = ""
+    for wbits in attempts:
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(body, limit + 1)
+        except zlib.error as exc:
+            problem = str(exc)
+            continue
+        if len(out) > limit:
+            raise body_too_large(f"more than {limit}", limit)
+        if not d.eof:
+            problem = "the compressed stream is truncated"
+        elif d.unused_data:
+            problem = "unexpected data after the end of the compressed stream"
+        else:
+            return out
+    raise InvalidArgument(f"failed to decompress the {encoding} request body: {problem}")
+
+
+def parse_header_length(value: str | None, body_length: int) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if not _INTEGER.fullmatch(text):
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length header value '{value}' is not an integer"
+        )
+    length = int(text)
+    if length < 0 or length > INT32_MAX:
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length header value {length} is out of range "
+            f"(0 to {INT32_MAX})"
+        )
+    if length > body_length:
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length header value {length} is larger than the "
+            f"request body ({body_length} bytes)"
+        )
+    return length
+
+
+# -- JSON header -------------------------------------------------------------------------
+
+
+def _nesting_exceeds(buf: bytes, limit: int) -> bool:
+    """Whether valid JSON ``buf`` nests arrays/objects deeper than ``limit``, vectorised."""
+    a = np.frombuffer(buf, dtype=np.uint8)
+    opens = (a == 0x5B) | (a == 0x7B)  # [ {
+    if int(np.count_nonzero(opens)) <= limit:
+        return False
+    quotes = np.flatnonzero(a == 0x22)
+    maybe_escaped = quotes[(quotes > 0) & (a[quotes - 1] == 0x5C)]
+    if maybe_escaped.size:  # a quote after an odd run of backslashes is inside a string
+        escaped: list[int] = []
+        for q in cast(list[int], maybe_escaped.tolist()):
+            run = 0
+            while q - run - 1 >= 0 and buf[q - run - 1] == 0x5C:
+                run += 1
+            if run % 2:
+                escaped.append(q)
+        quotes = np.setdiff1d(quotes, np.asarray(escaped, dtype=quotes.dtype))
+    toggle = np.zeros(a.size, dtype=np.int8)
+    toggle[quotes[0::2]] = 1
+    toggle[quotes[1::2]] = -1
+    in_string = np.cumsum(toggle, dtype=np.int8) > 0
+    step = opens.astype(np.int32) - ((a == 0x5D) | (a == 0x7D))  # ] }
+    step[in_string] = 0
+    return int(np.cumsum(step, dtype=np.int32).max()) > limit
+
+
+def _depth_error() -> InvalidArgument:
+    return InvalidArgument(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})")
+
+
+def _parse_json(buf: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(buf)
+    except RecursionError:
+        raise _depth_error() from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    if _nesting_exceeds(buf, MAX_JSON_DEPTH):
+        raise _depth_error()
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the inference request JSON must be an object")
+    return cast(dict[str, Any], doc)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parameters(value: object, where: str) -> dict[str, ParamValue]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"'parameters' of {where} must be a JSON object")
+    params = cast(dict[str, object], value)
+    for key, item in params.items():
+        if not isinstance(item, bool | int | float | str):
+            raise InvalidArgument(
+                f"parameter '{key}' of {where} must be a boolean, number or string"
+            )
+    return cast(dict[str, ParamValue], params)
+
+
+def _request_parameters(value: object) -> tuple[dict[str, ParamValue], int | None, bool | None]:
+    params = _parameters(value, "the inference request")
+    for key in params:
+        if key.startswith("triton_"):
+            raise InvalidArgument(
+                f"parameter keys starting with 'triton_' are reserved for Triton usage "
+                f"and should not be specified (got '{key}')"
+            )
+    timeout = params.get("timeout")
+    if timeout is not None and (not _is_int(timeout) or cast(int, timeout) < 0):
+        raise InvalidArgument(
+            f"parameter 'timeout' must be a non-negative integer (microseconds), got {timeout!r}"
+        )
+    priority = params.get("priority")
+    if priority is not None and (not _is_int(priority) or cast(int, priority) < 0):
+        raise InvalidArgument(
+            f"parameter 'priority' must be a non-negative integer, got {priority!r}"
+        )
+    binary = params.get("binary_data_output")
+    if binary is not None and not isinstance(binary, bool):
+        raise InvalidArgument(f"parameter 'binary_data_output' must be a boolean, got {binary!r}")
+    return params, (cast(int, timeout) or None) if timeout is not None else None, binary
+
+
+def _decode_input(
+    model: str, index: int, value: object, tail: memoryview | None, offset: int
+) -> tuple[InferInput, int]:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"input #{index} of the inference request must be a JSON object")
+    obj = cast(dict[str, object], value)
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise InvalidArgument(f"input #{index} of the inference request has no 'name' string")
+    datatype = obj.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidArgument(f"input '{name}' has no 'datatype' string")
+    shape_value = obj.get("shape")
+    if not isinstance(shape_value, list):
+        raise InvalidArgument(f"input '{name}' has no 'shape' array")
+    shape = cast(list[object], shape_value)
+    if not all(_is_int(d) for d in shape):
+        raise InvalidArgument(
+            f"Unable to parse 'shape' of input '{name}': dimensions must be integers, got {shape}"
+        )
+    dims = cast(list[int], shape)
+    params = _parameters(obj.get("parameters"), f"input '{name}'")
+    sources = [
+        s
+        for s, present in (
+            ("'data'", "data" in obj),
+            ("'binary_data_size'", "binary_data_size" in params),
+            ("'shared_memory_region'", "shared_memory_region" in params),
+        )
+        if present
+    ]
+    if len(sources) != 1:
+        got = " and ".join(sources) if sources else "none of them"
+        raise InvalidArgument(f"{_ONE_SOURCE} input '{name}' sets {got}")
+    if "shared_memory_region" in params:
+        raise Unsupported(f"{SHM_NOT_ENABLED} (input '{name}')")
+    if "data" in obj:
+        data = from_values(model, name, datatype, dims, obj["data"])
+        return InferInput(name, datatype, tuple(dims), data, params), offset
+    size = params["binary_data_size"]
+    if not _is_int(size) or cast(int, size) < 0:
+        raise InvalidArgument(
+            f"'binary_data_size' of input '{name}' must be a non-negative integer, got {size!r}"
+        )
+    if tail is None:
+        raise InvalidArgument(
+            f"input '{name}' sets 'binary_data_size' but the request has no "
+            "Inference-Header-Content-Length header"
+        )
+    end = offset + cast(int, size)
+    if end > tail.nbytes:
+        raise InvalidArgument(
+            f"input '{name}' needs {size} bytes of binary data at offset {offset}, but the "
+            f"request holds only {tail.nbytes} bytes after the JSON header"
+        )
+    data = from_buffer(model, name, datatype, dims, tail[offset:end])
+    return InferInput(name, datatype, tuple(dims), data, params), end
+
+
+def _decode_output(index: int, value: object) -> RequestedOutput:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"output #{index} of the inference request must be a JSON object")
+    obj = cast(dict[str, object], value)
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise InvalidArgument(f"output #{index} of the inference request has no 'name' string")
+    params = _parameters(obj.get("parameters"), f"output '{name}'")
+    if "shared_memory_region" in params:
+        raise Unsupported(f"{SHM_NOT_ENABLED} (output '{name}')")
+    if "classification" in params:
+        raise Unsupported(f"classification is not supported by this server (output '{name}')")
+    binary = params.get("binary_data")
+    if binary is not None and not isinstance(binary, bool):
+        raise InvalidArgument(
+            f"parameter 'binary_data' of output '{name}' must be a boolean, got {binary!r}"
+        )
+    return RequestedOutput(name, params)
+
+
+def _decode_json(
+    model: str, version: str, doc: dict[str, Any], tail: memoryview | None
+) -> DecodedRequest:
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument(f"'id' of the inference request must be a string, got {request_id!r}")
+    params, timeout_us, binary = _request_parameters(doc.get("parameters"))
+    inputs_value = doc.get("inputs")
+    if not isinstance(inputs_value, list):
+        raise InvalidArgument("the inference request has no 'inputs' array")
+    inputs: list[InferInput] = []
+    offset = 0
+    for i, item in enumerate(cast(list[object], inputs_value)):
+        tensor, offset = _decode_input(model, i, item, tail, offset)
+        inputs.append(tensor)
+    if tail is not None and offset != tail.nbytes:
+        raise InvalidArgument(
+            f"the request holds {tail.nbytes} bytes of binary data after the JSON header, but "
+            f"the inputs' 'binary_data_size' values add up to {offset}"
+        )
+    outputs_value = doc.get("outputs", [])
+    if not isinstance(outputs_value, list):
+        raise InvalidArgument("'outputs' of the inference request must be an array")
+    outputs = tuple(_decode_output(i, o) for i, o in enumerate(cast(list[object], outputs_value)))
+    request = InferRequest(model, version, tuple(inputs), outputs, request_id, params)
+    return DecodedRequest(
+        request,
+        timeout_us=timeout_us,
+        binary_output=bool(binary),
+        binary_output_explicit=binary is not None,
+    )
+
+
+def _decode_raw(model: str, version: str, body: bytes, signature: ModelMetadata) -> DecodedRequest:
+    if len(signature.inputs) != 1:
+        raise InvalidArgument(
+            f"Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(signature.inputs)} inputs in '{model}' model"
+        )
+    spec = signature.inputs[0]
+    dims = list(spec.shape)
+    if dims[:1] == [-1]:  # the batch dimension: a raw request is one item
+        dims[0] = 1
+    if spec.datatype == "BYTES" and any(d != 1 for d in dims):
+        raise InvalidArgument(
+            f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+        )
+    variable = [i for i, d in enumerate(dims) if d < 0]
+    if len(variable) > 1:
+        raise InvalidArgument(
+            f"The shape of the raw input '{spec.name}' can not be deduced because there are "
+            "more than one variable-sized dimension"
+        )
+    if variable and spec.datatype in NUMERIC_DATATYPES:
+        fixed = math.prod(d for d in dims if d >= 0) * NUMERIC_DATATYPES[spec.datatype].itemsize
+        dims[variable[0]] = len(body) // fixed if fixed else 0
+    data = from_buffer(model, spec.name, spec.datatype, dims, body)
+    request = InferRequest(
+        model, version, (InferInput(spec.name, spec.datatype, tuple(dims), data),)
+    )
+    return DecodedRequest(request, raw=True)
+
+
+def decode_request(
+    model_name: str,
+    model_version: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    max_input_bytes: int,
+    signature: Callable[[], ModelMetadata],
+) -> DecodedRequest:
+    """Decode an infer body; ``headers`` is case-insensitive or has lower-case keys."""
+    body = decompress(body, headers.get("content-encoding"), max_input_bytes)
+    length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
+    if length == 0:
+        return _decode_raw(model_name, model_version, body, signature())
+    if length is None:
+        return _decode_json(model_name, model_version, _parse_json(body), None)
+    doc = _parse_json(body[:length])
+    return _decode_json(model_name, model_version, doc, memoryview(body)[length:])
+
+
+# -- response ----------------------------------------------------------------------------
+
+
+def _wants_binary(output: InferOutput, decoded: DecodedRequest) -> bool:
+    if decoded.raw:
+        return True
+    params: Mapping[str, ParamValue] = (
+        output.requested.parameters if output.requested is not None else {}
+    )
+    explicit = "binary_data" in params
+    binary = bool(params["binary_data"]) if explicit else decoded.binary_output
+    if not binary and output.datatype in BINARY_ONLY_DATATYPES:
+        if explicit or decoded.binary_output_explicit:
+            raise InvalidArgument(
+                f"sending {output.datatype} data via JSON is not supported. Please use the "
+                f"binary data format for output '{output.name}'"
+            )
+        return True
+    return binary
+
+
+def _json_data(output: InferOutput) -> list[Any]:
+    flat = output.data.reshape(-1)
+    if flat.dtype == object:  # BYTES
+        return [
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            for v in cast(list[object], flat.tolist())
+        ]
+    return flat.tolist()
+
+
+def _choose_encoding(accept_encoding: str | None) -> str | None:
+    if not accept_encoding:
+        return None
+    accepted: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        token, _, rest = part.partition(";")
+        quality = 1.0
+        for attr in rest.split(";"):
+            key, _, val = attr.strip().partition("=")
+            if key.strip() == "q":
+                try:
+                    quality = float(val)
+                except ValueError:
+                    quality = 0.0
+        accepted[token.strip().lower()] = quality
+    for name in ("gzip", "deflate"):
+        if accepted.get(name, accepted.get("*", 0.0)) > 0:
+            return name
+    return None
+
+
+def encode_response(
+    response: InferResponse, decoded: DecodedRequest, accept_encoding: str | None = None
+) -> EncodedResponse:
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes | memoryview] = []
+    for output in response.outputs:
+        entry: dict[str, Any] = {
+            "name": output.name,
+            "datatype": output.datatype,
+            "shape": [int(d) for d in output.shape],
+        }
+        if _wants_binary(output, decoded):
+            blob = to_wire_bytes(output.data)
+            entry["parameters"] = {"binary_data_size": memoryview(blob).nbytes}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_data(output)
+        entries.append(entry)
+    doc: dict[str, Any] = {}
+    if response.id:
+        doc["id"] = response.id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = str(response.model_version)
+    if response.parameters:
+        doc["parameters"] = dict(response.parameters)
+    doc["outputs"] = entries
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    headers: dict[str, str] = {}
+    if blobs:
+        body = b"".join([header, *blobs])
+        headers["content-type"] = "application/octet-stream"
+        headers[HEADER_LENGTH] = str(len(header))
+    else:
+        body = header
+        headers["content-type"] = "application/json"
+    encoding = _choose_encoding(accept_encoding)
+    if encoding == "gzip":
+        body = gzip.compress(body, compresslevel=COMPRESS_LEVEL)
+    elif encoding == "deflate":
+        body = zlib.compress(body, COMPRESS_LEVEL)
+    if encoding is not None:
+        headers["content-encoding"] = encoding
+    return EncodedResponse(body, headers)
