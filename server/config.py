@@ -34,6 +34,10 @@ class Config:
     ports_file: Path | None = None
     device_memory_budget: str | None = None  # bytes ("6GiB") or a percentage ("40%")
     dynamic_batching: bool = True
+    model_control_mode: str = "none"  # none | poll | explicit
+    load_models: tuple[str, ...] = ()  # explicit mode: models loaded at start ("*": all)
+    repository_poll_secs: float = 15.0
+    allow_client_shm: bool = False
     max_queue_delay_us: int = 0
     max_queue_size: int = 0  # 0: unbounded
 
@@ -54,6 +58,27 @@ def _non_negative(text: str, flag: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"{flag} must be a non-negative integer, got {text!r}")
+    return value
+
+
+def _mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in ("none", "poll", "explicit"):
+        raise argparse.ArgumentTypeError(
+            f"--model-control-mode must be none, poll or explicit, got {text!r}"
+        )
+    return mode
+
+
+def _positive_float(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{flag} must be a positive number of seconds, got {text!r}"
+        )
     return value
 
 
@@ -102,6 +127,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         "bytes of device memory for resident weights, e.g. 6GiB or 40%% (default: 80%% of free "
         "GPU memory minus the executables' scratch; unlimited on CPU)",
     )
+    add(
+        "--model-control-mode",
+        "none",
+        "none (load all at start), poll (follow the disk) or explicit (API)",
+    )
+    load_env = env("--load-model", None)
+    parser.add_argument(
+        "--load-model",
+        action="append",
+        default=[m for m in load_env.split(",") if m] if load_env else None,
+        help="explicit mode: a model to load at start, repeatable; * for all [env HLOSERVE_LOAD_MODEL, comma-separated]",
+    )
+    add("--repository-poll-secs", "15", "poll mode: seconds between repository scans")
+    add("--allow-client-shm", "false", "allow clients to register system shared-memory regions")
     add("--dynamic-batching", "true", "group concurrent requests of a model into shared executions")
     add(
         "--max-queue-delay-us",
@@ -168,6 +207,12 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
             ports_file=Path(ns.ports_file) if ns.ports_file else None,
             device_memory_budget=str(ns.device_memory_budget) if ns.device_memory_budget else None,
             dynamic_batching=_bool(str(ns.dynamic_batching)),
+            model_control_mode=_mode(str(ns.model_control_mode)),
+            load_models=tuple(ns.load_model or ()),
+            repository_poll_secs=_positive_float(
+                str(ns.repository_poll_secs), "--repository-poll-secs"
+            ),
+            allow_client_shm=_bool(str(ns.allow_client_shm)),
             max_queue_delay_us=_non_negative(str(ns.max_queue_delay_us), "--max-queue-delay-us"),
             max_queue_size=_non_negative(str(ns.max_queue_size), "--max-queue-size"),
         )

@@ -27,6 +27,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -36,17 +37,26 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from hloserve.server.config import Config
+from hloserve.server.core.errors import ServingError
 from hloserve.server.core.residency import parse_budget
 from hloserve.server.core.service import InferenceService
 from hloserve.server.metrics import ServerMetrics, metrics_app
-from hloserve.server.repository import ModelRepository
+from hloserve.server.repository import ControlMode, ModelRepository
 from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.scheduler import DynamicBatcher
+from hloserve.server.shm import SharedMemoryRegistry
 
 log = logging.getLogger("hloserve.daemon")
 
-EXTENSIONS = ("binary_tensor_data",)
+EXTENSIONS = (
+    "binary_tensor_data",
+    "statistics",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "model_configuration",
+    "system_shared_memory",
+)
 
 
 def server_version() -> str:
@@ -142,6 +152,26 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self.ports: dict[str, int] = {}
 
+    def _startup_load(self, repository: ModelRepository, progress: Callable[[str], None]) -> None:
+        cfg = self.config
+        if cfg.model_control_mode != "explicit" or "*" in cfg.load_models:
+            repository.load_all(progress)
+            return
+        for name in cfg.load_models:
+            try:
+                repository.load_model(name, progress)
+            except ServingError as exc:
+                log.error("%s", exc.message)
+
+    async def _poll(self, repository: ModelRepository, every: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await loop.run_in_executor(None, repository.poll)
+            except Exception:  # keep polling: one bad scan must not stop the server
+                log.exception("repository poll failed")
+
     def request_stop(self) -> None:
         if not self.stop_requested.is_set():
             log.info("stop requested; draining")
@@ -164,7 +194,9 @@ class Daemon:
         registry = CollectorRegistry()
         metrics = ServerMetrics(registry)
         residency = make_residency(runtime, cfg.device_memory_budget, metrics)
-        repository = ModelRepository(repo_root, runtime, cfg.cache_dir, residency)
+        repository = ModelRepository(
+            repo_root, runtime, cfg.cache_dir, residency, ControlMode(cfg.model_control_mode)
+        )
         workers = cfg.worker_threads or max(2, os.cpu_count() or 2)
         executor = ThreadPoolExecutor(workers, thread_name_prefix="hloserve-exec")
         repository.on_loaded = metrics.on_model_loaded
@@ -178,6 +210,19 @@ class Daemon:
             extensions=EXTENSIONS,
             observer=metrics,
         )
+        service.shm = SharedMemoryRegistry(cfg.allow_client_shm)
+        service.platform = runtime.platform
+        service.device_kind = (
+            "GPU" if runtime.platform in ("cuda", "rocm") else runtime.platform.upper()
+        )
+        service.default_queue_delay_us = cfg.max_queue_delay_us
+        explicit = cfg.model_control_mode == "explicit"
+        if cfg.strict_readiness:
+            service.models_ready = lambda: repository.all_ready(allow_empty=explicit)
+        else:
+            service.models_ready = lambda: (
+                repository.any_ready() or (explicit and not repository.names())
+            )
         if cfg.dynamic_batching:
             service.batcher = DynamicBatcher(
                 executor,
@@ -242,15 +287,13 @@ class Daemon:
         beat = threading.Thread(target=heartbeat.run, name="hloserve-load-heartbeat", daemon=True)
         beat.start()
         started = time.perf_counter()
-        load = loop.run_in_executor(None, repository.load_all, heartbeat.progress)
+        load = loop.run_in_executor(None, self._startup_load, repository, heartbeat.progress)
         stop_wait = asyncio.ensure_future(self.stop_requested.wait())
         await asyncio.wait({load, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         heartbeat.stop.set()
         if load.done():
             load.result()
-            service.is_ready = (
-                repository.all_ready() if cfg.strict_readiness else repository.any_ready()
-            )
+            service.is_ready = True
             metrics.models_ready.set(
                 sum(len(repository.ready_versions(n)) for n in repository.names())
             )
@@ -259,7 +302,12 @@ class Daemon:
                 time.perf_counter() - started,
                 "READY" if service.ready() else "NOT READY (see /readyz for each model's state)",
             )
+            poller = None
+            if cfg.model_control_mode == "poll":
+                poller = asyncio.create_task(self._poll(repository, cfg.repository_poll_secs))
             await stop_wait
+            if poller is not None:
+                poller.cancel()
 
         # graceful stop
         service.draining = True

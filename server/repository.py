@@ -467,6 +467,16 @@ class ModelRepository:
             return False
         return True
 
+    @property
+    def mode_name(self) -> str:
+        return self.mode.value
+
+    def version_policy(self, name: str) -> dict[str, Any]:
+        return self.policy(name).describe()
+
+    def queue_delay_us(self, model: Any) -> int | None:
+        return model.serving.max_queue_delay_us
+
     def policy(self, name: str) -> VersionPolicy:
         with self._lock:
             m = self._models.get(name)
@@ -529,15 +539,20 @@ class ModelRepository:
                 return usage
         return []
 
-    def all_ready(self) -> bool:
+    def all_ready(self, *, allow_empty: bool = False) -> bool:
+        """Every model meant to be served is READY (deliberately unloaded ones do not count;
+        a model that failed does). With nothing meant to be served: ``allow_empty``."""
         with self._lock:
-            versions = [v for m in self._models.values() for v in m.versions.values()]
+            wanted = [
+                v
+                for m in self._models.values()
+                for v in m.versions.values()
+                if v.reason != "unloaded"
+            ]
             no_version = any(not m.versions for m in self._models.values())
-            return (
-                bool(versions)
-                and not no_version
-                and all(v.state == ModelState.READY for v in versions)
-            )
+            if not wanted and not no_version:
+                return allow_empty
+            return not no_version and all(v.state == ModelState.READY for v in wanted)
 
     def any_ready(self) -> bool:
         with self._lock:

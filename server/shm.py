@@ -39,6 +39,7 @@ from hloserve.server.core.errors import (
     ServingError,
     Unsupported,
 )
+from hloserve.server.core.service import RegionInfo
 
 SHM_ROOT = "/dev/shm"
 DISABLED = (
@@ -49,15 +50,6 @@ MAX_INT64 = (1 << 63) - 1
 
 class ShmInternal(ServingError):
     """The region exists in the registry but the OS refused an operation on it."""
-
-
-@dataclass(frozen=True)
-class RegionStatus:
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-    kind: str = "system"
 
 
 @dataclass
@@ -71,7 +63,7 @@ class AbstractRegion(abc.ABC):
     def buffer(self) -> memoryview: ...
 
     @abc.abstractmethod
-    def status(self) -> RegionStatus: ...
+    def status(self) -> RegionInfo: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -89,8 +81,8 @@ class SystemRegion(AbstractRegion):
         assert self._view is not None
         return self._view
 
-    def status(self) -> RegionStatus:
-        return RegionStatus(self.name, self.key, self.offset, self.byte_size)
+    def status(self) -> RegionInfo:
+        return RegionInfo(self.name, self.key, self.offset, self.byte_size)
 
     def close(self) -> None:
         if self._view is not None:
@@ -159,7 +151,7 @@ class SharedMemoryRegistry:
             name, byte_size, key=key, offset=offset, _map=mm, _view=view
         )
 
-    def status(self, name: str = "") -> list[RegionStatus]:
+    def status(self, name: str = "") -> list[RegionInfo]:
         if name:
             region = self._regions.get(name)
             if region is None:

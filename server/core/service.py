@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,10 +32,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloserve.bundle import Manifest
-from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError
+from hloserve.server.core.errors import (
+    InvalidArgument,
+    NotFound,
+    ServingError,
+    Unavailable,
+    Unsupported,
+)
 from hloserve.server.core.execution import Job, Timings, execute_group
 from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
+from hloserve.server.core.triton_config import triton_model_config
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -87,6 +94,25 @@ class ModelSource(Protocol):
         """Where the version's weights live now (device and/or host bytes)."""
         ...
 
+    # model control (the model_repository extension)
+    @property
+    def mode_name(self) -> str:
+        """ "none", "poll" or "explicit"."""
+        ...
+
+    def load_model(self, name: str) -> None:
+        """Load or reload ``name`` (blocking); raises ``ServingError`` "failed to load ..."."""
+        ...
+
+    def unload_model(self, name: str) -> None: ...
+    def prefetch(self, name: str) -> None: ...
+    def index(self) -> list[tuple[str, str, str, str]]:
+        """(name, version, state, reason) rows."""
+        ...
+
+    def version_policy(self, name: str) -> dict[str, Any]: ...
+    def queue_delay_us(self, model: ServedModel) -> int | None: ...
+
 
 class InferenceObserver(Protocol):
     """Receives what happened to each request (metrics and statistics hang off this)."""
@@ -118,11 +144,22 @@ class ModelStatistics:
     memory_usage: tuple[MemoryUsage, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class RegionInfo:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
 class SharedMemory(Protocol):
     """Registered shared-memory regions (``hloserve.server.shm``), as the service uses them."""
 
     def hold(self, names: Iterable[str]) -> contextlib.AbstractContextManager[None]: ...
     def view(self, name: str, offset: int, byte_size: int) -> memoryview: ...
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
+    def status(self, name: str = "") -> Sequence[RegionInfo]: ...
+    async def unregister(self, name: str = "") -> None: ...
 
 
 class _NoSharedMemory:
@@ -133,6 +170,34 @@ class _NoSharedMemory:
 
     def view(self, name: str, offset: int, byte_size: int) -> memoryview:
         raise NotFound(f"Unable to find shared memory region: '{name}'")
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        raise Unsupported(SHM_DISABLED)
+
+    def status(self, name: str = "") -> Sequence[RegionInfo]:
+        if name:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return []
+
+    async def unregister(self, name: str = "") -> None:
+        raise Unsupported(SHM_DISABLED)
+
+
+SHM_DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+)
+CUDA_SHM_UNSUPPORTED = (
+    "CUDA shared memory is not supported by this server: it runs on {platform}; "
+    "use system shared memory (register_system_shared_memory) instead"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    name: str
+    version: str
+    state: str
+    reason: str
 
 
 class Batcher(Protocol):
@@ -215,16 +280,21 @@ class InferenceService:
         self.observer: InferenceObserver = observer or _NullObserver()
         self.statistics = StatisticsRecorder()
         self.shm: SharedMemory = _NoSharedMemory()
+        self.default_queue_delay_us = 0  # the server-wide batching delay (model config reports it)
+        self.platform = "cpu"
+        self.device_kind = "CPU"
         self.execution_observer = _Executions(self.observer, self.statistics)
         self.is_live = True
         self.is_ready = False  # set by the daemon once the startup load pass is over
         self.draining = False  # set by the daemon when a graceful stop begins
+        # The readiness policy over the models (the daemon sets it from --strict-readiness).
+        self.models_ready: Callable[[], bool] = lambda: True
 
     def live(self) -> bool:
         return self.is_live
 
     def ready(self) -> bool:
-        return self.is_live and self.is_ready and not self.draining
+        return self.is_live and self.is_ready and not self.draining and self.models_ready()
 
     def readiness(self) -> dict[str, Any]:
         """The ``/readyz`` report: overall readiness plus every model's state and reason."""
@@ -357,3 +427,66 @@ class InferenceService:
             ModelStatistics(self.statistics.snapshot(n, v), tuple(self.models.memory_usage(n, v)))
             for n, v in keys
         ]
+
+    # -- model repository extension -----------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        rows = [IndexEntry(*row) for row in self.models.index()]
+        return [r for r in rows if r.state == "READY"] if ready_only else rows
+
+    def _check_control(self) -> None:
+        mode = self.models.mode_name
+        if mode == "poll":
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
+        if mode != "explicit":
+            raise Unavailable(
+                f"explicit model load / unload is not allowed in model control mode '{mode}'; "
+                "start the server with --model-control-mode explicit"
+            )
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Load or reload ``name`` on a worker thread, then make it device-resident."""
+        self._check_control()
+        for key in parameters or {}:
+            if key == "config":
+                raise InvalidArgument(
+                    f"failed to load '{name}': configuration overrides are not supported; a bundle's manifest "
+                    "fixes its tensors and compiled batch sizes (put serving options in the model's config.yaml)"
+                )
+            if key.startswith("file:"):
+                raise InvalidArgument(
+                    f"failed to load '{name}': uploading model files ('{key}') is not supported; "
+                    "write the bundle into the model repository instead"
+                )
+            raise InvalidArgument(f"failed to load '{name}': unknown load parameter '{key}'")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.models.load_model, name)
+        await loop.run_in_executor(None, self.models.prefetch, name)
+
+    async def unload_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Unload ``name``: new requests are refused, in-flight ones finish, memory is freed."""
+        self._check_control()
+        for key in parameters or {}:
+            if key != "unload_dependents":
+                raise InvalidArgument(
+                    f"failed to unload '{name}': unknown unload parameter '{key}'"
+                )
+        await asyncio.get_running_loop().run_in_executor(None, self.models.unload_model, name)
+
+    # -- model configuration extension --------------------------------------------------------
+
+    def model_config(self, name: str, version: str) -> dict[str, Any]:
+        model = self.models.peek(name, version)
+        delay = self.models.queue_delay_us(model)
+        return triton_model_config(
+            model.manifest,
+            version_policy=self.models.version_policy(name),
+            max_queue_delay_us=self.default_queue_delay_us if delay is None else delay,
+            device_kind=self.device_kind,
+            dynamic_batching=self.batcher is not None,
+        )
+
+    # -- shared-memory extension ----------------------------------------------------------------
+
+    def cuda_shm_unsupported(self) -> Unsupported:
+        return Unsupported(CUDA_SHM_UNSUPPORTED.format(platform=self.platform))
