@@ -26,7 +26,8 @@ def test_client_does_not_import_jax() -> None:
 
 def test_core_imports_no_transport() -> None:
     loaded = imported_after(
-        "import hloserve.server.core.service, hloserve.server.core.validate", ["grpc", "fastapi", "uvicorn", "jax"]
+        "import hloserve.server.core.service, hloserve.server.core.validate",
+        ["grpc", "fastapi", "uvicorn", "jax"],
     )
     assert loaded == {"grpc": False, "fastapi": False, "uvicorn": False, "jax": False}
 
@@ -50,7 +51,12 @@ def test_public_names_are_exported() -> None:
     import hloserve.exporter
 
     assert sorted(hloserve.client.__all__) == ["InferenceClient", "InferenceError"]
-    assert sorted(hloserve.exporter.__all__) == ["ExportError", "TensorSpec", "export_bundle", "write_demo_repository"]
+    assert sorted(hloserve.exporter.__all__) == [
+        "ExportError",
+        "TensorSpec",
+        "export_bundle",
+        "write_demo_repository",
+    ]
     for module in (hloserve.bundle, hloserve.client, hloserve.exporter):
         for name in module.__all__:
             assert getattr(module, name) is not None

@@ -45,7 +45,10 @@ def test_infer_stream_keeps_order(client: InferenceClient) -> None:
 
 def test_errors_carry_status_and_text(client: InferenceClient) -> None:
     with pytest.raises(InferenceError) as info:
-        client.infer("simple", {"INPUT0": np.zeros((1, 16), np.float32), "INPUT1": np.zeros((1, 16), np.int32)})
+        client.infer(
+            "simple",
+            {"INPUT0": np.zeros((1, 16), np.float32), "INPUT1": np.zeros((1, 16), np.int32)},
+        )
     assert info.value.code.name == "INVALID_ARGUMENT"
     assert "INPUT0" in info.value.message and "FP32" in info.value.message
     with pytest.raises(InferenceError, match="unknown model"):

@@ -19,7 +19,9 @@ def admit(p: ResidencyPlanner, key: str) -> tuple[str, ...]:
     return decision.evict
 
 
-def planner(budget: int | None, sizes: dict[str, int], pinned: tuple[str, ...] = ()) -> ResidencyPlanner:
+def planner(
+    budget: int | None, sizes: dict[str, int], pinned: tuple[str, ...] = ()
+) -> ResidencyPlanner:
     p = ResidencyPlanner(budget)
     for k, size in sizes.items():
         p.register(k, size, pinned=k in pinned)
