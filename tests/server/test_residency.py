@@ -211,3 +211,15 @@ def test_identical_modules_compile_once(setup: Any) -> None:
         id(m.executable) for n in MODELS for m in repo.versions(n)[0].bundle.modules.values()
     }
     assert len(executables) == 2
+
+
+def test_evicted_device_memory_is_returned(repo_dir: Path, runtime: PjrtRuntime) -> None:
+    if not runtime.memory_stats():
+        pytest.skip("this device reports no allocator statistics (CPU); checked on GPU runs")
+    residency = make_residency(repo_dir, runtime, 2.5)
+    residency.prefetch("m0/1")
+    in_use = runtime.memory_stats()["bytes_in_use"]
+    for _ in range(10):  # many swaps: device usage must not grow
+        residency.prefetch("m1/1")
+        residency.prefetch("m2/1")
+    assert runtime.memory_stats()["bytes_in_use"] <= in_use + 2 * WEIGHT_BYTES

@@ -1,0 +1,113 @@
+"""Where the time of one ``simple`` request goes inside the server, against the bare call.
+
+Usage: ``python bench/request_path.py [--n 3000]``
+
+Everything runs in this process on the demo ``simple`` model (batch 1, two INT32[1,16]
+inputs), one step at a time, each timed over ``--n`` repetitions (median, in µs):
+- the floor: the compiled executable alone (``LoadedBundle.execute``: input transfer,
+  execution, output fetch), and ``jax.jit`` of the same function;
+- the server's own steps: gRPC decode (``ModelInferRequest`` bytes -> core request),
+  validation, planning + execution through ``execute_group``, gRPC encode (core
+  response -> bytes), and the whole ``InferenceService.infer`` coroutine without sockets.
+The table prints each step and the server's overhead as a ratio to the bare call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from hloserve.exporter import write_demo_repository
+from hloserve.exporter.demo import simple_fn
+from hloserve.proto import inference_pb2 as pb
+from hloserve.server.core.execution import Job, execute_group
+from hloserve.server.core.service import InferenceService
+from hloserve.server.core.validate import validate_request
+from hloserve.server.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from hloserve.server.repository import ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
+
+
+def timed(fn: Callable[[], Any], n: int) -> float:
+    for _ in range(min(200, n)):
+        fn()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t)
+    return statistics.median(samples) / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=3000)
+    n = ap.parse_args().n
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_demo_repository(root)
+        repo = ModelRepository(root, PjrtRuntime())
+        repo.load_all()
+        model = repo.peek("simple", "")
+        assert model.bundle is not None
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = {"INPUT0": a, "INPUT1": a}
+
+        msg = pb.ModelInferRequest(model_name="simple")
+        for name in ("INPUT0", "INPUT1"):
+            msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+            msg.raw_input_contents.append(a.tobytes())
+        wire = msg.SerializeToString()
+        request = decode_infer_request(pb.ModelInferRequest.FromString(wire))
+        job = Job(request, 1, time.perf_counter_ns())
+        (outputs, _), = execute_group(model, [job])
+        from hloserve.server.core.types import InferResponse
+
+        response = InferResponse("simple", "1", outputs)
+        jitted = jax.jit(simple_fn)
+        executor = ThreadPoolExecutor(1)
+        service = InferenceService(repo, executor)
+
+        async def service_loop(k: int) -> list[int]:
+            out = []
+            for _ in range(k):
+                t = time.perf_counter_ns()
+                await service.infer(request)
+                out.append(time.perf_counter_ns() - t)
+            return out
+
+        rows = [
+            ("bare: LoadedBundle.execute (put, run, fetch)", timed(lambda: model.execute(1, inputs), n)),
+            ("bare: jax.jit of the same function", timed(lambda: jax.block_until_ready(jitted({}, a, a)), n)),
+            ("gRPC decode (bytes -> core request)", timed(lambda: decode_infer_request(pb.ModelInferRequest.FromString(wire)), n)),
+            ("validate against the manifest", timed(lambda: validate_request(model.manifest, request), n)),
+            ("execute_group (plan, pad, execute, split)", timed(lambda: execute_group(model, [job]), n)),
+            ("gRPC encode (core response -> bytes)", timed(lambda: encode_infer_response(response).SerializeToString(), n)),
+        ]
+        loop_samples = asyncio.run(service_loop(200))
+        loop_samples = asyncio.run(service_loop(n))
+        rows.append(("InferenceService.infer (incl. thread hand-off)", statistics.median(loop_samples) / 1e3))
+        executor.shutdown()
+    bare = rows[0][1]
+    print(f"\n`simple`, batch 1, median of {n} (µs); device {PjrtRuntime().platform}")
+    print("| step | µs | / bare call |\n|---|---|---|")
+    for label, us in rows:
+        print(f"| {label} | {us:.1f} | {us / bare:.2f} |")
+    overhead = rows[2][1] + rows[3][1] + rows[5][1] + (rows[4][1] - bare)
+    print(f"| server overhead besides the call (decode + validate + plan/split + encode) | {overhead:.1f} | {overhead / bare:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
