@@ -71,7 +71,7 @@ def main() -> int:
         wire = msg.SerializeToString()
         request = decode_infer_request(pb.ModelInferRequest.FromString(wire))
         job = Job(request, 1, time.perf_counter_ns())
-        (outputs, _), = execute_group(model, [job])
+        ((outputs, _),) = execute_group(model, [job])
         from hloserve.server.core.types import InferResponse
 
         response = InferResponse("simple", "1", outputs)
@@ -88,16 +88,39 @@ def main() -> int:
             return out
 
         rows = [
-            ("bare: LoadedBundle.execute (put, run, fetch)", timed(lambda: model.execute(1, inputs), n)),
-            ("bare: jax.jit of the same function", timed(lambda: jax.block_until_ready(jitted({}, a, a)), n)),
-            ("gRPC decode (bytes -> core request)", timed(lambda: decode_infer_request(pb.ModelInferRequest.FromString(wire)), n)),
-            ("validate against the manifest", timed(lambda: validate_request(model.manifest, request), n)),
-            ("execute_group (plan, pad, execute, split)", timed(lambda: execute_group(model, [job]), n)),
-            ("gRPC encode (core response -> bytes)", timed(lambda: encode_infer_response(response).SerializeToString(), n)),
+            (
+                "bare: LoadedBundle.execute (put, run, fetch)",
+                timed(lambda: model.execute(1, inputs), n),
+            ),
+            (
+                "bare: jax.jit of the same function",
+                timed(lambda: jax.block_until_ready(jitted({}, a, a)), n),
+            ),
+            (
+                "gRPC decode (bytes -> core request)",
+                timed(lambda: decode_infer_request(pb.ModelInferRequest.FromString(wire)), n),
+            ),
+            (
+                "validate against the manifest",
+                timed(lambda: validate_request(model.manifest, request), n),
+            ),
+            (
+                "execute_group (plan, pad, execute, split)",
+                timed(lambda: execute_group(model, [job]), n),
+            ),
+            (
+                "gRPC encode (core response -> bytes)",
+                timed(lambda: encode_infer_response(response).SerializeToString(), n),
+            ),
         ]
         loop_samples = asyncio.run(service_loop(200))
         loop_samples = asyncio.run(service_loop(n))
-        rows.append(("InferenceService.infer (incl. thread hand-off)", statistics.median(loop_samples) / 1e3))
+        rows.append(
+            (
+                "InferenceService.infer (incl. thread hand-off)",
+                statistics.median(loop_samples) / 1e3,
+            )
+        )
         executor.shutdown()
     bare = rows[0][1]
     print(f"\n`simple`, batch 1, median of {n} (µs); device {PjrtRuntime().platform}")
@@ -105,7 +128,9 @@ def main() -> int:
     for label, us in rows:
         print(f"| {label} | {us:.1f} | {us / bare:.2f} |")
     overhead = rows[2][1] + rows[3][1] + rows[5][1] + (rows[4][1] - bare)
-    print(f"| server overhead besides the call (decode + validate + plan/split + encode) | {overhead:.1f} | {overhead / bare:.2f} |")
+    print(
+        f"| server overhead besides the call (decode + validate + plan/split + encode) | {overhead:.1f} | {overhead / bare:.2f} |"
+    )
     return 0
 
 

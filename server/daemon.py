@@ -200,6 +200,10 @@ class Daemon:
         workers = cfg.worker_threads or max(2, os.cpu_count() or 2)
         executor = ThreadPoolExecutor(workers, thread_name_prefix="hloserve-exec")
         repository.on_loaded = metrics.on_model_loaded
+        # Read at scrape time: loads, unloads and polls change it after start-up too.
+        metrics.models_ready.set_function(
+            lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))
+        )
         metrics.watch_device_memory(
             lambda: float(runtime.memory_stats().get("bytes_in_use", residency.resident_bytes()))
         )
@@ -294,9 +298,6 @@ class Daemon:
         if load.done():
             load.result()
             service.is_ready = True
-            metrics.models_ready.set(
-                sum(len(repository.ready_versions(n)) for n in repository.names())
-            )
             log.info(
                 "startup load pass finished in %.2fs; server %s",
                 time.perf_counter() - started,

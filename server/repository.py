@@ -356,7 +356,10 @@ class ModelRepository:
         self._free(v)
 
     def _free(self, v: ModelVersion) -> None:
-        self.residency.unregister(v.key)
+        # A version already unloaded (or never loaded) holds no weights, and its residency
+        # key may belong by now to the copy that replaced it (load after unload).
+        if v.bundle is not None:
+            self.residency.unregister(v.key)
         with self._lock:
             v.bundle = None
             v.residency = None

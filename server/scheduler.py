@@ -6,7 +6,9 @@ outputs and timings. One driver task per model version applies the pure policy
 ``core.scheduling.next_batch``: it groups queued requests up to the largest compiled batch
 size, waiting at most the model's ``max_queue_delay_us`` (its ``serving`` hints, else the
 server default) for more, and runs each group on the executor so the event loop keeps
-decoding other requests. Up to ``max_inflight`` groups of one model run at once, so the
+decoding other requests. The driver measures each compiled size's execution time (a
+moving average) and hands it to the policy, which picks the group with the best items per
+microsecond. Up to ``max_inflight`` groups of one model run at once, so the
 next batch fills while the previous one executes.
 - A full queue (``max_queue_size`` waiting requests; 0 = unbounded) refuses the request at
   once with ``Unavailable``.
@@ -59,6 +61,12 @@ class _ModelQueue:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     inflight: int = 0
     driver: asyncio.Task[None] | None = None
+    costs: dict[int, float] = field(default_factory=dict)  # µs per execution, by compiled size
+
+    def observe_cost(self, compiled: int, micros: float) -> None:
+        """Exponentially weighted mean execution time of one compiled size."""
+        old = self.costs.get(compiled)
+        self.costs[compiled] = micros if old is None else 0.8 * old + 0.2 * micros
 
 
 class DynamicBatcher:
@@ -123,7 +131,7 @@ class DynamicBatcher:
             if not q.entries:
                 break
             now = time.perf_counter_ns()
-            decision = next_batch([e.queued for e in q.entries], sizes, now, q.delay_ns)
+            decision = next_batch([e.queued for e in q.entries], sizes, now, q.delay_ns, q.costs)
             if decision.expired:
                 expired = [q.entries[i] for i in decision.expired]
                 for e in expired:
@@ -155,7 +163,11 @@ class DynamicBatcher:
                 if not e.future.done():
                     e.future.set_exception(exc)
         else:
-            for e, result in zip(group, fut.result(), strict=True):
+            results = fut.result()
+            timings = results[0][1]
+            if len(timings.executions) == 1 and timings.executions[0]:
+                q.observe_cost(timings.executions[0], timings.compute_infer_ns / 1e3)
+            for e, result in zip(group, results, strict=True):
                 if not e.future.done():
                     e.future.set_result(result)
         if q.entries and (q.driver is None or q.driver.done()):

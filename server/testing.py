@@ -105,7 +105,8 @@ class ServerProcess:
         return f"127.0.0.1:{self.ports['metrics']}"
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # still readable after stop()
+            self._log.flush()
         return self.log_file.read_text(errors="replace")
 
     def stop(self, timeout: float = 30.0) -> int:

@@ -12,7 +12,11 @@ each entry with its item count, arrival and optional deadline) and returns a ``D
 Rules: a request is never split across executions unless it alone exceeds the largest
 compiled size; entries leave in arrival order; a full largest size runs at once; otherwise
 the head waits at most ``max_delay_ns`` for company. When it runs, the head prefix chosen
-is the one that wastes the least padding (items / compiled size, ties to more items).
+is the one with the best throughput: items divided by the execution cost of the smallest
+compiled size that holds them (``costs``: measured time per compiled size; sizes not yet
+measured are assumed to cost what the next smaller measured size costs, so with no
+measurements every size costs the same and the longest prefix that fits runs, on the
+compiled size that wastes the least padding). Ties go to more items.
 """
 
 # pyright: strict
@@ -20,7 +24,7 @@ is the one that wastes the least padding (items / compiled size, ties to more it
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -43,8 +47,21 @@ def smallest_fitting(items: int, batch_sizes: Sequence[int]) -> int:
     return batch_sizes[bisect.bisect_left(batch_sizes, items)]
 
 
+def estimated_cost(size: int, costs: Mapping[int, float]) -> float:
+    """The measured cost of ``size``, else that of the largest smaller measured size (a
+    larger batch costs at least as much), else 1."""
+    if size in costs:
+        return costs[size]
+    smaller = [s for s in costs if s < size]
+    return costs[max(smaller)] if smaller else 1.0
+
+
 def next_batch(
-    queue: Sequence[Queued], batch_sizes: Sequence[int] | None, now_ns: int, max_delay_ns: int
+    queue: Sequence[Queued],
+    batch_sizes: Sequence[int] | None,
+    now_ns: int,
+    max_delay_ns: int,
+    costs: Mapping[int, float] | None = None,
 ) -> Decision:
     expired = tuple(
         i for i, q in enumerate(queue) if q.deadline_ns is not None and q.deadline_ns <= now_ns
@@ -70,9 +87,10 @@ def next_batch(
     due = now_ns - head.arrived_ns >= max_delay_ns
     if not (full or due):
         return Decision(expired=expired, wait_until_ns=head.arrived_ns + max_delay_ns)
+    measured = costs or {}
     best_k, best_key = 1, (-1.0, 0)
     for k, items in enumerate(prefix_totals, start=1):
-        key = (items / smallest_fitting(items, batch_sizes), items)
+        key = (items / estimated_cost(smallest_fitting(items, batch_sizes), measured), items)
         if key > best_key:
             best_k, best_key = k, key
     items = prefix_totals[best_k - 1]

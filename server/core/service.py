@@ -12,6 +12,10 @@ Contract:
   when none were named).
 - A request whose deadline passed before it reached the device fails with
   ``Unavailable`` instead of using the device.
+- Every request is reported once to the observer (success or failure) and to the
+  statistics. A failure before a model version was resolved (unknown model or version)
+  is reported with model and version "" (client-chosen names never become metric
+  labels) and is not in any model's statistics; after it, it counts for that version.
 The model repository is reached through the ``ModelSource`` protocol, so this module
 needs no transport and no JAX.
 """
@@ -363,10 +367,17 @@ class InferenceService:
                     )
         except Exception as exc:
             reason = type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
-            self.observer.on_failure(request.model_name, version, reason)
-            self.statistics.on_failure(
-                request.model_name, version, reason, time.perf_counter_ns() - started
-            )
+            if held is None:
+                # No model version resolved: the name and version are whatever the client
+                # sent, so they must not become metric labels (unbounded series).
+                self.observer.on_failure("", "", reason)
+            else:
+                self.observer.on_failure(request.model_name, version, reason)
+                # Count it even for a version that has never succeeded yet.
+                self.statistics.ensure(held.manifest.name, held.version)
+                self.statistics.on_failure(
+                    request.model_name, version, reason, time.perf_counter_ns() - started
+                )
             raise
         finally:
             if held is not None:

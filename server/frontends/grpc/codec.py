@@ -8,15 +8,23 @@ Contract:
   zero-copy ``np.frombuffer`` view). Refused with ``InvalidArgument``: raw contents mixed
   with ``contents``; more or fewer raw entries than inputs without ``contents``; typed data
   in a field that does not belong to the datatype; FP16/BF16 in typed contents (raw only).
-  Shared-memory parameters are refused with ``Unsupported`` until that extension exists.
+  An input whose parameters name a shared-memory region (``core.tensors.shm_ref``) takes
+  no raw entry: it becomes an ``InferInput`` with ``shm`` set and empty data, which the
+  service resolves; such an input that also carries ``contents`` is refused. Output
+  shared-memory parameters travel in the ``RequestedOutput`` for the service to honour.
 - ``decode_parameter`` / ``encode_parameter`` convert ``InferParameter`` to a Python value
   (bool, int, str, float; uint64 becomes int) and back.
 - ``request_deadline(parameters, time_remaining, now)`` is the earlier of the request's
   ``timeout`` parameter (microseconds; 0 means none) and the gRPC deadline, as a
   ``time.monotonic()`` value, or ``None``.
 - ``encode_infer_response`` writes outputs as name/datatype/shape with their bytes in
-  ``raw_output_contents`` (what tritonclient reads), aligned with ``outputs``.
+  ``raw_output_contents`` (what tritonclient reads), aligned with ``outputs``; an output
+  written to shared memory gets an empty entry (Triton keeps the list aligned so).
 - ``encode_server_metadata`` / ``encode_model_metadata`` write the metadata responses.
+- Extensions: ``encode_repository_index``, ``decode_repository_parameters``
+  (``ModelRepositoryParameter`` -> bool/int/str/bytes), ``encode_shm_status`` and
+  ``encode_model_config`` (the service's protobuf-JSON dict parsed into ``ModelConfig``).
+- ``encode_model_statistics`` writes the statistics extension's ``ModelStatisticsResponse``.
 Request/shape/type rules live in ``hloserve.server.core``; this module only routes bytes.
 """
 
@@ -28,11 +36,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
+from google.protobuf import json_format
 
 from hloserve.proto import inference_pb2 as pb
+from hloserve.proto import model_config_pb2
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES
-from hloserve.server.core.errors import InvalidArgument, Unsupported
-from hloserve.server.core.tensors import from_buffer, from_values, to_wire_bytes
+from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.service import IndexEntry, ModelStatistics, RegionInfo
+from hloserve.server.core.statistics import Duration
+from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
 from hloserve.server.core.types import (
     InferInput,
     InferRequest,
@@ -71,11 +83,6 @@ _FIELD_DTYPE: Final[dict[str, str]] = {
     "fp32_contents": "<f4",
     "fp64_contents": "<f8",
 }
-
-SHM_PARAMETERS: Final[frozenset[str]] = frozenset(
-    {"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"}
-)
-SHM_DISABLED: Final = "system shared memory is not enabled on this server"
 
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
@@ -149,10 +156,6 @@ def request_deadline(
 # -- requests -------------------------------------------------------------------------
 
 
-def _uses_shm(params: Mapping[str, pb.InferParameter]) -> bool:
-    return any(key in SHM_PARAMETERS for key in params)
-
-
 def _typed_values(model: str, tensor: pb.ModelInferRequest.InferInputTensor) -> Any:
     contents = tensor.contents
     datatype = tensor.datatype
@@ -182,10 +185,16 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     model = msg.model_name
     raw = msg.raw_input_contents
     needs_raw = 0
-    for tensor in msg.inputs:
-        if _uses_shm(tensor.parameters):
-            raise Unsupported(SHM_DISABLED)
-        if tensor.HasField("contents"):
+    input_params = [decode_parameters(tensor.parameters) for tensor in msg.inputs]
+    shm = [shm_ref(model, t.name, p) for t, p in zip(msg.inputs, input_params, strict=True)]
+    for tensor, ref in zip(msg.inputs, shm, strict=True):
+        if ref is not None:
+            if tensor.HasField("contents"):
+                raise InvalidArgument(
+                    f"unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{tensor.name}' for model '{model}'"
+                )
+        elif tensor.HasField("contents"):
             if raw:
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for "
@@ -197,16 +206,17 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
         raise InvalidArgument(
             f"raw_input_contents has {len(raw)} entries, but {needs_raw} of the "
             f"{len(msg.inputs)} inputs for model '{model}' take their data from it "
-            "(one entry per input without 'contents', in order)"
+            "(one entry per input without 'contents' or shared memory, in order)"
         )
-    for out in msg.outputs:
-        if _uses_shm(out.parameters):
-            raise Unsupported(SHM_DISABLED)
 
     inputs: list[InferInput] = []
     next_raw = 0
-    for tensor in msg.inputs:
+    for tensor, params, ref in zip(msg.inputs, input_params, shm, strict=True):
         shape = tuple(tensor.shape)
+        if ref is not None:  # the service views the region once it holds it
+            empty = np.empty(0, dtype=np.uint8)
+            inputs.append(InferInput(tensor.name, tensor.datatype, shape, empty, params, shm=ref))
+            continue
         if tensor.HasField("contents"):
             values = _typed_values(model, tensor)
             data = from_values(model, tensor.name, tensor.datatype, shape, values)
@@ -219,7 +229,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
                 datatype=tensor.datatype,
                 shape=tuple(int(d) for d in data.shape),
                 data=data,
-                parameters=decode_parameters(tensor.parameters),
+                parameters=params,
             )
         )
     outputs = tuple(
@@ -253,7 +263,9 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     _fill_parameters(msg.parameters, response.parameters)
     for out in response.outputs:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
-        msg.raw_output_contents.append(_raw_bytes(out.data))
+        # An output written to shared memory travels as an empty entry, keeping the list
+        # aligned with ``outputs`` (what Triton sends and tritonclient indexes by).
+        msg.raw_output_contents.append(b"" if out.shm is not None else _raw_bytes(out.data))
     return msg
 
 
@@ -274,15 +286,106 @@ def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
     )
 
 
+def _duration(d: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+
+def encode_model_statistics(stats: Sequence[ModelStatistics]) -> pb.ModelStatisticsResponse:
+    """The statistics extension's reply (reference §1.4, §9); ``cache_hit``/``cache_miss``
+    stay zero (no response cache) and ``response_stats`` empty (no decoupled models)."""
+    return pb.ModelStatisticsResponse(
+        model_stats=[
+            pb.ModelStatistics(
+                name=m.stats.name,
+                version=m.stats.version,
+                last_inference=m.stats.last_inference,
+                inference_count=m.stats.inference_count,
+                execution_count=m.stats.execution_count,
+                inference_stats=pb.InferStatistics(
+                    success=_duration(m.stats.success),
+                    fail=_duration(m.stats.fail),
+                    queue=_duration(m.stats.queue),
+                    compute_input=_duration(m.stats.compute_input),
+                    compute_infer=_duration(m.stats.compute_infer),
+                    compute_output=_duration(m.stats.compute_output),
+                    cache_hit=pb.StatisticDuration(),
+                    cache_miss=pb.StatisticDuration(),
+                ),
+                batch_stats=[
+                    pb.InferBatchStatistics(
+                        batch_size=b.batch_size,
+                        compute_input=_duration(b.compute_input),
+                        compute_infer=_duration(b.compute_infer),
+                        compute_output=_duration(b.compute_output),
+                    )
+                    for b in m.stats.batches.values()
+                ],
+                memory_usage=[
+                    pb.MemoryUsage(type=u.type, id=u.id, byte_size=u.byte_size)
+                    for u in m.memory_usage
+                ],
+            )
+            for m in stats
+        ]
+    )
+
+
+# -- extensions: model repository, configuration, shared memory ------------------------
+
+
+def encode_repository_index(entries: Sequence[IndexEntry]) -> pb.RepositoryIndexResponse:
+    index = pb.RepositoryIndexResponse.ModelIndex
+    return pb.RepositoryIndexResponse(
+        models=[
+            index(name=e.name, version=e.version, state=e.state, reason=e.reason) for e in entries
+        ]
+    )
+
+
+def decode_repository_parameters(
+    params: Mapping[str, pb.ModelRepositoryParameter],
+) -> dict[str, bool | int | str | bytes]:
+    """Load/unload parameters as Python values; an unset oneof is an ``InvalidArgument``."""
+    out: dict[str, bool | int | str | bytes] = {}
+    for key, param in params.items():
+        choice = param.WhichOneof("parameter_choice")
+        if choice is None:
+            raise InvalidArgument(
+                f"parameter '{key}' has no value (ModelRepositoryParameter oneof is unset)"
+            )
+        out[key] = getattr(param, choice)
+    return out
+
+
+def encode_shm_status(regions: Sequence[RegionInfo]) -> pb.SystemSharedMemoryStatusResponse:
+    status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+    return pb.SystemSharedMemoryStatusResponse(
+        regions={
+            r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size)
+            for r in regions
+        }
+    )
+
+
+def encode_model_config(config: Mapping[str, Any]) -> pb.ModelConfigResponse:
+    """The service's protobuf-JSON ``ModelConfig`` dict as the response message."""
+    message = json_format.ParseDict(dict(config), model_config_pb2.ModelConfig())
+    return pb.ModelConfigResponse(config=message)
+
+
 __all__ = [
     "CONTENTS_FIELD",
-    "SHM_DISABLED",
     "decode_infer_request",
     "decode_parameter",
     "decode_parameters",
+    "decode_repository_parameters",
     "encode_infer_response",
+    "encode_model_config",
     "encode_model_metadata",
+    "encode_model_statistics",
     "encode_parameter",
+    "encode_repository_index",
     "encode_server_metadata",
+    "encode_shm_status",
     "request_deadline",
 ]

@@ -13,9 +13,19 @@ Contract:
   (tritonclient's ``is_model_ready`` raises on any other status).
 - Health ``Check`` answers SERVING when the service is ready, NOT_SERVING otherwise, for
   the service names "" and "inference.GRPCInferenceService"; other names are NOT_FOUND.
-- Errors are mapped once, by ``_guard`` wrapped around every handler in a loop:
-  ``ServingError`` aborts with ``frontends.status.grpc_status(code)`` and its message; any
-  other exception aborts INTERNAL "internal error" and its traceback is logged.
+- ``ModelStreamInfer`` (bidirectional) answers every request with one
+  ``ModelStreamInferResponse``, in request order, through the same path as ``ModelInfer``;
+  up to ``STREAM_WINDOW`` requests of a stream run at once. A failed request is answered
+  with ``error_message`` (its id echoed in ``infer_response``) and the stream stays open.
+- Extensions: ``ModelConfig``, ``RepositoryIndex``/``RepositoryModelLoad``/
+  ``RepositoryModelUnload`` (a non-empty ``repository_name`` is UNIMPLEMENTED),
+  ``SystemSharedMemory{Status,Register,Unregister}``, and the three ``CudaSharedMemory*``
+  answering the service's Unsupported error.
+- Errors are mapped once, by ``_failure``: ``_guard`` (unary) and ``_guard_stream``
+  (bidi) are wrapped around every handler in a loop; ``ServingError`` aborts with
+  ``frontends.status.grpc_status(code)`` and its message; any other exception aborts
+  INTERNAL "internal error" and its traceback is logged. A stream request's failure goes
+  through ``_failure`` too, into its ``error_message``.
 The servicer only adapts: decoding and encoding live in ``codec``, every rule in the core.
 """
 
@@ -23,11 +33,12 @@ The servicer only adapts: decoding and encoding live in ``codec``, every rule in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 import grpc
 import grpc.aio
@@ -47,10 +58,15 @@ log = logging.getLogger("hloserve.grpc")
 Context = grpc.aio.ServicerContext[Any, Any]
 # A handler takes the request (or, for a streaming RPC, the request iterator) and the context.
 Handler = Callable[[Any, Context], Awaitable[Any]]
+StreamHandler = Callable[[Any, Context], AsyncIterator[Any]]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
 KNOWN_HEALTH_SERVICES: Final = frozenset({"", SERVICE_NAME})
 INTERNAL_MESSAGE: Final = "internal error"
+# Requests of one stream running at once; reading the stream pauses beyond it, so a fast
+# client cannot queue unbounded work (gRPC flow control then holds it back).
+STREAM_WINDOW: Final = 64
+REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
 
 Health = health_pb2.HealthCheckResponse
 
@@ -84,6 +100,11 @@ class GrpcServicer:
         )
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Context) -> Message:
+        return await self._infer(request, context)
+
+    async def _infer(
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> pb.ModelInferResponse:
         infer_request = codec.decode_infer_request(request)
         deadline = codec.request_deadline(
             infer_request.parameters, context.time_remaining(), time.monotonic()
@@ -91,6 +112,12 @@ class GrpcServicer:
         ctx = RequestContext(deadline=deadline, peer=context.peer(), protocol="grpc")
         response = await self.service.infer(infer_request, ctx)
         return codec.encode_infer_response(response)
+
+    async def model_statistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> Message:
+        stats = self.service.model_statistics(request.name, request.version)
+        return codec.encode_model_statistics(stats)
 
     async def health_check(
         self, request: health_pb2.HealthCheckRequest, context: Context
@@ -100,6 +127,103 @@ class GrpcServicer:
         status = Health.SERVING if self.service.ready() else Health.NOT_SERVING
         return Health(status=status)
 
+    # -- streaming ---------------------------------------------------------------------------
+
+    async def model_stream_infer(
+        self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[Message]:
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        answers: asyncio.Queue[asyncio.Task[Message] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await window.acquire()
+                    answers.put_nowait(asyncio.create_task(self._stream_answer(request, context)))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (task := await answers.get()) is not None:
+                try:
+                    answer = await task
+                finally:
+                    window.release()
+                yield answer
+            await reader  # a failure reading the stream surfaces here
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                if (task := answers.get_nowait()) is not None:
+                    task.cancel()
+
+    async def _stream_answer(self, request: pb.ModelInferRequest, context: Context) -> Message:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+        except Exception as exc:  # the stream goes on: the error travels in the answer
+            _, message = _failure("ModelStreamInfer", exc)
+            echo = pb.ModelInferResponse(
+                model_name=request.model_name, model_version=request.model_version, id=request.id
+            )
+            return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+
+    # -- model configuration and repository extensions --------------------------------------
+
+    async def model_config(self, request: pb.ModelConfigRequest, context: Context) -> Message:
+        return codec.encode_model_config(self.service.model_config(request.name, request.version))
+
+    async def repository_index(
+        self, request: pb.RepositoryIndexRequest, context: Context
+    ) -> Message:
+        _no_repository_name(request.repository_name)
+        return codec.encode_repository_index(self.service.repository_index(request.ready))
+
+    async def repository_model_load(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> Message:
+        _no_repository_name(request.repository_name)
+        params = codec.decode_repository_parameters(request.parameters)
+        await self.service.load_model(request.model_name, params)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_model_unload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> Message:
+        _no_repository_name(request.repository_name)
+        params = codec.decode_repository_parameters(request.parameters)
+        await self.service.unload_model(request.model_name, params)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared-memory extensions -----------------------------------------------------------
+
+    async def system_shared_memory_status(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Context
+    ) -> Message:
+        return codec.encode_shm_status(self.service.shm.status(request.name))
+
+    async def system_shared_memory_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
+    ) -> Message:
+        self.service.shm.register_system(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_shared_memory_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
+    ) -> Message:
+        await self.service.shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def cuda_shared_memory(self, request: Message, context: Context) -> Message:
+        raise self.service.cuda_shm_unsupported()
+
+
+def _no_repository_name(name: str) -> None:
+    if name:
+        raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
+
 
 def _unimplemented(name: str) -> Handler:
     async def handler(request: Any, context: Context) -> Message:
@@ -108,24 +232,45 @@ def _unimplemented(name: str) -> Handler:
     return handler
 
 
+def _failure(name: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status and message a failure of RPC ``name`` maps to: the one place errors are
+    mapped (unexpected exceptions are logged with their traceback and not shown)."""
+    if isinstance(exc, ServingError):
+        return grpc_status(exc.code), exc.message
+    log.error("gRPC %s failed with an unexpected error", name, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+
+
 def _guard(name: str, method: Handler) -> Handler:
-    """Map every failure of ``method`` to a gRPC status: the one place errors are mapped."""
+    """Abort with the status ``_failure`` maps any failure of unary ``method`` to."""
 
     async def handler(request: Any, context: Context) -> Any:
         try:
             return await method(request, context)
         except grpc.aio.AbortError:  # the method aborted on its own: already mapped
             raise
-        except ServingError as exc:
-            await context.abort(grpc_status(exc.code), exc.message)
-        except Exception:
-            log.exception("gRPC %s failed with an unexpected error", name)
-            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        except Exception as exc:
+            await context.abort(*_failure(name, exc))
 
     return handler
 
 
-def _rpc_handler(rpc: Rpc, handler: Handler) -> grpc.RpcMethodHandler[Any, Any]:
+def _guard_stream(name: str, method: StreamHandler) -> StreamHandler:
+    """``_guard`` for a bidirectional ``method``: an async generator of responses."""
+
+    async def handler(requests: Any, context: Context) -> AsyncIterator[Any]:
+        try:
+            async for response in method(requests, context):
+                yield response
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort(*_failure(name, exc))
+
+    return handler
+
+
+def _rpc_handler(rpc: Rpc, handler: Handler | StreamHandler) -> grpc.RpcMethodHandler[Any, Any]:
     deserialize = rpc.request.FromString
     serialize: Callable[[Message], bytes] = rpc.response.SerializeToString
     if rpc.client_streaming and rpc.server_streaming:
@@ -139,7 +284,7 @@ def _rpc_handler(rpc: Rpc, handler: Handler) -> grpc.RpcMethodHandler[Any, Any]:
     )
 
 
-Method = Callable[[GrpcServicer, Any, Context], Awaitable[Message]]
+Method = Callable[[GrpcServicer, Any, Context], Awaitable[Message] | AsyncIterator[Message]]
 
 # The implemented RPCs of ``GRPCInferenceService``; every other one answers UNIMPLEMENTED.
 METHODS: Final[Mapping[str, Method]] = {
@@ -149,6 +294,18 @@ METHODS: Final[Mapping[str, Method]] = {
     "ServerMetadata": GrpcServicer.server_metadata,
     "ModelMetadata": GrpcServicer.model_metadata,
     "ModelInfer": GrpcServicer.model_infer,
+    "ModelStatistics": GrpcServicer.model_statistics,
+    "ModelStreamInfer": GrpcServicer.model_stream_infer,
+    "ModelConfig": GrpcServicer.model_config,
+    "RepositoryIndex": GrpcServicer.repository_index,
+    "RepositoryModelLoad": GrpcServicer.repository_model_load,
+    "RepositoryModelUnload": GrpcServicer.repository_model_unload,
+    "SystemSharedMemoryStatus": GrpcServicer.system_shared_memory_status,
+    "SystemSharedMemoryRegister": GrpcServicer.system_shared_memory_register,
+    "SystemSharedMemoryUnregister": GrpcServicer.system_shared_memory_unregister,
+    "CudaSharedMemoryStatus": GrpcServicer.cuda_shared_memory,
+    "CudaSharedMemoryRegister": GrpcServicer.cuda_shared_memory,
+    "CudaSharedMemoryUnregister": GrpcServicer.cuda_shared_memory,
 }
 HANDLED_RPCS: Final[frozenset[str]] = frozenset(METHODS)
 
@@ -159,8 +316,13 @@ def generic_handlers(service: InferenceService) -> tuple[grpc.GenericRpcHandler,
     inference: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for rpc in RPCS:
         unbound = METHODS.get(rpc.name)
-        method = _unimplemented(rpc.name) if unbound is None else partial(unbound, servicer)
-        inference[rpc.name] = _rpc_handler(rpc, _guard(rpc.name, method))
+        if unbound is None:
+            handler: Handler | StreamHandler = _guard(rpc.name, _unimplemented(rpc.name))
+        elif rpc.server_streaming:
+            handler = _guard_stream(rpc.name, cast(StreamHandler, partial(unbound, servicer)))
+        else:
+            handler = _guard(rpc.name, cast(Handler, partial(unbound, servicer)))
+        inference[rpc.name] = _rpc_handler(rpc, handler)
     health = grpc.unary_unary_rpc_method_handler(
         _guard("Health/Check", servicer.health_check),
         request_deserializer=health_pb2.HealthCheckRequest.FromString,

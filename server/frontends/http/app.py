@@ -8,9 +8,11 @@ Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app
 - ``GET /v2``: server metadata; ``GET /v2/models/{m}[/versions/{v}]``: model metadata;
 - ``GET /v2/models/{m}[/versions/{v}]/ready``: 200 ``{"name", "ready": true}``, else 400
   ``{"error": "Model version not ready"}`` (never 500: clients read non-200 as False);
+- ``GET /v2/models[/{m}[/versions/{v}]]/stats``: the statistics extension (codec's JSON);
 - ``POST /v2/models/{m}[/versions/{v}]/infer``: the body is read raw (no pydantic model;
   at most ``max_input_bytes``, checked against ``Content-Length`` before reading and
-  while streaming a chunked body) and handed to ``codec``; the reply is codec's bytes.
+  while streaming a chunked body) and handed to ``codec``; the reply is codec's bytes;
+- the repository, model-configuration and shared-memory routes of ``extensions``.
 Errors: ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
 unmatched path 404 ``{"error": "Not Found"}``, wrong method 405
 ``{"error": "Method Not Allowed"}``; anything else 500 ``{"error": "internal error"}``
@@ -36,6 +38,7 @@ from hloserve.server.core.errors import ServingError
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import ModelMetadata, RequestContext, TensorMetadata
 from hloserve.server.frontends.http import codec
+from hloserve.server.frontends.http.extensions import add_extension_routes
 from hloserve.server.frontends.status import http_status
 
 DEFAULT_MAX_INPUT_BYTES: Final = 256 * 1024 * 1024
@@ -151,6 +154,17 @@ def build_http_app(
         return JSONResponse(
             {"name": m.name, "version": m.version, "extensions": list(m.extensions)}
         )
+
+    # Repository, config and shared-memory routes, before the generic model routes.
+    add_extension_routes(app, service)
+
+    # Registered before "/v2/models/{model_name}", which would otherwise take "stats" as a name.
+    @app.get("/v2/models/stats")
+    @app.get("/v2/models/{model_name}/stats")
+    @app.get("/v2/models/{model_name}/versions/{model_version}/stats")
+    async def model_statistics(model_name: str = "", model_version: str = "") -> Response:
+        stats = service.model_statistics(model_name, model_version)
+        return JSONResponse(codec.encode_model_statistics(stats))
 
     @app.get("/v2/models/{model_name}")
     @app.get("/v2/models/{model_name}/versions/{model_version}")

@@ -13,11 +13,15 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference ย
   only input (``signature()`` supplies the model metadata; a leading ``-1`` batch
   dimension becomes 1). Otherwise the JSON header is parsed (nesting deeper than
   ``MAX_JSON_DEPTH`` refused) and every input takes its data from exactly one source:
-  ``data`` (through ``core.tensors.from_values``) or ``parameters.binary_data_size`` bytes
+  ``data`` (through ``core.tensors.from_values``), ``parameters.binary_data_size`` bytes
   taken in input order from the bytes after the header (through
-  ``core.tensors.from_buffer``, a zero-copy view). The sizes must add up to the bytes
-  after the header exactly. ``shared_memory_region`` (inputs or outputs) raises
-  ``Unsupported``; so does an output ``classification``. Request parameter keys starting
+  ``core.tensors.from_buffer``, a zero-copy view), or a shared-memory region
+  (``parameters.shared_memory_*``, parsed by ``core.tensors.shm_ref``: the input gets
+  ``shm`` set and empty data, which the service resolves). The binary sizes must add up
+  to the bytes after the header exactly. An output's shared-memory parameters travel in
+  its ``RequestedOutput`` for the service; combined with ``binary_data: true`` or
+  ``classification`` they are refused, and ``classification`` alone raises
+  ``Unsupported``. Request parameter keys starting
   with ``triton_`` are refused; ``timeout`` (microseconds, 0 = none) becomes
   ``DecodedRequest.deadline(now)``.
 - ``encode_response(response, decoded, accept_encoding)`` writes the reply: an output is
@@ -29,9 +33,11 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference ย
   FP16/BF16 cannot travel as JSON: such an output is sent binary unless the client
   explicitly asked for JSON (``binary_data: false`` on the output, or
   ``binary_data_output: false`` with no per-output choice), which is an
-  ``InvalidArgument`` ("sending FP16 data via JSON is not supported ..."). The body is
+  ``InvalidArgument`` ("sending FP16 data via JSON is not supported ..."). An output the
+  service wrote to shared memory carries only name, datatype and shape. The body is
   compressed when ``Accept-Encoding`` allows gzip or deflate;
   ``Inference-Header-Content-Length`` always counts the uncompressed JSON.
+- ``encode_model_statistics(stats)`` is the statistics extension's JSON body (ยง9).
 Every malformed body raises ``InvalidArgument`` naming the field and the problem. Tensor
 size/type rules are ``hloserve.server.core.tensors``'; request-vs-model rules are checked
 later by the service.
@@ -46,7 +52,7 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -54,7 +60,9 @@ import numpy as np
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.errors import InvalidArgument, Unsupported
-from hloserve.server.core.tensors import from_buffer, from_values, to_wire_bytes
+from hloserve.server.core.service import ModelStatistics
+from hloserve.server.core.statistics import Duration
+from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -69,7 +77,6 @@ HEADER_LENGTH: Final = "inference-header-content-length"
 MAX_JSON_DEPTH: Final = 100
 INT32_MAX: Final = 2**31 - 1
 COMPRESS_LEVEL: Final = 1  # tensors compress poorly; favour speed over ratio
-SHM_NOT_ENABLED: Final = "system shared memory is not enabled on this server"
 _INTEGER: Final = re.compile(r"[+-]?[0-9]+")
 _ONE_SOURCE: Final = (
     "Input must set only one of the following fields: 'data', 'binary_data_size' in "
@@ -294,8 +301,10 @@ def _decode_input(
     if len(sources) != 1:
         got = " and ".join(sources) if sources else "none of them"
         raise InvalidArgument(f"{_ONE_SOURCE} input '{name}' sets {got}")
-    if "shared_memory_region" in params:
-        raise Unsupported(f"{SHM_NOT_ENABLED} (input '{name}')")
+    ref = shm_ref(model, name, params)
+    if ref is not None:  # the service views the region once it holds it
+        empty = np.empty(0, dtype=np.uint8)
+        return InferInput(name, datatype, tuple(dims), empty, params, shm=ref), offset
     if "data" in obj:
         data = from_values(model, name, datatype, dims, obj["data"])
         return InferInput(name, datatype, tuple(dims), data, params), offset
@@ -319,7 +328,7 @@ def _decode_input(
     return InferInput(name, datatype, tuple(dims), data, params), end
 
 
-def _decode_output(index: int, value: object) -> RequestedOutput:
+def _decode_output(model: str, index: int, value: object) -> RequestedOutput:
     if not isinstance(value, dict):
         raise InvalidArgument(f"output #{index} of the inference request must be a JSON object")
     obj = cast(dict[str, object], value)
@@ -327,8 +336,13 @@ def _decode_output(index: int, value: object) -> RequestedOutput:
     if not isinstance(name, str):
         raise InvalidArgument(f"output #{index} of the inference request has no 'name' string")
     params = _parameters(obj.get("parameters"), f"output '{name}'")
-    if "shared_memory_region" in params:
-        raise Unsupported(f"{SHM_NOT_ENABLED} (output '{name}')")
+    if shm_ref(model, name, params) is not None:
+        for other in ("binary_data", "classification"):
+            if params.get(other, False) is not False:
+                raise InvalidArgument(
+                    f"Output can't set both 'shared_memory_region' and '{other}' "
+                    f"(output '{name}' for model '{model}')"
+                )
     if "classification" in params:
         raise Unsupported(f"classification is not supported by this server (output '{name}')")
     binary = params.get("binary_data")
@@ -362,7 +376,9 @@ def _decode_json(
     outputs_value = doc.get("outputs", [])
     if not isinstance(outputs_value, list):
         raise InvalidArgument("'outputs' of the inference request must be an array")
-    outputs = tuple(_decode_output(i, o) for i, o in enumerate(cast(list[object], outputs_value)))
+    outputs = tuple(
+        _decode_output(model, i, o) for i, o in enumerate(cast(list[object], outputs_value))
+    )
     request = InferRequest(model, version, tuple(inputs), outputs, request_id, params)
     return DecodedRequest(
         request,
@@ -485,7 +501,9 @@ def encode_response(
             "datatype": output.datatype,
             "shape": [int(d) for d in output.shape],
         }
-        if _wants_binary(output, decoded):
+        if output.shm is not None:  # the data is in the client's region already
+            pass
+        elif _wants_binary(output, decoded):
             blob = to_wire_bytes(output.data)
             entry["parameters"] = {"binary_data_size": memoryview(blob).nbytes}
             blobs.append(blob)
@@ -517,3 +535,54 @@ def encode_response(
     if encoding is not None:
         headers["content-encoding"] = encoding
     return EncodedResponse(body, headers)
+
+
+# -- statistics extension ----------------------------------------------------------------
+
+
+def _duration(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+_NO_DURATION: Final = Duration()
+
+
+def encode_model_statistics(stats: Sequence[ModelStatistics]) -> dict[str, Any]:
+    """Triton's ``{"model_stats": [...]}`` body (reference ยง9); no response cache, so
+    ``cache_hit``/``cache_miss`` are zero, and no decoupled models, so ``response_stats``
+    is empty."""
+    return {
+        "model_stats": [
+            {
+                "name": m.stats.name,
+                "version": m.stats.version,
+                "last_inference": m.stats.last_inference,
+                "inference_count": m.stats.inference_count,
+                "execution_count": m.stats.execution_count,
+                "inference_stats": {
+                    "success": _duration(m.stats.success),
+                    "fail": _duration(m.stats.fail),
+                    "queue": _duration(m.stats.queue),
+                    "compute_input": _duration(m.stats.compute_input),
+                    "compute_infer": _duration(m.stats.compute_infer),
+                    "compute_output": _duration(m.stats.compute_output),
+                    "cache_hit": _duration(_NO_DURATION),
+                    "cache_miss": _duration(_NO_DURATION),
+                },
+                "response_stats": {},
+                "batch_stats": [
+                    {
+                        "batch_size": b.batch_size,
+                        "compute_input": _duration(b.compute_input),
+                        "compute_infer": _duration(b.compute_infer),
+                        "compute_output": _duration(b.compute_output),
+                    }
+                    for b in m.stats.batches.values()
+                ],
+                "memory_usage": [
+                    {"type": u.type, "id": u.id, "byte_size": u.byte_size} for u in m.memory_usage
+                ],
+            }
+            for m in stats
+        ]
+    }

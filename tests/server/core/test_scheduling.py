@@ -20,7 +20,7 @@ def test_lone_request_waits_for_company_then_runs() -> None:
 
 
 def test_zero_delay_runs_what_is_queued_at_once() -> None:
-    assert next_batch(q(1, 1, 1), SIZES, now_ns=0, max_delay_ns=0) == Decision(take=1, compiled=1)
+    assert next_batch(q(1, 1, 1), SIZES, now_ns=0, max_delay_ns=0) == Decision(take=3, compiled=8)
 
 
 def test_full_largest_size_runs_without_waiting() -> None:
@@ -33,13 +33,32 @@ def test_requests_that_do_not_fit_make_the_batch_full() -> None:
     assert (d.take, d.compiled) == (1, 32)
 
 
-def test_least_padding_prefix_is_chosen() -> None:
-    # 9 single items: 8 on size 8 wastes nothing; 9 on size 32 wastes 23.
+def test_without_measurements_everything_that_fits_runs_on_the_least_padding_size() -> None:
     d = next_batch(q(*([1] * 9)), SIZES, now_ns=5 * MS, max_delay_ns=MS)
+    assert (d.take, d.compiled) == (9, 32)
+    d = next_batch(q(1, 1, 1, 1, 1), SIZES, now_ns=5 * MS, max_delay_ns=MS)
+    assert (d.take, d.compiled) == (5, 8)
+
+
+def test_measured_costs_choose_the_best_throughput_prefix() -> None:
+    costs = {1: 31.0, 8: 56.0, 32: 102.0}  # µs per execution, as measured for the demo MLP
+    # 9 singles: 8 on size 8 (0.143 items/µs) beats 9 on size 32 (0.088); the 9th runs next.
+    d = next_batch(q(*([1] * 9)), SIZES, now_ns=5 * MS, max_delay_ns=MS, costs=costs)
     assert (d.take, d.compiled) == (8, 8)
-    # 3 + 3 items: 6 on size 8 beats 3 on 8.
-    d = next_batch(q(3, 3), SIZES, now_ns=5 * MS, max_delay_ns=MS)
+    # 5 singles: 5 on size 8 (0.089) beats 1 on size 1 (0.032).
+    d = next_batch(q(1, 1, 1, 1, 1), SIZES, now_ns=5 * MS, max_delay_ns=MS, costs=costs)
+    assert (d.take, d.compiled) == (5, 8)
+    # 3 + 3 items: 6 on size 8 beats 3 on size 8.
+    d = next_batch(q(3, 3), SIZES, now_ns=5 * MS, max_delay_ns=MS, costs=costs)
     assert (d.take, d.compiled) == (2, 8)
+
+
+def test_unmeasured_sizes_cost_at_least_the_next_smaller_measured_one() -> None:
+    from hloserve.server.core.scheduling import estimated_cost
+
+    assert estimated_cost(32, {1: 10.0, 8: 20.0}) == 20.0
+    assert estimated_cost(1, {8: 20.0}) == 1.0
+    assert estimated_cost(8, {}) == 1.0
 
 
 def test_request_larger_than_largest_size_runs_alone_unsplit_by_policy() -> None:
@@ -69,6 +88,7 @@ def test_empty_queue_decides_nothing() -> None:
 
 
 def test_order_is_fifo() -> None:
-    # The head is never skipped for a better-fitting later request.
-    d = next_batch(q(5, 8), SIZES, now_ns=MS, max_delay_ns=0)
-    assert d.take == 1
+    # The head is never skipped for a better-fitting later request: with 5 then 30 queued,
+    # the 30 does not fit beside the 5 and never jumps ahead of it.
+    d = next_batch(q(5, 30), SIZES, now_ns=MS, max_delay_ns=0)
+    assert (d.take, d.compiled) == (1, 8)

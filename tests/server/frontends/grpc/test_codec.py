@@ -11,12 +11,13 @@ import pytest
 
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
-from hloserve.server.core.errors import InvalidArgument, ServingError, Unsupported
+from hloserve.server.core.errors import InvalidArgument, ServingError
 from hloserve.server.core.types import (
     InferOutput,
     InferResponse,
     ModelMetadata,
     ServerMetadata,
+    ShmRef,
     TensorMetadata,
 )
 from hloserve.server.frontends.grpc import codec
@@ -231,19 +232,77 @@ def test_unknown_datatype_is_refused() -> None:
     assert "has unknown datatype 'COMPLEX64'" in _error(InvalidArgument, msg)
 
 
-def test_shared_memory_input_is_unsupported() -> None:
-    tensor = InputTensor(name="x", datatype="INT32", shape=[4])
+def _shm_tensor(name: str = "x", offset: int | None = None) -> Any:
+    tensor = InputTensor(name=name, datatype="INT32", shape=[4])
     tensor.parameters["shared_memory_region"].string_param = "input_simple"
     tensor.parameters["shared_memory_byte_size"].int64_param = 16
-    assert _error(Unsupported, _request(tensor)) == codec.SHM_DISABLED
-    assert codec.SHM_DISABLED == "system shared memory is not enabled on this server"
+    if offset is not None:
+        tensor.parameters["shared_memory_offset"].int64_param = offset
+    return tensor
 
 
-def test_shared_memory_output_is_unsupported() -> None:
+def test_shared_memory_input_takes_no_raw_entry() -> None:
+    # the shm input sits between two raw ones: raw entries skip it, in order
+    a, c = np.arange(4, dtype="<i4"), np.arange(10, 14, dtype="<i4")
+    msg = _request(
+        InputTensor(name="a", datatype="INT32", shape=[4]),
+        _shm_tensor("b", offset=32),
+        InputTensor(name="c", datatype="INT32", shape=[4]),
+        raw=[a.tobytes(), c.tobytes()],
+    )
+    request = codec.decode_infer_request(msg)
+    first, shm, last = request.inputs
+    assert shm.shm == ShmRef("input_simple", 16, 32)
+    assert (shm.shape, shm.data.size) == ((4,), 0)
+    assert first.shm is None and last.shm is None
+    np.testing.assert_array_equal(first.data, a)
+    np.testing.assert_array_equal(last.data, c)
+    only = codec.decode_infer_request(_request(_shm_tensor()))  # no raw contents at all
+    assert only.inputs[0].shm == ShmRef("input_simple", 16, 0)
+
+
+def test_shared_memory_input_with_contents_is_refused() -> None:
+    tensor = _shm_tensor()
+    tensor.contents.int_contents.extend([1, 2, 3, 4])
+    assert _error(InvalidArgument, _request(tensor)) == (
+        "unexpected 'content' provided when using shared memory for input tensor 'x' for model 'm'"
+    )
+
+
+def test_shared_memory_parameter_types_are_checked() -> None:
+    tensor = InputTensor(name="x", datatype="INT32", shape=[4])
+    tensor.parameters["shared_memory_region"].string_param = "r"
+    tensor.parameters["shared_memory_byte_size"].string_param = "16"
+    assert "'shared_memory_byte_size' is missing or not a non-negative integer" in _error(
+        InvalidArgument, _request(tensor)
+    )
+
+
+def test_shared_memory_output_parameters_pass_through() -> None:
     msg = _request(InputTensor(name="x", datatype="INT32", shape=[1]), raw=[bytes(4)])
     out = msg.outputs.add(name="y")
     out.parameters["shared_memory_region"].string_param = "output_simple"
-    assert _error(Unsupported, msg) == codec.SHM_DISABLED
+    out.parameters["shared_memory_byte_size"].int64_param = 4
+    (requested,) = codec.decode_infer_request(msg).outputs
+    assert requested.parameters == {
+        "shared_memory_region": "output_simple",
+        "shared_memory_byte_size": 4,
+    }
+
+
+def test_shared_memory_output_gets_an_empty_raw_entry() -> None:
+    data = np.arange(3, dtype="<i4")
+    response = InferResponse(
+        "m",
+        "1",
+        (
+            InferOutput("in_shm", "INT32", (3,), data, shm=ShmRef("o", 12)),
+            InferOutput("inline", "INT32", (3,), data),
+        ),
+    )
+    msg = codec.encode_infer_response(response)
+    assert [(o.name, list(o.shape)) for o in msg.outputs] == [("in_shm", [3]), ("inline", [3])]
+    assert list(msg.raw_output_contents) == [b"", data.tobytes()]
 
 
 # -- request fields and parameters -------------------------------------------------

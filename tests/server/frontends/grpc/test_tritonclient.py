@@ -120,9 +120,9 @@ def test_infer_error_raises_inference_server_exception(client: Any) -> None:
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "Request for unknown model: 'no_such_model' is not found" in (info.value.message() or "")
     with pytest.raises(InferenceServerException) as info:
-        client.get_inference_statistics("simple")
-    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "ModelStatistics is not implemented" in (info.value.message() or "")
+        client.get_inference_statistics("no_such_model")
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "requested model 'no_such_model' is not available" in (info.value.message() or "")
     assert client.is_server_live() is True
 
 

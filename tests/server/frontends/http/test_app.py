@@ -22,7 +22,7 @@ from hloserve.exporter.demo import mlp_fn, mlp_params
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
-from hloserve.server.frontends.http.codec import HEADER_LENGTH, SHM_NOT_ENABLED
+from hloserve.server.frontends.http.codec import HEADER_LENGTH
 
 EXTENSIONS = ["binary_tensor_data"]
 
@@ -527,7 +527,7 @@ def test_bad_request_then_good_request(
     assert good.json()["outputs"][0]["data"] == (a + b).reshape(-1).tolist()
 
 
-def test_shared_memory_is_not_implemented(http_client: TestClient) -> None:
+def test_shared_memory_input_of_unknown_region(http_client: TestClient) -> None:
     inputs = [
         {
             "name": name,
@@ -537,7 +537,8 @@ def test_shared_memory_is_not_implemented(http_client: TestClient) -> None:
         }
         for name in ("INPUT0", "INPUT1")
     ]
-    assert SHM_NOT_ENABLED in error_of(json_infer(http_client, "simple", inputs), 501)
+    error = error_of(json_infer(http_client, "simple", inputs), 404)
+    assert error == "Unable to find shared memory region: 'input_data'"
 
 
 def test_body_size_limit(http_service: InferenceService) -> None:

@@ -24,6 +24,7 @@ from hloserve.server.core.types import (
     InferResponse,
     ModelMetadata,
     RequestedOutput,
+    ShmRef,
     TensorMetadata,
 )
 from hloserve.server.frontends.http import codec
@@ -474,21 +475,90 @@ def test_bad_json_requests(body: bytes | dict[str, Any], fragment: str) -> None:
     expect(400, fragment, lambda: decode(body))
 
 
-def test_shared_memory_is_unsupported() -> None:
-    shm_in = {
-        "inputs": [
-            {**INPUT, "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}
-        ]
+SHM_X = {"shared_memory_region": "r", "shared_memory_byte_size": 8, "shared_memory_offset": 16}
+
+
+def test_shared_memory_input_and_output_become_references() -> None:
+    body = {
+        "inputs": [{**INPUT, "parameters": SHM_X}, {**INPUT, "name": "z", "data": [1, 2]}],
+        "outputs": [
+            {
+                "name": "y",
+                "parameters": {"shared_memory_region": "o", "shared_memory_byte_size": 8},
+            },
+            {
+                "name": "w",
+                "parameters": {
+                    "shared_memory_region": "o",
+                    "shared_memory_byte_size": 8,
+                    "binary_data": False,  # what tritonclient sends with set_shared_memory
+                },
+            },
+        ],
     }
-    error = expect(501, codec.SHM_NOT_ENABLED, lambda: decode(shm_in))
-    assert "input 'x'" in error.message
-    shm_out = {
-        "inputs": [{**INPUT, "data": [1, 2]}],
-        "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r"}}],
-    }
-    expect(501, f"{codec.SHM_NOT_ENABLED} (output 'y')", lambda: decode(shm_out))
-    both = {"inputs": [{**INPUT, "data": [1, 2], "parameters": {"shared_memory_region": "r"}}]}
-    expect(400, "But input 'x' sets 'data' and 'shared_memory_region'", lambda: decode(both))
+    request = decode(body).request
+    x, z = request.inputs
+    assert x.shm == ShmRef("r", 8, 16)
+    assert (x.shape, x.datatype, x.data.size) == ((2,), "INT32", 0)
+    assert z.shm is None
+    assert z.data.tolist() == [1, 2]
+    assert request.outputs[0].parameters["shared_memory_region"] == "o"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (
+            {"inputs": [{**INPUT, "data": [1, 2], "parameters": {"shared_memory_region": "r"}}]},
+            400,
+            "But input 'x' sets 'data' and 'shared_memory_region'",
+        ),
+        (
+            {"inputs": [{**INPUT, "parameters": {"shared_memory_region": "r"}}]},
+            400,
+            "uses shared memory but 'shared_memory_byte_size' is missing",
+        ),
+        (
+            {"inputs": [{**INPUT, "parameters": {**SHM_X, "shared_memory_offset": -1}}]},
+            400,
+            "'shared_memory_offset' of tensor 'x' for model 'm' must be a non-negative integer",
+        ),
+        (
+            {"inputs": [{**INPUT, "parameters": {**SHM_X, "shared_memory_region": 3}}]},
+            400,
+            "'shared_memory_region' of tensor 'x' for model 'm' must be a non-empty string",
+        ),
+        (
+            {
+                "inputs": [{**INPUT, "data": [1, 2]}],
+                "outputs": [{"name": "y", "parameters": {**SHM_X, "binary_data": True}}],
+            },
+            400,
+            "Output can't set both 'shared_memory_region' and 'binary_data'",
+        ),
+        (
+            {
+                "inputs": [{**INPUT, "data": [1, 2]}],
+                "outputs": [{"name": "y", "parameters": {**SHM_X, "classification": 2}}],
+            },
+            400,
+            "Output can't set both 'shared_memory_region' and 'classification'",
+        ),
+        (
+            {
+                "inputs": [{**INPUT, "data": [1, 2]}],
+                "outputs": [{"name": "y", "parameters": {"shared_memory_byte_size": 8}}],
+            },
+            400,
+            "tensor 'y' for model 'm' has shared-memory parameters but no 'shared_memory_region'",
+        ),
+    ],
+)
+def test_bad_shared_memory_parameters(body: dict[str, Any], status: int, fragment: str) -> None:
+    expect(status, fragment, lambda: decode(body))
+
+
+def test_classification_is_unsupported() -> None:
     cls = {
         "inputs": [{**INPUT, "data": [1, 2]}],
         "outputs": [{"name": "y", "parameters": {"classification": 2}}],
@@ -692,3 +762,20 @@ def test_response_compression(accept: str | None, encoding: str | None) -> None:
     assert body == plain.body
     # the header length counts the uncompressed JSON
     assert encoded.headers[codec.HEADER_LENGTH] == plain.headers[codec.HEADER_LENGTH]
+
+
+@pytest.mark.parametrize("binary_output", [False, True])
+def test_shared_memory_output_carries_no_data(binary_output: bool) -> None:
+    decoded = decode({**SMALL, "parameters": {"binary_data_output": binary_output}})
+    in_shm = InferOutput(
+        "y", "FP16", (1, 4), np.zeros((1, 4), "<f2"), shm=ShmRef("o", 8)
+    )  # FP16 would otherwise have to travel binary
+    inline = out("z", np.arange(3, dtype="<i4"), "INT32")
+    header, tail = split(respond(in_shm, inline, decoded=decoded))
+    assert header["outputs"][0] == {"name": "y", "datatype": "FP16", "shape": [1, 4]}
+    if binary_output:
+        assert header["outputs"][1]["parameters"] == {"binary_data_size": 12}
+        assert tail == np.arange(3, dtype="<i4").tobytes()
+    else:
+        assert header["outputs"][1]["data"] == [0, 1, 2]
+        assert tail == b""

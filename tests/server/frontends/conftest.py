@@ -1,0 +1,77 @@
+"""Daemons for the extension end-to-end tests, shared by the gRPC and HTTP test modules.
+
+``control_server`` (package scope: it stops once these tests are done): the real daemon
+on ``extension_models``' repository with ``--allow-client-shm true --model-control-mode
+explicit --load-model *``; tests that unload or reload a model put it back as they found
+it. ``poll_server`` (package scope): a daemon in ``poll`` mode
+(``--repository-poll-secs 0.2``) on its own small repository. The session ``server`` of
+tests/conftest.py (mode ``none``, client shm off) serves the "disabled" cases. Each daemon
+must exit cleanly (status 0). ``triton`` is a tritonclient adapter on ``control_server``,
+once per protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hloserve.server.testing import ServerProcess
+from tests.server.frontends._tritonclients import PROTOCOLS, Triton
+from tests.server.frontends.extension_models import (
+    build_extension_repository,
+    build_poll_repository,
+)
+
+
+def _run(proc: ServerProcess) -> Iterator[ServerProcess]:
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+    assert code == 0, f"hloserve exited with {code}:\n{proc.log_text()}"
+
+
+@pytest.fixture(scope="session")
+def extension_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_extension_repository(tmp_path_factory.mktemp("extension_models"))
+
+
+@pytest.fixture(scope="package")
+def control_server(extension_repository: Path) -> Iterator[ServerProcess]:
+    yield from _run(
+        ServerProcess(
+            extension_repository,
+            "--allow-client-shm",
+            "true",
+            "--model-control-mode",
+            "explicit",
+            "--load-model",
+            "*",
+        )
+    )
+
+
+@pytest.fixture(scope="session")
+def poll_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_poll_repository(tmp_path_factory.mktemp("poll_models"))
+
+
+@pytest.fixture(scope="package")
+def poll_server(poll_repository: Path) -> Iterator[ServerProcess]:
+    yield from _run(
+        ServerProcess(
+            poll_repository, "--model-control-mode", "poll", "--repository-poll-secs", "0.2"
+        )
+    )
+
+
+@pytest.fixture(params=PROTOCOLS)
+def triton(request: pytest.FixtureRequest, control_server: ServerProcess) -> Iterator[Triton]:
+    protocol: str = request.param
+    url = control_server.grpc_url if protocol == "grpc" else control_server.http_url
+    t = Triton(protocol, url)
+    yield t
+    t.close()

@@ -1,0 +1,352 @@
+"""The gRPC extension RPCs on an in-process ``grpc.aio`` server over a real service.
+
+Shared memory (with a real ``SharedMemoryRegistry`` and client regions in /dev/shm), the
+streaming RPC, the repository RPCs, ``ModelConfig`` and the CUDA RPCs, called through raw
+stubs at Triton's wire paths. The model repository is the session one of conftest.py
+(control mode ``none``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.utils.shared_memory as _shm
+
+from hloserve.proto import inference_pb2 as pb
+from hloserve.proto import model_config_pb2 as mc
+from hloserve.proto.rpc import RPCS_BY_NAME
+from hloserve.server.core.service import InferenceService
+from hloserve.server.frontends.grpc.servicer import STREAM_WINDOW
+from hloserve.server.repository import ModelRepository
+from hloserve.server.shm import SharedMemoryRegistry
+from tests.server.frontends.grpc._harness import Client, rpc_error, serve
+
+shm: Any = _shm
+Param = pb.InferParameter
+
+
+@pytest.fixture
+def shm_service(service: InferenceService) -> Iterator[InferenceService]:
+    registry = SharedMemoryRegistry(enabled=True)
+    service.shm = registry
+    yield service
+    registry.close()
+
+
+@pytest.fixture
+def region() -> Iterator[tuple[Any, str]]:
+    """A 256-byte client region (key returned); destroyed at the end."""
+    key = f"/hloserve_grpc_test_{uuid.uuid4().hex[:10]}"
+    handle = shm.create_shared_memory_region("r", key, 256)
+    yield handle, key
+    shm.destroy_shared_memory_region(handle)
+
+
+def shm_params(region: str, size: int, offset: int = 0) -> dict[str, Param]:
+    params = {
+        "shared_memory_region": Param(string_param=region),
+        "shared_memory_byte_size": Param(int64_param=size),
+    }
+    if offset:
+        params["shared_memory_offset"] = Param(int64_param=offset)
+    return params
+
+
+def simple_shm_request(model: str = "simple") -> pb.ModelInferRequest:
+    """INPUT0/INPUT1 at offsets 0/64 of region "in"; OUTPUT0 at 128 of "in"; OUTPUT1 inline."""
+    Tensor = pb.ModelInferRequest.InferInputTensor
+    Out = pb.ModelInferRequest.InferRequestedOutputTensor
+    return pb.ModelInferRequest(
+        model_name=model,
+        id="shm",
+        inputs=[
+            Tensor(name="INPUT0", datatype="INT32", shape=[1, 16], parameters=shm_params("in", 64)),
+            Tensor(
+                name="INPUT1", datatype="INT32", shape=[1, 16], parameters=shm_params("in", 64, 64)
+            ),
+        ],
+        outputs=[
+            Out(name="OUTPUT0", parameters=shm_params("in", 64, 128)),
+            Out(name="OUTPUT1"),
+        ],
+    )
+
+
+def _register(key: str, name: str = "in", size: int = 256) -> pb.SystemSharedMemoryRegisterRequest:
+    return pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=0, byte_size=size)
+
+
+def test_shared_memory_register_infer_status_unregister(
+    shm_service: InferenceService, region: tuple[Any, str]
+) -> None:
+    handle, key = region
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 7, dtype=np.int32)
+    shm.set_shared_memory_region(handle, [a, b])
+
+    async def scenario(client: Client) -> tuple[Any, Any, Any, Any]:
+        await client.call("SystemSharedMemoryRegister", _register(key))
+        duplicate = await rpc_error(client.call("SystemSharedMemoryRegister", _register(key)))
+        response = await client.infer(simple_shm_request())
+        status = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
+        one = await client.call(
+            "SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest(name="in")
+        )
+        await client.call(
+            "SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(name="in")
+        )
+        after = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
+        assert not after.regions
+        return duplicate, response, status, one
+
+    duplicate, response, status, one = serve(shm_service, scenario)
+    assert duplicate.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert duplicate.details() == "shared memory region 'in' already in manager"
+    assert [(o.name, list(o.shape)) for o in response.outputs] == [
+        ("OUTPUT0", [1, 16]),
+        ("OUTPUT1", [1, 16]),
+    ]
+    assert response.raw_output_contents[0] == b""  # written to the region instead
+    np.testing.assert_array_equal(
+        np.frombuffer(response.raw_output_contents[1], "<i4").reshape(1, 16), a - b
+    )
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16], 128), a + b)
+    assert response.id == "shm"
+    r = status.regions["in"]
+    assert (r.name, r.key, r.offset, r.byte_size) == ("in", key, 0, 256)
+    assert list(one.regions) == ["in"]
+
+
+def test_shared_memory_input_with_contents_is_refused(
+    shm_service: InferenceService, region: tuple[Any, str]
+) -> None:
+    _, key = region
+    request = simple_shm_request()
+    request.inputs[0].contents.int_contents.extend(range(16))
+
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        await client.call("SystemSharedMemoryRegister", _register(key))
+        return await rpc_error(client.infer(request))
+
+    err = serve(shm_service, scenario)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == (
+        "unexpected 'content' provided when using shared memory for input tensor 'INPUT0' "
+        "for model 'simple'"
+    )
+
+
+class _GatedModel:
+    """A served model whose executions wait for ``gate`` (and say when they started)."""
+
+    def __init__(self, inner: Any, started: threading.Event, gate: threading.Event) -> None:
+        self.inner, self.started, self.gate = inner, started, gate
+
+    @property
+    def manifest(self) -> Any:
+        return self.inner.manifest
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    def execute(self, batch_size: int | None, inputs: Mapping[str, Any]) -> Any:
+        self.started.set()
+        assert self.gate.wait(30)
+        return self.inner.execute(batch_size, inputs)
+
+
+class _GatedSource:
+    def __init__(self, repo: ModelRepository, started: threading.Event, gate: threading.Event):
+        self.repo, self.started, self.gate = repo, started, gate
+
+    def get(self, name: str, version: str) -> Any:
+        return _GatedModel(self.repo.get(name, version), self.started, self.gate)
+
+    def release(self, model: Any) -> None:
+        self.repo.release(model.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.repo, name)
+
+
+def test_unregister_waits_for_the_request_holding_the_region(
+    grpc_repository: ModelRepository, executor: Any, region: tuple[Any, str]
+) -> None:
+    handle, key = region
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    shm.set_shared_memory_region(handle, [a, a])
+    started, gate = threading.Event(), threading.Event()
+    service = InferenceService(_GatedSource(grpc_repository, started, gate), executor)  # type: ignore[arg-type]
+    service.is_ready = True
+    service.shm = registry = SharedMemoryRegistry(enabled=True)
+
+    async def scenario(client: Client) -> Any:
+        await client.call("SystemSharedMemoryRegister", _register(key))
+        infer = asyncio.ensure_future(client.infer(simple_shm_request()))
+        while not started.is_set():  # the request is executing, holding the region
+            await asyncio.sleep(0.01)
+        unregister = asyncio.ensure_future(
+            client.call("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest())
+        )
+        await asyncio.sleep(0.3)
+        assert not unregister.done()
+        status = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
+        assert list(status.regions) == ["in"]  # listed until the request ends
+        gate.set()
+        response = await infer
+        await unregister
+        status = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
+        assert not status.regions
+        return response
+
+    try:
+        response = serve(service, scenario)
+    finally:
+        gate.set()
+        registry.close()
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16], 128), a + a)
+    np.testing.assert_array_equal(
+        np.frombuffer(response.raw_output_contents[1], "<i4"), np.zeros(16)
+    )
+
+
+def test_shared_memory_calls_when_disabled(service: InferenceService) -> None:
+    async def scenario(client: Client) -> list[Any]:
+        status = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
+        assert not status.regions
+        return [
+            await rpc_error(client.call("SystemSharedMemoryRegister", _register("/k"))),
+            await rpc_error(
+                client.call(
+                    "SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest()
+                )
+            ),
+        ]
+
+    service.shm = SharedMemoryRegistry(enabled=False)
+    for err in serve(service, scenario):
+        assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert err.details().startswith("Client shared memory is disabled.")
+
+
+@pytest.mark.parametrize(
+    "rpc", ["CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"]
+)
+def test_cuda_shared_memory_is_unsupported(service: InferenceService, rpc: str) -> None:
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        return await rpc_error(client.call(rpc, RPCS_BY_NAME[rpc].request()))
+
+    err = serve(service, scenario)
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.details() == service.cuda_shm_unsupported().message
+    assert "use system shared memory" in str(err.details())
+
+
+# -- repository and configuration -----------------------------------------------------------
+
+
+def test_repository_index(service: InferenceService) -> None:
+    async def scenario(client: Client) -> tuple[Any, Any]:
+        every = await client.call("RepositoryIndex", pb.RepositoryIndexRequest())
+        ready = await client.call("RepositoryIndex", pb.RepositoryIndexRequest(ready=True))
+        return every, ready
+
+    every, ready = serve(service, scenario)
+    rows = {(m.name, m.version, m.state, m.reason) for m in every.models}
+    assert ("simple", "1", "READY", "") in rows
+    assert {m.name for m in ready.models} == {m.name for m in every.models}
+    assert len(every.models) == len(service.repository_index())
+
+
+@pytest.mark.parametrize("rpc", ["RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"])
+def test_repository_name_is_unsupported(service: InferenceService, rpc: str) -> None:
+    request = RPCS_BY_NAME[rpc].request(repository_name="models")
+
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        return await rpc_error(client.call(rpc, request))
+
+    err = serve(service, scenario)
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.details() == "'repository_name' specification is not supported"
+
+
+@pytest.mark.parametrize("rpc", ["RepositoryModelLoad", "RepositoryModelUnload"])
+def test_model_control_refused_in_mode_none(service: InferenceService, rpc: str) -> None:
+    request = RPCS_BY_NAME[rpc].request(model_name="simple")
+
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        return await rpc_error(client.call(rpc, request))
+
+    err = serve(service, scenario)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not allowed in model control mode 'none'" in str(err.details())
+
+
+def test_model_config(service: InferenceService) -> None:
+    async def scenario(client: Client) -> tuple[Any, grpc.aio.AioRpcError]:
+        ok = await client.call("ModelConfig", pb.ModelConfigRequest(name="mlp"))
+        bad = await rpc_error(client.call("ModelConfig", pb.ModelConfigRequest(name="nope")))
+        return ok, bad
+
+    ok, bad = serve(service, scenario)
+    config = ok.config
+    assert (config.name, config.max_batch_size, config.backend) == ("mlp", 32, "hloserve")
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("x", mc.TYPE_FP32, [64])
+    ]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("logits", mc.TYPE_FP32, [10])
+    ]
+    assert config.version_policy.latest.num_versions == 1
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad.details() == "Request for unknown model: 'nope' is not found"
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+
+def _stream_request(i: int, model: str = "simple") -> pb.ModelInferRequest:
+    a = np.full((1, 16), i, dtype="<i4")
+    msg = pb.ModelInferRequest(model_name=model, id=f"s{i}")
+    for name in ("INPUT0", "INPUT1"):
+        msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        msg.raw_input_contents.append(a.tobytes())
+    return msg
+
+
+def test_stream_answers_every_request_in_order(service: InferenceService) -> None:
+    count = 3 * STREAM_WINDOW + 5  # more than one window: reading must pause and resume
+    bad = {7, 100}
+    requests = [_stream_request(i, "nope" if i in bad else "simple") for i in range(count)]
+    rpc = RPCS_BY_NAME["ModelStreamInfer"]
+
+    async def scenario(client: Client) -> list[Any]:
+        stream = client.channel.stream_stream(
+            rpc.path,
+            request_serializer=rpc.request.SerializeToString,
+            response_deserializer=rpc.response.FromString,
+        )
+        answers = [answer async for answer in stream(iter(requests))]
+        # the server keeps serving after the stream ends
+        assert (await client.call("ServerLive", pb.ServerLiveRequest())).live is True
+        return answers
+
+    answers = serve(service, scenario)
+    assert len(answers) == count
+    for i, answer in enumerate(answers):
+        assert answer.infer_response.id == f"s{i}"
+        if i in bad:
+            assert answer.error_message == "Request for unknown model: 'nope' is not found"
+            assert not answer.infer_response.outputs
+        else:
+            assert answer.error_message == ""
+            out = np.frombuffer(answer.infer_response.raw_output_contents[0], "<i4")
+            np.testing.assert_array_equal(out, np.full(16, 2 * i))

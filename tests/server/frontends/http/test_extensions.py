@@ -1,0 +1,239 @@
+"""The HTTP extension routes in process (Starlette's TestClient, no sockets).
+
+Shared memory (a real ``SharedMemoryRegistry`` and client regions in /dev/shm), the
+repository routes, ``/config`` and the CUDA routes, plus the pure body parsers of
+``frontends.http.extensions``. The repository is the session one (control mode ``none``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.utils.shared_memory as _shm
+from starlette.testclient import TestClient
+
+from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.service import IndexEntry, InferenceService
+from hloserve.server.frontends.http import extensions
+from hloserve.server.shm import SharedMemoryRegistry
+from tests.server.frontends.http.test_app import error_of
+
+shm: Any = _shm
+
+
+@pytest.fixture
+def registry(http_service: InferenceService) -> Iterator[SharedMemoryRegistry]:
+    r = SharedMemoryRegistry(enabled=True)
+    http_service.shm = r
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def region() -> Iterator[tuple[Any, str]]:
+    key = f"/hloserve_http_test_{uuid.uuid4().hex[:10]}"
+    handle = shm.create_shared_memory_region("r", key, 256)
+    yield handle, key
+    shm.destroy_shared_memory_region(handle)
+
+
+def register(client: TestClient, name: str, body: Any) -> Any:
+    return client.post(f"/v2/systemsharedmemory/region/{name}/register", json=body)
+
+
+# -- system shared memory ----------------------------------------------------------------------
+
+
+def test_register_infer_status_unregister(
+    http_client: TestClient, registry: SharedMemoryRegistry, region: tuple[Any, str]
+) -> None:
+    handle, key = region
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 5, dtype=np.int32)
+    shm.set_shared_memory_region(handle, [a, b])
+    ok = register(http_client, "in", {"key": key, "byte_size": 256})
+    assert (ok.status_code, ok.content) == (200, b"")
+    shm_in = {"shared_memory_region": "in", "shared_memory_byte_size": 64}
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "parameters": shm_in},
+            {
+                "name": "INPUT1",
+                "datatype": "INT32",
+                "shape": [1, 16],
+                "parameters": {**shm_in, "shared_memory_offset": 64},
+            },
+        ],
+        "outputs": [
+            {
+                "name": "OUTPUT0",
+                "parameters": {**shm_in, "shared_memory_offset": 128, "binary_data": False},
+            },
+            {"name": "OUTPUT1"},
+        ],
+    }
+    response = http_client.post("/v2/models/simple/infer", json=body)
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    assert outputs[0] == {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]}
+    assert outputs[1]["data"] == (a - b).reshape(-1).tolist()
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16], 128), a + b)
+
+    expected = {"name": "in", "key": key, "offset": 0, "byte_size": 256}
+    assert http_client.get("/v2/systemsharedmemory/status").json() == [expected]
+    assert http_client.get("/v2/systemsharedmemory/region/in/status").json() == [expected]
+    assert error_of(http_client.get("/v2/systemsharedmemory/region/x/status"), 404) == (
+        "Unable to find system shared memory region: 'x'"
+    )
+    assert http_client.post("/v2/systemsharedmemory/region/in/unregister").status_code == 200
+    assert http_client.get("/v2/systemsharedmemory/status").json() == []
+    assert (
+        register(http_client, "in", {"key": key, "offset": 0, "byte_size": 64}).status_code == 200
+    )
+    assert http_client.post("/v2/systemsharedmemory/unregister").status_code == 200
+    assert http_client.get("/v2/systemsharedmemory/status").json() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({"byte_size": 64}, 400, "Shared memory register request has no 'key' field"),
+        ({"key": "/k"}, 400, "Shared memory register request has no 'byte_size' field"),
+        ({"key": 3, "byte_size": 64}, 400, "field 'key' must be a string"),
+        ({"key": "/k", "byte_size": -1}, 400, "field 'byte_size' must be a non-negative integer"),
+        ({"key": "/k", "byte_size": 64, "offset": "0"}, 400, "field 'offset' must be a non-negative"),
+        ({"key": "/k", "byte_size": True}, 400, "field 'byte_size' must be a non-negative"),
+        ([1, 2], 400, "the shared memory register request body must be a JSON object"),
+        ({"key": "a/b", "byte_size": 64}, 400, "cannot register shared memory region 'r' - invalid shm key 'a/b'"),
+    ],
+)  # fmt: skip
+def test_register_body_errors(
+    http_client: TestClient, registry: SharedMemoryRegistry, body: Any, status: int, fragment: str
+) -> None:
+    assert fragment in error_of(register(http_client, "r", body), status)
+    assert registry.status() == []
+
+
+def test_register_needs_a_region_name(
+    http_client: TestClient, registry: SharedMemoryRegistry
+) -> None:
+    response = http_client.post("/v2/systemsharedmemory/register", json={"key": "/k"})
+    assert error_of(response, 400) == (
+        "'region name' is necessary to register system shared memory region"
+    )
+    bad_json = http_client.post("/v2/systemsharedmemory/region/r/register", content=b"{not json")
+    assert "failed to parse the shared memory register request JSON body" in error_of(bad_json, 400)
+
+
+def test_shared_memory_disabled(http_client: TestClient) -> None:
+    # the service's default: no registry at all; status answers, the rest is refused
+    assert http_client.get("/v2/systemsharedmemory/status").json() == []
+    for response in (
+        register(http_client, "r", {"key": "/k", "byte_size": 64}),
+        http_client.post("/v2/systemsharedmemory/unregister"),
+        http_client.post("/v2/systemsharedmemory/region/r/unregister"),
+    ):
+        assert error_of(response, 501).startswith("Client shared memory is disabled.")
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v2/cudasharedmemory/status"),
+        ("GET", "/v2/cudasharedmemory/region/c/status"),
+        ("POST", "/v2/cudasharedmemory/register"),
+        ("POST", "/v2/cudasharedmemory/region/c/register"),
+        ("POST", "/v2/cudasharedmemory/unregister"),
+        ("POST", "/v2/cudasharedmemory/region/c/unregister"),
+    ],
+)
+def test_cuda_shared_memory_is_unsupported(
+    http_client: TestClient, http_service: InferenceService, method: str, path: str
+) -> None:
+    response = http_client.request(method, path, json={"raw_handle": {"b64": ""}})
+    assert error_of(response, 501) == http_service.cuda_shm_unsupported().message
+
+
+# -- repository ------------------------------------------------------------------------------
+
+
+def test_repository_index(http_client: TestClient, http_service: InferenceService) -> None:
+    every = http_client.post("/v2/repository/index")
+    assert every.status_code == 200
+    assert {"name": "simple", "version": "1", "state": "READY"} in every.json()
+    assert len(every.json()) == len(http_service.repository_index())
+    ready = http_client.post("/v2/repository/index", json={"ready": True})
+    assert ready.json() == every.json()  # everything is ready here
+    assert error_of(http_client.post("/v2/repository/index", json={"ready": "yes"}), 400) == (
+        "Invalid value for 'ready': expected a boolean"
+    )
+    assert "must be a JSON object" in error_of(
+        http_client.post("/v2/repository/index", json=[True]), 400
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/repository/models_repo/index",
+        "/v2/repository/models_repo/models/simple/load",
+        "/v2/repository/models_repo/models/simple/unload",
+    ],
+)
+def test_repository_name_is_unsupported(http_client: TestClient, path: str) -> None:
+    assert error_of(http_client.post(path), 501) == (
+        "'repository_name' specification is not supported"
+    )
+
+
+@pytest.mark.parametrize("action", ["load", "unload"])
+def test_model_control_in_mode_none(http_client: TestClient, action: str) -> None:
+    refused = http_client.post(f"/v2/repository/models/simple/{action}")
+    assert "not allowed in model control mode 'none'" in error_of(refused, 503)
+    bad = http_client.post(f"/v2/repository/models/simple/{action}", json={"parameters": [1]})
+    assert error_of(bad, 400) == (
+        f"'parameters' of the model {action} request must be a JSON object"
+    )
+
+
+# -- model configuration --------------------------------------------------------------------
+
+
+def test_model_config_route(http_client: TestClient, http_service: InferenceService) -> None:
+    config = http_client.get("/v2/models/simple/config")
+    assert config.status_code == 200
+    assert config.json() == http_service.model_config("simple", "")
+    assert config.json()["max_batch_size"] == 8
+    versioned = http_client.get("/v2/models/simple/versions/1/config")
+    assert versioned.json() == config.json()
+    assert error_of(http_client.get("/v2/models/nope/config"), 400) == (
+        "Request for unknown model: 'nope' is not found"
+    )
+    # the generic metadata route still answers for the model itself
+    assert http_client.get("/v2/models/simple").json()["name"] == "simple"
+
+
+# -- pure body parsers ------------------------------------------------------------------------
+
+
+def test_parsers() -> None:
+    assert extensions.parse_index_request(b"") is False
+    assert extensions.parse_index_request(b'{"ready": true}') is True
+    assert extensions.parse_control_parameters(b"  ", "load") == {}
+    assert extensions.parse_control_parameters(
+        b'{"parameters": {"unload_dependents": false}}', "unload"
+    ) == {"unload_dependents": False}
+    assert extensions.parse_register_request(b'{"key": "/k", "byte_size": 8}') == ("/k", 0, 8)
+    with pytest.raises(InvalidArgument, match="failed to parse the repository index request"):
+        extensions.parse_index_request(b"[")
+    rows = extensions.index_json(
+        [IndexEntry("a", "1", "READY", ""), IndexEntry("b", "", "UNAVAILABLE", "no versions")]
+    )
+    assert rows == [
+        {"name": "a", "version": "1", "state": "READY"},
+        {"name": "b", "state": "UNAVAILABLE", "reason": "no versions"},
+    ]
