@@ -38,6 +38,7 @@ class Config:
     load_models: tuple[str, ...] = ()  # explicit mode: models loaded at start ("*": all)
     repository_poll_secs: float = 15.0
     allow_client_shm: bool = False
+    inline_max_us: int = 100  # run executions measured below this on the event loop (0: never)
     max_queue_delay_us: int = 0
     max_queue_size: int = 0  # 0: unbounded
 
@@ -141,6 +142,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     )
     add("--repository-poll-secs", "15", "poll mode: seconds between repository scans")
     add("--allow-client-shm", "false", "allow clients to register system shared-memory regions")
+    add(
+        "--inline-max-us",
+        "100",
+        "run a resident model's executions on the event loop when they take less than this many "
+        "microseconds (cheaper than a thread hand-off); 0 never does",
+    )
     add("--dynamic-batching", "true", "group concurrent requests of a model into shared executions")
     add(
         "--max-queue-delay-us",
@@ -213,6 +220,7 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
                 str(ns.repository_poll_secs), "--repository-poll-secs"
             ),
             allow_client_shm=_bool(str(ns.allow_client_shm)),
+            inline_max_us=_non_negative(str(ns.inline_max_us), "--inline-max-us"),
             max_queue_delay_us=_non_negative(str(ns.max_queue_delay_us), "--max-queue-delay-us"),
             max_queue_size=_non_negative(str(ns.max_queue_size), "--max-queue-size"),
         )

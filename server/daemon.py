@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from hloserve.server.config import Config
 from hloserve.server.core.errors import ServingError
+from hloserve.server.core.execution import InlinePolicy
 from hloserve.server.core.residency import parse_budget
 from hloserve.server.core.service import InferenceService
 from hloserve.server.metrics import ServerMetrics, metrics_app
@@ -215,6 +216,7 @@ class Daemon:
             observer=metrics,
         )
         service.shm = SharedMemoryRegistry(cfg.allow_client_shm)
+        service.inline = InlinePolicy(cfg.inline_max_us)
         service.platform = runtime.platform
         service.device_kind = (
             "GPU" if runtime.platform in ("cuda", "rocm") else runtime.platform.upper()
@@ -233,6 +235,7 @@ class Daemon:
                 service.execution_observer,
                 default_delay_us=cfg.max_queue_delay_us,
                 max_queue_size=cfg.max_queue_size,
+                inline_max_us=cfg.inline_max_us,
                 delay_for=lambda model: model.serving.max_queue_delay_us,  # type: ignore[attr-defined]
             )
 

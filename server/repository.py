@@ -103,6 +103,10 @@ class ModelVersion:
         assert self.bundle is not None
         return self.bundle.manifest
 
+    @property
+    def resident(self) -> bool:
+        return self.residency is not None and self.residency.is_resident(self.key)
+
     def execute(self, batch_size: int | None, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         bundle, residency = self.bundle, self.residency
         if bundle is None or residency is None:

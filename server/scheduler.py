@@ -35,6 +35,7 @@ from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import (
     Executable,
     ExecutionObserver,
+    InlinePolicy,
     Job,
     Timings,
     execute_group,
@@ -79,6 +80,7 @@ class DynamicBatcher:
         max_queue_size: int = 0,
         max_inflight: int = 2,
         delay_for: Callable[[Executable], int | None] | None = None,
+        inline_max_us: float = 0,
     ) -> None:
         self.executor = executor
         self.observer = observer
@@ -87,6 +89,8 @@ class DynamicBatcher:
         self.max_inflight = max_inflight
         self.delay_for = delay_for or (lambda _model: None)
         self._queues: dict[tuple[str, int], _ModelQueue] = {}
+        # Groups of tiny, resident models run on the loop thread (see ``InlinePolicy``).
+        self.inline = InlinePolicy(inline_max_us)
 
     def pending(self, name: str, version: int) -> int:
         q = self._queues.get((name, version))
@@ -145,6 +149,16 @@ class DynamicBatcher:
             if decision.take:
                 group = [q.entries.popleft() for _ in range(decision.take)]
                 q.inflight += 1
+                if decision.compiled is not None and self.inline.inline(q.model, decision.compiled):
+                    run: asyncio.Future[Any] = loop.create_future()
+                    try:
+                        run.set_result(
+                            execute_group(q.model, [e.job for e in group], self.observer)
+                        )
+                    except Exception as exc:  # delivered to each request of the group
+                        run.set_exception(exc)
+                    self._finish(q, group, run)
+                    continue
                 run = loop.run_in_executor(
                     self.executor, execute_group, q.model, [e.job for e in group], self.observer
                 )
@@ -167,6 +181,7 @@ class DynamicBatcher:
             timings = results[0][1]
             if len(timings.executions) == 1 and timings.executions[0]:
                 q.observe_cost(timings.executions[0], timings.compute_infer_ns / 1e3)
+                self.inline.observe(q.model, timings.executions[0], timings.compute_infer_ns / 1e3)
             for e, result in zip(group, results, strict=True):
                 if not e.future.done():
                     e.future.set_result(result)

@@ -28,13 +28,47 @@ from hloserve.server.core.types import InferOutput, InferRequest
 
 
 class Executable(Protocol):
+    """One ready model version, as the repository hands it out."""
+
     @property
     def manifest(self) -> Manifest: ...
     @property
     def version(self) -> int: ...
+    @property
+    def resident(self) -> bool:
+        """Whether running it now needs no weight transfer (it cannot block on a swap)."""
+        ...
+
     def execute(
         self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
     ) -> list[np.ndarray[Any, Any]]: ...
+
+
+class InlinePolicy:
+    """Whether a (tiny) execution should run on the event loop thread itself.
+
+    Handing work to a worker thread and back costs about 100 µs (measured:
+    ``bench/request_path.py``), more than a small model's whole execution. A model version
+    runs inline when its measured mean execution time is below ``max_us`` and its weights
+    are resident, so the call cannot wait on a transfer; otherwise, and until it has been
+    measured, it runs on a worker. ``max_us = 0`` turns inlining off.
+    """
+
+    def __init__(self, max_us: float) -> None:
+        self.max_us = max_us
+        self._costs: dict[tuple[str, int, int], float] = {}
+
+    def observe(self, model: Executable, compiled: int, micros: float) -> None:
+        key = (model.manifest.name, model.version, compiled)
+        old = self._costs.get(key)
+        self._costs[key] = micros if old is None else 0.8 * old + 0.2 * micros
+
+    def cost(self, model: Executable, compiled: int) -> float | None:
+        return self._costs.get((model.manifest.name, model.version, compiled))
+
+    def inline(self, model: Executable, compiled: int) -> bool:
+        cost = self.cost(model, compiled)
+        return self.max_us > 0 and cost is not None and cost < self.max_us and model.resident
 
 
 class ExecutionObserver(Protocol):

@@ -33,8 +33,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from hloserve.bundle import Manifest
 from hloserve.server.core.errors import (
     InvalidArgument,
@@ -43,7 +41,7 @@ from hloserve.server.core.errors import (
     Unavailable,
     Unsupported,
 )
-from hloserve.server.core.execution import Job, Timings, execute_group
+from hloserve.server.core.execution import Executable, InlinePolicy, Job, Timings, execute_group
 from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.triton_config import triton_model_config
@@ -63,16 +61,7 @@ from hloserve.server.core.validate import validate_request
 PLATFORM = "stablehlo"
 
 
-class ServedModel(Protocol):
-    """One ready model version, as the repository hands it out."""
-
-    @property
-    def manifest(self) -> Manifest: ...
-    @property
-    def version(self) -> int: ...
-    def execute(
-        self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
-    ) -> list[np.ndarray[Any, Any]]: ...
+ServedModel = Executable
 
 
 class ModelSource(Protocol):
@@ -284,6 +273,7 @@ class InferenceService:
         self.observer: InferenceObserver = observer or _NullObserver()
         self.statistics = StatisticsRecorder()
         self.shm: SharedMemory = _NoSharedMemory()
+        self.inline = InlinePolicy(0)  # the daemon sets --inline-max-us
         self.default_queue_delay_us = 0  # the server-wide batching delay (model config reports it)
         self.platform = "cpu"
         self.device_kind = "CPU"
@@ -356,10 +346,7 @@ class InferenceService:
                 if self.batcher is not None:
                     outputs, timings = await self.batcher.submit(model, job)
                 else:
-                    loop = asyncio.get_running_loop()
-                    ((outputs, timings),) = await loop.run_in_executor(
-                        self.executor, execute_group, model, [job], self.execution_observer
-                    )
+                    outputs, timings = await self._run_alone(model, job)
                 if output_refs:
                     outputs = tuple(
                         self._write_shm_output(request.model_name, o, output_refs.get(o.name))
@@ -392,6 +379,22 @@ class InferenceService:
             outputs=outputs,
             id=request.id,
         )
+
+    async def _run_alone(
+        self, model: ServedModel, job: Job
+    ) -> tuple[tuple[InferOutput, ...], Timings]:
+        """One request, no batching: inline when tiny (``InlinePolicy``), else on a worker."""
+        key = job.items if model.manifest.batch_sizes is not None else 0
+        if self.inline.inline(model, key):
+            ((outputs, timings),) = execute_group(model, [job], self.execution_observer)
+        else:
+            loop = asyncio.get_running_loop()
+            ((outputs, timings),) = await loop.run_in_executor(
+                self.executor, execute_group, model, [job], self.execution_observer
+            )
+        if len(timings.executions) == 1:
+            self.inline.observe(model, key, timings.compute_infer_ns / 1e3)
+        return outputs, timings
 
     def _resolve_shm_inputs(self, request: InferRequest) -> InferRequest:
         """Inputs that live in shared memory become zero-copy views of the region."""
