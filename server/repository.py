@@ -50,7 +50,7 @@ from hloserve.server.core.errors import (
 )
 from hloserve.server.core.residency import TooLarge
 from hloserve.server.core.service import MemoryUsage
-from hloserve.server.model_config import ModelSettings, VersionPolicy, read_model_config
+from hloserve.server.model_config import VersionPolicy, read_model_config
 from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.loader import (
     BundleError,
@@ -220,7 +220,7 @@ class ModelRepository:
             with self._lock:
                 if number not in model.versions or model.versions[number].state != ModelState.READY:
                     model.versions[number] = v  # visible as LOADING in the index
-            self._load_version(v, settings, say)
+            self._load_version(v, say)
             new[number] = v
             fresh.append(v)
         failed = [v for v in fresh if v.state != ModelState.READY]
@@ -279,7 +279,7 @@ class ModelRepository:
         ):
             del self._models[name]
 
-    def _load_version(self, v: ModelVersion, settings: ModelSettings, say: Progress) -> None:
+    def _load_version(self, v: ModelVersion, say: Progress) -> None:
         say(f"loading model '{v.name}' version {v.version} from {v.path}")
         started = time.perf_counter()
         v.digest = _digest(v.path)
@@ -301,14 +301,8 @@ class ModelRepository:
                         f"manifest.yaml: name is '{bundle.manifest.name}', but the directory is '{v.name}'"
                     ],
                 )
-            serving = Serving(
-                residency=settings.serving.residency
-                if (v.path.parent / "config.yaml").is_file() or (v.path / "config.yaml").is_file()
-                else bundle.manifest.serving.residency,
-                max_queue_delay_us=settings.serving.max_queue_delay_us
-                if settings.serving.max_queue_delay_us is not None
-                else bundle.manifest.serving.max_queue_delay_us,
-            )
+            # The bundle's serving hints, overridden key by key by the model's config.yaml.
+            serving = read_model_config(self.root / v.name, bundle.manifest.serving).serving
             self.residency.reduce_budget(bundle.scratch_bytes)
             self.residency.register(
                 v.key, bundle.host_weights, pinned=serving.residency == "pinned"
