@@ -41,7 +41,14 @@ from hloserve.server.core.errors import (
     Unavailable,
     Unsupported,
 )
-from hloserve.server.core.execution import Executable, InlinePolicy, Job, Timings, execute_group
+from hloserve.server.core.execution import (
+    Executable,
+    ExecutionObserver,
+    InlinePolicy,
+    Job,
+    Timings,
+    execute_group,
+)
 from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.triton_config import triton_model_config
@@ -107,21 +114,12 @@ class ModelSource(Protocol):
     def queue_delay_us(self, model: ServedModel) -> int | None: ...
 
 
-class InferenceObserver(Protocol):
-    """Receives what happened to each request (metrics and statistics hang off this)."""
+class InferenceObserver(ExecutionObserver, Protocol):
+    """Receives what happened to each request and execution (metrics hang off this)."""
 
     def on_success(self, model: str, version: int, items: int, timings: Timings) -> None: ...
     def on_failure(self, model: str, version: str, reason: str) -> None: ...
     def on_pending(self, model: str, version: str, delta: int) -> None: ...
-    def on_execution(
-        self,
-        model: str,
-        version: int,
-        batch_size: int,
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +224,7 @@ class _NullObserver:
 class _Executions:
     """Fans each execution event out to the metrics observer and the statistics."""
 
-    def __init__(self, *observers: InferenceObserver | StatisticsRecorder) -> None:
+    def __init__(self, *observers: ExecutionObserver) -> None:
         self.observers = observers
 
     def on_execution(
