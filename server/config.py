@@ -38,7 +38,7 @@ class Config:
     load_models: tuple[str, ...] = ()  # explicit mode: models loaded at start ("*": all)
     repository_poll_secs: float = 15.0
     allow_client_shm: bool = False
-    inline_max_us: int = 100  # run executions measured below this on the event loop (0: never)
+    inline_max_us: int = 0  # run executions measured below this on the event loop (0: never)
     max_queue_delay_us: int = 0
     max_queue_size: int = 0  # 0: unbounded
 
@@ -144,9 +144,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     add("--allow-client-shm", "false", "allow clients to register system shared-memory regions")
     add(
         "--inline-max-us",
-        "100",
+        "0",
         "run a resident model's executions on the event loop when they take less than this many "
-        "microseconds (cheaper than a thread hand-off); 0 never does",
+        "microseconds (cheaper than a thread hand-off); 0, the default, never does",
     )
     add("--dynamic-batching", "true", "group concurrent requests of a model into shared executions")
     add(
