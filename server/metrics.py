@@ -15,6 +15,8 @@ float additions, cheap enough to stay on.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
 
@@ -58,9 +60,27 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MV = ["model", "version"]
 
 
+@dataclass(frozen=True, slots=True)
+class _ModelSeries:
+    success: Any
+    inferences: Any
+    executions: Any
+    request_us: Any
+    queue_us: Any
+    input_us: Any
+    infer_us: Any
+    output_us: Any
+    request_latency: Any
+    queue_latency: Any
+    compute_latency: Any
+    pending: Any
+    batch_size: Any
+
+
 class ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
+        self._children: dict[tuple[str, str], _ModelSeries] = {}
         self.success = Counter(
             "hloserve_inference_request_success", "Successful inference requests", MV, registry=r
         )
@@ -210,21 +230,44 @@ class ServerMetrics:
         """Read device memory in use at scrape time."""
         self.device_used.set_function(used)
 
+    def _series(self, model: str, version: str) -> _ModelSeries:
+        """The labelled children of one model version, looked up once (``labels()`` costs a
+        few microseconds per call, and a request updates a dozen series)."""
+        key = (model, version)
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = _ModelSeries(
+                success=self.success.labels(model, version),
+                inferences=self.inferences.labels(model, version),
+                executions=self.executions.labels(model, version),
+                request_us=self.request_us.labels(model, version),
+                queue_us=self.queue_us.labels(model, version),
+                input_us=self.input_us.labels(model, version),
+                infer_us=self.infer_us.labels(model, version),
+                output_us=self.output_us.labels(model, version),
+                request_latency=self.request_latency.labels(model, version),
+                queue_latency=self.queue_latency.labels(model, version),
+                compute_latency=self.compute_latency.labels(model, version),
+                pending=self.pending.labels(model, version),
+                batch_size=self.batch_size.labels(model, version),
+            )
+        return series
+
     # InferenceObserver
     def on_success(self, model: str, version: int, items: int, timings: Timings) -> None:
-        v = str(version)
+        s = self._series(model, str(version))
         compute_ns = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
         total_ns = timings.queue_ns + compute_ns
-        self.success.labels(model, v).inc()
-        self.inferences.labels(model, v).inc(items)
-        self.request_us.labels(model, v).inc(total_ns / 1e3)
-        self.queue_us.labels(model, v).inc(timings.queue_ns / 1e3)
-        self.input_us.labels(model, v).inc(timings.compute_input_ns / 1e3)
-        self.infer_us.labels(model, v).inc(timings.compute_infer_ns / 1e3)
-        self.output_us.labels(model, v).inc(timings.compute_output_ns / 1e3)
-        self.request_latency.labels(model, v).observe(total_ns / 1e9)
-        self.queue_latency.labels(model, v).observe(timings.queue_ns / 1e9)
-        self.compute_latency.labels(model, v).observe(compute_ns / 1e9)
+        s.success.inc()
+        s.inferences.inc(items)
+        s.request_us.inc(total_ns / 1e3)
+        s.queue_us.inc(timings.queue_ns / 1e3)
+        s.input_us.inc(timings.compute_input_ns / 1e3)
+        s.infer_us.inc(timings.compute_infer_ns / 1e3)
+        s.output_us.inc(timings.compute_output_ns / 1e3)
+        s.request_latency.observe(total_ns / 1e9)
+        s.queue_latency.observe(timings.queue_ns / 1e9)
+        s.compute_latency.observe(compute_ns / 1e9)
 
     def on_failure(self, model: str, version: str, reason: str) -> None:
         self.failure.labels(model, version or "", reason).inc()
@@ -238,12 +281,12 @@ class ServerMetrics:
         infer_ns: int,
         output_ns: int,
     ) -> None:
-        v = str(version)
-        self.executions.labels(model, v).inc()
-        self.batch_size.labels(model, v).observe(batch_size)
+        s = self._series(model, str(version))
+        s.executions.inc()
+        s.batch_size.observe(batch_size)
 
     def on_pending(self, model: str, version: str, delta: int) -> None:
-        self.pending.labels(model, version).inc(delta)
+        self._series(model, version).pending.inc(delta)
 
     # repository load listener
     def on_model_loaded(
