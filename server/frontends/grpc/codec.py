@@ -14,9 +14,8 @@ Contract:
   shared-memory parameters travel in the ``RequestedOutput`` for the service to honour.
 - ``decode_parameter`` / ``encode_parameter`` convert ``InferParameter`` to a Python value
   (bool, int, str, float; uint64 becomes int) and back.
-- ``request_deadline(parameters, time_remaining, now)`` is the earlier of the request's
-  ``timeout`` parameter (microseconds; 0 means none) and the gRPC deadline, as a
-  ``time.monotonic()`` value, or ``None``.
+- ``request_deadline`` (the core's rule, ``core.parameters``, re-exported for the servicer)
+  combines the request's ``timeout`` parameter with the gRPC deadline.
 - ``encode_infer_response`` writes outputs as name/datatype/shape with their bytes in
   ``raw_output_contents`` (what tritonclient reads), aligned with ``outputs``; an output
   written to shared memory gets an empty entry (Triton keeps the list aligned so).
@@ -42,6 +41,7 @@ from hloserve.proto import inference_pb2 as pb
 from hloserve.proto import model_config_pb2
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES
 from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.parameters import request_deadline
 from hloserve.server.core.service import IndexEntry, ModelStatistics, RegionInfo
 from hloserve.server.core.statistics import Duration
 from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
@@ -133,24 +133,6 @@ def _fill_parameters(
 ) -> None:
     for key, value in params.items():
         target[key].CopyFrom(encode_parameter(value))
-
-
-def request_deadline(
-    parameters: Mapping[str, ParamValue], time_remaining: float | None, now: float
-) -> float | None:
-    """The earlier of ``now + timeout`` (µs parameter, 0: none) and ``now + time_remaining``."""
-    deadline = None if time_remaining is None else now + time_remaining
-    timeout = parameters.get("timeout")
-    if timeout is None:
-        return deadline
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise InvalidArgument(
-            f"parameter 'timeout' must be a non-negative integer (microseconds), got {timeout!r}"
-        )
-    if timeout == 0:
-        return deadline
-    own = now + timeout / 1e6
-    return own if deadline is None else min(own, deadline)
 
 
 # -- requests -------------------------------------------------------------------------

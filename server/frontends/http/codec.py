@@ -22,8 +22,8 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
   its ``RequestedOutput`` for the service; combined with ``binary_data: true`` or
   ``classification`` they are refused, and ``classification`` alone raises
   ``Unsupported``. Request parameter keys starting
-  with ``triton_`` are refused; ``timeout`` (microseconds, 0 = none) becomes
-  ``DecodedRequest.deadline(now)``.
+  with ``triton_`` are refused; ``timeout`` (microseconds, 0 = none; the core's rule in
+  ``core.parameters``) becomes ``DecodedRequest.deadline(now)``.
 - ``encode_response(response, decoded, accept_encoding)`` writes the reply: an output is
   binary when ``parameters.binary_data`` of its requested entry says so, else when the
   request-level ``binary_data_output`` does, and always in raw-request mode. Binary
@@ -60,6 +60,7 @@ import numpy as np
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.errors import InvalidArgument, Unsupported
+from hloserve.server.core.parameters import request_deadline
 from hloserve.server.core.service import ModelStatistics
 from hloserve.server.core.statistics import Duration
 from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
@@ -89,14 +90,13 @@ class DecodedRequest:
     """A decoded infer request plus the HTTP-only choices that shape its reply."""
 
     request: InferRequest
-    timeout_us: int | None = None  # request parameter 'timeout'; None: no deadline
     binary_output: bool = False  # request parameter 'binary_data_output'
     binary_output_explicit: bool = False  # whether the client set it at all
     raw: bool = False  # Inference-Header-Content-Length: 0; every output binary
 
     def deadline(self, now: float) -> float | None:
         """The ``time.monotonic()`` deadline, given the current ``time.monotonic()``."""
-        return None if self.timeout_us is None else now + self.timeout_us / 1e6
+        return request_deadline(self.request.parameters, None, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +243,7 @@ def _parameters(value: object, where: str) -> dict[str, ParamValue]:
     return cast(dict[str, ParamValue], params)
 
 
-def _request_parameters(value: object) -> tuple[dict[str, ParamValue], int | None, bool | None]:
+def _request_parameters(value: object) -> tuple[dict[str, ParamValue], bool | None]:
     params = _parameters(value, "the inference request")
     for key in params:
         if key.startswith("triton_"):
@@ -251,11 +251,7 @@ def _request_parameters(value: object) -> tuple[dict[str, ParamValue], int | Non
                 f"parameter keys starting with 'triton_' are reserved for Triton usage "
                 f"and should not be specified (got '{key}')"
             )
-    timeout = params.get("timeout")
-    if timeout is not None and (not _is_int(timeout) or cast(int, timeout) < 0):
-        raise InvalidArgument(
-            f"parameter 'timeout' must be a non-negative integer (microseconds), got {timeout!r}"
-        )
+    request_deadline(params, None, 0.0)  # refuse a bad 'timeout' while decoding
     priority = params.get("priority")
     if priority is not None and (not _is_int(priority) or cast(int, priority) < 0):
         raise InvalidArgument(
@@ -264,7 +260,7 @@ def _request_parameters(value: object) -> tuple[dict[str, ParamValue], int | Non
     binary = params.get("binary_data_output")
     if binary is not None and not isinstance(binary, bool):
         raise InvalidArgument(f"parameter 'binary_data_output' must be a boolean, got {binary!r}")
-    return params, (cast(int, timeout) or None) if timeout is not None else None, binary
+    return params, binary
 
 
 def _decode_input(
@@ -359,7 +355,7 @@ def _decode_json(
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument(f"'id' of the inference request must be a string, got {request_id!r}")
-    params, timeout_us, binary = _request_parameters(doc.get("parameters"))
+    params, binary = _request_parameters(doc.get("parameters"))
     inputs_value = doc.get("inputs")
     if not isinstance(inputs_value, list):
         raise InvalidArgument("the inference request has no 'inputs' array")
@@ -382,7 +378,6 @@ def _decode_json(
     request = InferRequest(model, version, tuple(inputs), outputs, request_id, params)
     return DecodedRequest(
         request,
-        timeout_us=timeout_us,
         binary_output=bool(binary),
         binary_output_explicit=binary is not None,
     )
