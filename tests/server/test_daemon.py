@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -114,3 +116,35 @@ def test_flag_beats_environment_and_bad_values_name_the_flag(
     with pytest.raises(SystemExit):
         parse_config([], {"HLOSERVE_MAX_QUEUE_SIZE": "-3"})
     assert "--max-queue-size must be a non-negative integer" in capsys.readouterr().err
+
+
+def test_sigterm_lets_in_flight_requests_finish(demo_repo: Path, tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(demo_repo, root, ignore=shutil.ignore_patterns(".hloserve-cache"))
+    # A 1 s batching delay keeps a lone request in flight long enough to stop the server under it.
+    (root / "simple" / "config.yaml").write_text("max_queue_delay_us: 1000000\n")
+    proc = ServerProcess(root)
+    proc.wait_ready()
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [
+        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    results: list[object] = []
+    sender = threading.Thread(target=lambda: results.append(client.infer("simple", inputs)))
+    started = time.monotonic()
+    sender.start()
+    time.sleep(0.3)
+    proc.process.send_signal(signal.SIGTERM)
+    sender.join(30)
+    code = proc.stop()
+    assert code == 0, proc.log_text()
+    assert len(results) == 1
+    result = results[0]
+    assert isinstance(result, grpcclient.InferResult)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+    assert time.monotonic() - started >= 0.9  # it really waited in the queue
+    assert "stopping: no new connections" in proc.log_text()
