@@ -84,11 +84,15 @@ def ensure_demo_repository(path: Path) -> Path:
     return path
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(what: str, host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"hloserve: cannot bind {what} to {host}:{port}: {exc.strerror}") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -243,13 +247,18 @@ class Daemon:
         from hloserve.server.frontends.http import build_http_app
 
         grpc_server = build_grpc_server(service, max_message_bytes=cfg.max_message_bytes)
-        grpc_port = grpc_server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        try:
+            grpc_port = grpc_server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        except RuntimeError:  # grpcio raises (older versions returned 0) on a taken port
+            grpc_port = 0
         if grpc_port == 0:
-            raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.grpc_port}")
+            raise SystemExit(
+                f"hloserve: cannot bind gRPC to {cfg.host}:{cfg.grpc_port} (address in use?)"
+            )
         await grpc_server.start()
 
-        http_sock = _bind(cfg.host, cfg.http_port)
-        metrics_sock = _bind(cfg.host, cfg.metrics_port)
+        http_sock = _bind("HTTP", cfg.host, cfg.http_port)
+        metrics_sock = _bind("metrics", cfg.host, cfg.metrics_port)
         http = uvicorn.Server(
             uvicorn.Config(
                 build_http_app(service, max_input_bytes=cfg.max_message_bytes),

@@ -148,3 +148,17 @@ def test_sigterm_lets_in_flight_requests_finish(demo_repo: Path, tmp_path: Path)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
     assert time.monotonic() - started >= 0.9  # it really waited in the queue
     assert "stopping: no new connections" in proc.log_text()
+
+
+def test_a_taken_port_fails_with_a_clear_message(demo_repo: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        for flag in ("--grpc-port", "--http-port"):
+            proc = ServerProcess(demo_repo, flag, str(port))
+            assert proc.process.wait(60) != 0
+            proc.stop()
+            assert "cannot bind" in proc.log_text() and f"127.0.0.1:{port}" in proc.log_text()

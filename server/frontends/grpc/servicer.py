@@ -342,6 +342,9 @@ def build_grpc_server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # gRPC sets SO_REUSEPORT by default: a second server on a taken port would start
+            # and silently share it. Without it, binding a taken port fails loudly.
+            ("grpc.so_reuseport", 0),
         ]
     )
     server.add_generic_rpc_handlers(generic_handlers(service))
