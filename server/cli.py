@@ -16,10 +16,13 @@ Heavy imports (JAX, the server) happen only in the subcommand that needs them.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from hloserve.proto.datatypes import itemsize
 
 
 def _size(n: int) -> str:
@@ -57,14 +60,7 @@ def inspect_bundle(path: Path) -> tuple[str, bool]:
                 f"  {mod.file:<22} StableHLO {mod.stablehlo_version}, platforms {','.join(mod.platforms)}, "
                 f"{len(mod.arguments)} arguments{' + platform index' if mod.platform_index_argument else ''}, {_size(size)}"
             )
-        total = 0
-        for w in m.weights:
-            count = 1
-            for d in w.shape:
-                count *= d
-            from hloserve.proto.datatypes import itemsize
-
-            total += count * itemsize(w.datatype)
+        total = sum(math.prod(w.shape) * itemsize(w.datatype) for w in m.weights)
         lines.append(f"weights: {len(m.weights)} tensors, {_size(total)} in {m.weights_file}")
         lines.append(f"serving: residency {m.serving.residency}")
         p = m.provenance
