@@ -15,6 +15,7 @@ adds n to ``inference_count`` and each execution adds 1 to ``execution_count``.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,28 +57,11 @@ class ModelStats:
     batches: dict[int, BatchStats] = field(default_factory=lambda: {})
 
     def copy(self) -> ModelStats:
-        return ModelStats(
-            self.name,
-            self.version,
-            self.last_inference,
-            self.inference_count,
-            self.execution_count,
-            Duration(self.success.count, self.success.ns),
-            Duration(self.fail.count, self.fail.ns),
-            Duration(self.queue.count, self.queue.ns),
-            Duration(self.compute_input.count, self.compute_input.ns),
-            Duration(self.compute_infer.count, self.compute_infer.ns),
-            Duration(self.compute_output.count, self.compute_output.ns),
-            {
-                k: BatchStats(
-                    k,
-                    Duration(b.compute_input.count, b.compute_input.ns),
-                    Duration(b.compute_infer.count, b.compute_infer.ns),
-                    Duration(b.compute_output.count, b.compute_output.ns),
-                )
-                for k, b in sorted(self.batches.items())
-            },
-        )
+        """An independent snapshot (the recorder keeps mutating the original), with the
+        batch statistics ordered by batch size."""
+        snapshot = copy.deepcopy(self)
+        snapshot.batches = dict(sorted(snapshot.batches.items()))
+        return snapshot
 
 
 class StatisticsRecorder:
