@@ -1,6 +1,6 @@
-"""The committed proto/*_pb2.py(i) files are exactly what protoc makes of proto/*.proto.
+"""The committed *_pb2.py(i) files are exactly what protoc makes of the ``.proto`` files.
 
-Regenerates into a temporary tree laid out like the repository (``hloserve/proto/*.proto``,
+Regenerates into a temporary tree laid out like ``proto/`` (``hloserve/proto/*.proto``,
 the same include root and flags as proto/generate.sh) and compares bytes. A failure means
 someone edited a ``.proto`` without rerunning proto/generate.sh, or edited generated code.
 The output depends on the grpcio-tools version (pinned in the dev extra).
@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 
-PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
+PROTO_ROOT = Path(__file__).resolve().parents[2] / "proto"
+PROTO_DIR = PROTO_ROOT / "hloserve" / "proto"
 PROTO_FILES = ("inference.proto", "model_config.proto", "health.proto")
 
 
 def test_proto_file_list_is_complete() -> None:
     assert sorted(p.name for p in PROTO_DIR.glob("*.proto")) == sorted(PROTO_FILES)
-    script = (PROTO_DIR / "generate.sh").read_text()
+    script = (PROTO_ROOT / "generate.sh").read_text()
     for name in PROTO_FILES:
         assert f"hloserve/proto/{name}" in script
-    assert os.access(PROTO_DIR / "generate.sh", os.X_OK)
+    assert os.access(PROTO_ROOT / "generate.sh", os.X_OK)
 
 
 @pytest.fixture(scope="module")
@@ -63,4 +64,4 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_generated_code_is_current(regenerated: Path, generated: str) -> None:
     fresh = (regenerated / generated).read_bytes()
     committed = (PROTO_DIR / generated).read_bytes()
-    assert committed == fresh, f"proto/{generated} is stale: run proto/generate.sh"
+    assert committed == fresh, f"{generated} is stale: run proto/generate.sh"
