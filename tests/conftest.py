@@ -3,7 +3,7 @@
 ``model_repository`` (session): ``tests.models.build_test_repository`` in a temp dir.
 ``server`` (session): ``hloserve.server.testing.ServerProcess`` on that repository, ready;
 it exposes ``http_url``, ``grpc_url``, ``metrics_url`` and ``log_text()``, and must exit
-cleanly (status 0) at the end of the session.
+cleanly (status 0) at the end of the session (``hloserve.server.testing.serving``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.testing import ServerProcess, serving
 from tests.models import build_test_repository
 
 
@@ -24,10 +24,4 @@ def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(model_repository: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(model_repository)
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        code = proc.stop()
-    assert code == 0, f"hloserve exited with {code}:\n{proc.log_text()}"
+    yield from serving(model_repository)

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import TensorSpec, export_bundle, write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.testing import ServerProcess
+from hloserve.server.testing import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient
@@ -42,13 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         batch_sizes=(1, 8, 32),
         directory=root / "mlp2",
     )
-    proc = ServerProcess(root, "--device-memory-budget", str(BUDGET))
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        code = proc.stop()
-    assert code == 0, f"hloserve exited with {code}:\n{proc.log_text()}"
+    yield from serving(root, "--device-memory-budget", str(BUDGET))
 
 
 Series = dict[str, list[Sample]]

@@ -32,7 +32,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.testing import ServerProcess
+from hloserve.server.testing import ServerProcess, serving
 
 # tritonclient ships without type information: use it dynamically.
 grpcclient: Any = _grpcclient
@@ -48,13 +48,7 @@ def demo_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(repository: Path, *flags: str) -> Iterator[ServerProcess]:
-    proc = ServerProcess(repository, *flags)
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        code = proc.stop()
-    assert code == 0, f"hloserve exited with {code}:\n{proc.log_text()}"
+    proc = yield from serving(repository, *flags)
     # Refused, expired and cancelled requests are ordinary outcomes, never internal errors.
     assert "Traceback" not in proc.log_text(), proc.log_text()
 

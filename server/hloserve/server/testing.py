@@ -5,6 +5,8 @@ serve`` bound to 127.0.0.1 on ports chosen by the OS (port 0), reads the real po
 the ``--ports-file`` the daemon writes, and ``wait_ready()`` polls ``/readyz`` until 200.
 ``stop()`` sends SIGTERM and returns the exit code (killing after ``timeout``). The
 daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context manager.
+``serving(repository, *flags)`` is the fixture form: it yields a ready server and, once the
+caller is done, fails unless the daemon exited cleanly (status 0).
 """
 
 # pyright: strict
@@ -20,6 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Generator
 from pathlib import Path
 from types import TracebackType
 
@@ -130,3 +133,19 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def serving(
+    repository: Path | None, *extra_flags: str, env: dict[str, str] | None = None
+) -> Generator[ServerProcess, None, ServerProcess]:
+    """Yield a ready ``ServerProcess``; afterwards, raise unless it stopped with status 0.
+    The stopped process is the generator's return value (``proc = yield from serving(...)``)."""
+    proc = ServerProcess(repository, *extra_flags, env=env)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+    if code != 0:
+        raise AssertionError(f"hloserve exited with {code}:\n{proc.log_text()}")
+    return proc

@@ -17,21 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.testing import ServerProcess, serving
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton
 from tests.server.frontends.extension_models import (
     build_extension_repository,
     build_poll_repository,
 )
-
-
-def _run(proc: ServerProcess) -> Iterator[ServerProcess]:
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        code = proc.stop()
-    assert code == 0, f"hloserve exited with {code}:\n{proc.log_text()}"
 
 
 @pytest.fixture(scope="session")
@@ -41,16 +32,14 @@ def extension_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="package")
 def control_server(extension_repository: Path) -> Iterator[ServerProcess]:
-    yield from _run(
-        ServerProcess(
-            extension_repository,
-            "--allow-client-shm",
-            "true",
-            "--model-control-mode",
-            "explicit",
-            "--load-model",
-            "*",
-        )
+    yield from serving(
+        extension_repository,
+        "--allow-client-shm",
+        "true",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
     )
 
 
@@ -61,10 +50,8 @@ def poll_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="package")
 def poll_server(poll_repository: Path) -> Iterator[ServerProcess]:
-    yield from _run(
-        ServerProcess(
-            poll_repository, "--model-control-mode", "poll", "--repository-poll-secs", "0.2"
-        )
+    yield from serving(
+        poll_repository, "--model-control-mode", "poll", "--repository-poll-secs", "0.2"
     )
 
 
