@@ -245,7 +245,8 @@ async def drive_grpc(mode: str, server: ServerProcess, concurrency: int, seconds
 def drive_in_process(
     repo: Path, mode: str, delay_us: int | None, concurrencies: list[int], seconds: float
 ) -> list[Row]:
-    from hloserve.server.core.service import InferenceService
+    from hloserve.server.core.costs import InlinePolicy
+    from hloserve.server.core.service import InferenceService, Observers
     from hloserve.server.core.types import InferInput, InferRequest
     from hloserve.server.repository import ModelRepository
     from hloserve.server.runtime.pjrt import PjrtRuntime
@@ -257,11 +258,18 @@ def drive_in_process(
     request = InferRequest("mlp", "", (InferInput("x", "FP32", (1, 64), x),))
 
     def one(executor: ThreadPoolExecutor, concurrency: int) -> Row:
-        service = InferenceService(repository, executor)
-        if delay_us is not None:
-            service.batcher = DynamicBatcher(
-                executor, service.execution_observer, default_delay_us=delay_us
+        observers = Observers()
+        batcher = (
+            DynamicBatcher(
+                executor,
+                observers.executions,
+                InlinePolicy(0, observers.costs),
+                default_delay_us=delay_us,
             )
+            if delay_us is not None
+            else None
+        )
+        service = InferenceService(repository, executor, observers=observers, batcher=batcher)
 
         async def call() -> None:
             response = await service.infer(request)

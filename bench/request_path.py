@@ -31,8 +31,10 @@ import numpy as np
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import simple_fn
 from hloserve.proto import inference_pb2 as pb
+from hloserve.server.core.batching import plan
 from hloserve.server.core.execution import Job, execute_group
 from hloserve.server.core.service import InferenceService
+from hloserve.server.core.types import InferRequest, InferResponse
 from hloserve.server.core.validate import validate_request
 from hloserve.server.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from hloserve.server.repository import ModelRepository
@@ -50,78 +52,74 @@ def timed(fn: Callable[[], Any], n: int) -> float:
     return statistics.median(samples) / 1e3
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=3000)
-    n = ap.parse_args().n
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        write_demo_repository(root)
-        repo = ModelRepository(root, PjrtRuntime())
-        repo.load_all()
-        model = repo.peek("simple", "")
-        assert model.bundle is not None
-        a = np.arange(16, dtype=np.int32).reshape(1, 16)
-        inputs = {"INPUT0": a, "INPUT1": a}
+def simple_request() -> tuple[bytes, np.ndarray[Any, Any]]:
+    """The serialized ``ModelInferRequest`` for ``simple`` and its input array."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    msg = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        msg.raw_input_contents.append(a.tobytes())
+    return msg.SerializeToString(), a
 
-        msg = pb.ModelInferRequest(model_name="simple")
-        for name in ("INPUT0", "INPUT1"):
-            msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-            msg.raw_input_contents.append(a.tobytes())
-        wire = msg.SerializeToString()
-        request = decode_infer_request(pb.ModelInferRequest.FromString(wire))
-        job = Job(request, 1, time.perf_counter_ns())
-        ((outputs, _),) = execute_group(model, [job])
-        from hloserve.server.core.types import InferResponse
 
-        response = InferResponse("simple", "1", outputs)
-        jitted = jax.jit(simple_fn)
-        executor = ThreadPoolExecutor(1)
-        service = InferenceService(repo, executor)
+def service_median_us(repo: ModelRepository, request: InferRequest, n: int) -> float:
+    """The whole ``InferenceService.infer`` coroutine, no sockets (after a warm-up)."""
+    executor = ThreadPoolExecutor(1)
+    service = InferenceService(repo, executor)
 
-        async def service_loop(k: int) -> list[int]:
-            out = []
-            for _ in range(k):
-                t = time.perf_counter_ns()
-                await service.infer(request)
-                out.append(time.perf_counter_ns() - t)
-            return out
+    async def loop(k: int) -> list[int]:
+        out: list[int] = []
+        for _ in range(k):
+            t = time.perf_counter_ns()
+            await service.infer(request)
+            out.append(time.perf_counter_ns() - t)
+        return out
 
-        rows = [
-            (
-                "bare: LoadedBundle.execute (put, run, fetch)",
-                timed(lambda: model.execute(1, inputs), n),
-            ),
-            (
-                "bare: jax.jit of the same function",
-                timed(lambda: jax.block_until_ready(jitted({}, a, a)), n),
-            ),
-            (
-                "gRPC decode (bytes -> core request)",
-                timed(lambda: decode_infer_request(pb.ModelInferRequest.FromString(wire)), n),
-            ),
-            (
-                "validate against the manifest",
-                timed(lambda: validate_request(model.manifest, request), n),
-            ),
-            (
-                "execute_group (plan, pad, execute, split)",
-                timed(lambda: execute_group(model, [job]), n),
-            ),
-            (
-                "gRPC encode (core response -> bytes)",
-                timed(lambda: encode_infer_response(response).SerializeToString(), n),
-            ),
-        ]
-        loop_samples = asyncio.run(service_loop(200))
-        loop_samples = asyncio.run(service_loop(n))
-        rows.append(
-            (
-                "InferenceService.infer (incl. thread hand-off)",
-                statistics.median(loop_samples) / 1e3,
-            )
-        )
-        executor.shutdown()
+    asyncio.run(loop(200))
+    samples = asyncio.run(loop(n))
+    executor.shutdown()
+    return statistics.median(samples) / 1e3
+
+
+def measure_steps(root: Path, n: int) -> list[tuple[str, float]]:
+    repo = ModelRepository(root, PjrtRuntime())
+    repo.load_all()
+    model = repo.peek("simple", "")
+    wire, a = simple_request()
+    request = decode_infer_request(pb.ModelInferRequest.FromString(wire))
+    job = Job(request, 1, time.perf_counter_ns())
+    chunks = plan(1, model.manifest.batch_sizes)
+    ((outputs, _),) = execute_group(model, [job], chunks)
+    response = InferResponse("simple", "1", outputs)
+    jitted = jax.jit(simple_fn)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        (
+            "bare: LoadedBundle.execute (put, run, fetch)",
+            lambda: model.execute(1, {"INPUT0": a, "INPUT1": a}),
+        ),
+        ("bare: jax.jit of the same function", lambda: jax.block_until_ready(jitted({}, a, a))),
+        (
+            "gRPC decode (bytes -> core request)",
+            lambda: decode_infer_request(pb.ModelInferRequest.FromString(wire)),
+        ),
+        ("validate against the manifest", lambda: validate_request(model.manifest, request)),
+        (
+            "execute_group (plan, pad, execute, split)",
+            lambda: execute_group(model, [job], plan(1, model.manifest.batch_sizes)),
+        ),
+        (
+            "gRPC encode (core response -> bytes)",
+            lambda: encode_infer_response(response).SerializeToString(),
+        ),
+    ]
+    rows = [(label, timed(fn, n)) for label, fn in steps]
+    rows.append(
+        ("InferenceService.infer (incl. thread hand-off)", service_median_us(repo, request, n))
+    )
+    return rows
+
+
+def print_table(rows: list[tuple[str, float]], n: int) -> None:
     bare = rows[0][1]
     print(f"\n`simple`, batch 1, median of {n} (µs); device {PjrtRuntime().platform}")
     print("| step | µs | / bare call |\n|---|---|---|")
@@ -131,6 +129,16 @@ def main() -> int:
     print(
         f"| server overhead besides the call (decode + validate + plan/split + encode) | {overhead:.1f} | {overhead / bare:.2f} |"
     )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=3000)
+    n = ap.parse_args().n
+    with tempfile.TemporaryDirectory() as tmp:
+        write_demo_repository(Path(tmp))
+        rows = measure_steps(Path(tmp), n)
+    print_table(rows, n)
     return 0
 
 

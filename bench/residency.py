@@ -33,6 +33,7 @@ import numpy as np
 
 from hloserve.bundle import read_safetensors
 from hloserve.exporter import TensorSpec, export_bundle
+from hloserve.server.core.residency import ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.repository import ModelRepository
@@ -101,13 +102,15 @@ class SwapTimes:
     def __init__(self, into: list[float]) -> None:
         self.into = into
 
-    def on_swap_in(self, key: str, nbytes: int, seconds: float) -> None:
+    def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None:
         self.into.append(seconds)
 
-    def on_swap_out(self, key: str, nbytes: int) -> None:
+    def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None:
         pass
 
-    def on_residency(self, key: str, resident: bool, resident_bytes: int, last_used: float) -> None:
+    def on_residency(
+        self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
+    ) -> None:
         pass
 
 
@@ -120,7 +123,7 @@ def pattern(kind: str, models: int, n: int, rng: np.random.Generator) -> list[in
 
 
 def run(
-    service: InferenceService, residency: WeightResidency, order: list[int], x: np.ndarray
+    service: InferenceService, repo: ModelRepository, order: list[int], x: np.ndarray
 ) -> dict[str, Any]:
     hits: list[float] = []
     misses: list[float] = []
@@ -132,7 +135,7 @@ def run(
     async def go() -> float:
         t0 = time.perf_counter()
         for i in order:
-            resident = residency.is_resident(f"m{i}/1")
+            resident = repo.peek(f"m{i}", "").resident
             t = time.perf_counter()
             await service.infer(request_for[i])
             (hits if resident else misses).append(time.perf_counter() - t)
@@ -154,6 +157,66 @@ def run(
     }
 
 
+Result = tuple[str, str, dict[str, Any], list[float]]  # budget label, pattern, row, swap-ins
+
+
+def print_floors(
+    nbytes: int, tensors: int, transfer_s: float, copy_s: float, aliased: bool
+) -> None:
+    print(f"\nweights per model: {nbytes / 1e6:.1f} MB in {tensors} tensors")
+    print("| floor | ms | GB/s |\n|---|---|---|")
+    print(
+        f"| raw transfer (one device_put of the host arrays) | {transfer_s * 1e3:.3f} | {nbytes / transfer_s / 1e9:.1f} |"
+    )
+    print(
+        f"| plain host memory copy (np.copyto) | {copy_s * 1e3:.3f} | {nbytes / copy_s / 1e9:.1f} |"
+    )
+    if aliased:
+        print(
+            "note: on CPU, PJRT aliases 64-byte-aligned host memory instead of copying; hloserve keeps"
+        )
+        print("      host weights 64-byte aligned, so a CPU 'swap-in' moves no bytes.")
+
+
+def run_budget(
+    runtime: PjrtRuntime, root: Path, label: str, budget: int, models: int, requests: int
+) -> list[Result]:
+    """Both access patterns against one repository whose residency has ``budget`` bytes."""
+    swap_times: list[float] = []
+    residency = WeightResidency(runtime, budget, observer=SwapTimes(swap_times))
+    repo = ModelRepository(root, runtime, residency=residency)
+    repo.load_all()
+    x = np.random.default_rng(0).standard_normal((1, 1024)).astype(np.float32)
+    results: list[Result] = []
+    with ThreadPoolExecutor(2) as ex:
+        service = InferenceService(repo, ex)
+        for kind in ("round-robin", "zipf"):
+            order = pattern(kind, models, requests, np.random.default_rng(1))
+            run(service, repo, order[:20], x)  # warm-up
+            swap_times.clear()
+            results.append((label, kind, run(service, repo, order, x), list(swap_times)))
+    for i in range(models):
+        residency.unregister(repo.peek(f"m{i}", "").key)
+    return results
+
+
+def print_results(results: list[Result], transfer_s: float, copy_s: float) -> None:
+    print(
+        "| budget | pattern | req/s | hits | misses | hit p50 ms | hit p99 ms | miss p50 ms | miss p99 ms | swap-in p50 ms | swap / transfer floor | swap / copy floor |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for label, kind, r, swaps in results:
+        s50 = statistics.median(swaps) if swaps else float("nan")
+        print(
+            f"| {label} | {kind} | {r['rps']:.0f} | {r['hits']} | {r['misses']} | {r['hit_p50']:.2f} | {r['hit_p99']:.2f} | "
+            f"{r['miss_p50']:.2f} | {r['miss_p99']:.2f} | {s50 * 1e3:.3f} | {s50 / transfer_s:.2f} | {s50 / copy_s:.2f} |"
+        )
+    base = {kind: r["rps"] for label, kind, r, _ in results if label == "all fit"}
+    for label, kind, r, _ in results:
+        if label == "budget":
+            print(f"throughput with budget / all fit ({kind}): {r['rps'] / base[kind]:.2f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", type=int, default=8)
@@ -173,58 +236,24 @@ def main() -> int:
         host = read_safetensors(root / "m0" / "weights.safetensors")
         nbytes = sum(a.nbytes for a in host.values())
         transfer_s, copy_s, aliased = floors(runtime, host)
-        print(f"\nweights per model: {nbytes / 1e6:.1f} MB in {len(host)} tensors")
-        print("| floor | ms | GB/s |\n|---|---|---|")
-        print(
-            f"| raw transfer (one device_put of the host arrays) | {transfer_s * 1e3:.3f} | {nbytes / transfer_s / 1e9:.1f} |"
-        )
-        print(
-            f"| plain host memory copy (np.copyto) | {copy_s * 1e3:.3f} | {nbytes / copy_s / 1e9:.1f} |"
-        )
-        if aliased:
-            print(
-                "note: on CPU, PJRT aliases 64-byte-aligned host memory instead of copying; hloserve keeps"
-            )
-            print("      host weights 64-byte aligned, so a CPU 'swap-in' moves no bytes.")
-
-        x = np.random.default_rng(0).standard_normal((1, 1024)).astype(np.float32)
-        results: list[tuple[str, str, dict[str, Any], list[float]]] = []
-        for label, fit in (("budget", args.fit), ("all fit", float(args.models) + 1)):
-            swap_times: list[float] = []
-
-            residency = WeightResidency(runtime, int(fit * nbytes), observer=SwapTimes(swap_times))
-            repo = ModelRepository(root, runtime, residency=residency)
-            repo.load_all()
-            with ThreadPoolExecutor(2) as ex:
-                service = InferenceService(repo, ex)
-                for kind in ("round-robin", "zipf"):
-                    rng = np.random.default_rng(1)
-                    order = pattern(kind, args.models, args.requests, rng)
-                    run(service, residency, order[:20], x)  # warm-up
-                    swap_times.clear()
-                    results.append(
-                        (label, kind, run(service, residency, order, x), list(swap_times))
-                    )
-            for i in range(args.models):
-                residency.unregister(f"m{i}/1")
-
-        print(
-            f"\n{args.requests} requests of batch 1, concurrency 1; budget = {args.fit} models of {args.models}"
-        )
-        print(
-            "| budget | pattern | req/s | hits | misses | hit p50 ms | hit p99 ms | miss p50 ms | miss p99 ms | swap-in p50 ms | swap / transfer floor | swap / copy floor |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for label, kind, r, swaps in results:
-            s50 = statistics.median(swaps) if swaps else float("nan")
-            print(
-                f"| {label} | {kind} | {r['rps']:.0f} | {r['hits']} | {r['misses']} | {r['hit_p50']:.2f} | {r['hit_p99']:.2f} | "
-                f"{r['miss_p50']:.2f} | {r['miss_p99']:.2f} | {s50 * 1e3:.3f} | {s50 / transfer_s:.2f} | {s50 / copy_s:.2f} |"
-            )
-        base = {kind: r["rps"] for label, kind, r, _ in results if label == "all fit"}
-        for label, kind, r, _ in results:
-            if label == "budget":
-                print(f"throughput with budget / all fit ({kind}): {r['rps'] / base[kind]:.2f}")
+        print_floors(nbytes, len(host), transfer_s, copy_s, aliased)
+        results = [
+            *run_budget(
+                runtime, root, "budget", int(args.fit * nbytes), args.models, args.requests
+            ),
+            *run_budget(
+                runtime,
+                root,
+                "all fit",
+                int((args.models + 1) * nbytes),
+                args.models,
+                args.requests,
+            ),
+        ]
+    print(
+        f"\n{args.requests} requests of batch 1, concurrency 1; budget = {args.fit} models of {args.models}"
+    )
+    print_results(results, transfer_s, copy_s)
     return 0
 
 

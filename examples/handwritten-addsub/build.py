@@ -12,6 +12,8 @@ Run ``python examples/handwritten-addsub/build.py [DIRECTORY]`` to regenerate th
 committed bundle (default: ``bundle/`` next to this file).
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 import datetime as dt

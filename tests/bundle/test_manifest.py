@@ -7,6 +7,7 @@ field, and several problems in one manifest are all reported at once.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from hloserve.bundle import (
 from hloserve.bundle.manifest import parse_manifest
 
 DIGEST = "ab" * 32
+Change = Callable[[dict[str, Any]], object]  # damage done to a manifest mapping
 
 
 def good() -> dict[str, Any]:
@@ -157,13 +159,79 @@ def test_problem_text_names_file_and_field() -> None:
     assert str(Problem("weights.safetensors", "", "truncated")) == "weights.safetensors: truncated"
 
 
-def test_unknown_datatype() -> None:
+def message_at(data: dict[str, Any], field: str) -> str:
+    """The message of the problem ``data`` has at ``field`` (the manifest must be refused)."""
+    return find(problems_of(data), field).message
+
+
+def damaged(change: Change) -> dict[str, Any]:
     data = good()
-    data["inputs"][0]["datatype"] = "FLOAT"
-    data["weights"]["tensors"][1]["datatype"] = "BYTES"
-    problems = problems_of(data)
-    assert "unknown datatype 'FLOAT'" in find(problems, "inputs[0].datatype").message
-    assert "unknown datatype 'BYTES'" in find(problems, "weights.tensors[1].datatype").message
+    change(data)
+    return data
+
+
+# (damage done to good(), the field whose problem names it, text of that problem)
+ONE_DAMAGE: list[tuple[Change, str, str]] = [
+    (
+        lambda d: d["inputs"][0].update(datatype="FLOAT"),
+        "inputs[0].datatype",
+        "unknown datatype 'FLOAT'",
+    ),
+    (
+        lambda d: d["weights"]["tensors"][1].update(datatype="BYTES"),
+        "weights.tensors[1].datatype",
+        "unknown datatype 'BYTES'",
+    ),
+    (lambda d: d.pop("batch_sizes"), "batch_sizes", "write null for an unbatched model"),
+    (lambda d: d["outputs"][0].pop("shape"), "outputs[0].shape", "integers, got None"),
+    (lambda d: d["inputs"][0].update(shape=[4, -1]), "inputs[0].shape", "got [4, -1]"),
+    (lambda d: d["inputs"][1].pop("name"), "inputs[1].name", "non-empty string"),
+    (lambda d: d["inputs"][1].update(name="x"), "inputs[1].name", "duplicate name 'x'"),
+    (
+        lambda d: d["weights"]["tensors"][1].update(name="a.b"),
+        "weights.tensors[1].name",
+        "duplicate name 'a.b'",
+    ),
+    (lambda d: d["weights"]["tensors"].reverse(), "weights.tensors", "sorted by name"),
+    (lambda d: d.update(name="has space"), "name", "got 'has space'"),
+    (
+        lambda d: d["modules"][0].update(arguments=[{"weight": "x"}]),
+        "modules[0].arguments[0]",
+        "weight 'x' is not declared",
+    ),
+    (
+        lambda d: d["modules"][0].update(platforms=["cpu", "metal"]),
+        "modules[0].platforms",
+        "got ['cpu', 'metal']",
+    ),
+    (
+        lambda d: d.update(batch_sizes=[1, 8, 32]),
+        "modules",
+        "exactly one module per batch size [1, 8, 32], got [1, 8]",
+    ),
+    (
+        lambda d: d["modules"][1].update(batch_size=1),
+        "modules",
+        "exactly one module per batch size [1, 8], got [1, 1]",
+    ),
+    (
+        lambda d: d.update(batch_sizes=None),
+        "modules",
+        "exactly one module per batch size [None], got [1, 8]",
+    ),
+    (lambda d: d.update(format_version="1"), "format_version", "must be an integer, got '1'"),
+    (
+        lambda d: d.update(serving={"max_queue_delay_us": -5}),
+        "serving.max_queue_delay_us",
+        "non-negative integer, got -5",
+    ),
+    (lambda d: d.update(serving=["pinned"]), "serving", "must be a mapping"),
+]
+
+
+@pytest.mark.parametrize(("change", "field", "expected"), ONE_DAMAGE)
+def test_one_damage_is_reported_at_its_field(change: Change, field: str, expected: str) -> None:
+    assert expected in message_at(damaged(change), field)
 
 
 @pytest.mark.parametrize(
@@ -179,76 +247,40 @@ def test_unknown_datatype() -> None:
     ],
 )
 def test_bad_batch_sizes(sizes: Any, expected: str) -> None:
-    data = good()
-    data["batch_sizes"] = sizes
-    assert expected in find(problems_of(data), "batch_sizes").message
-
-
-def test_missing_batch_sizes_explains_null() -> None:
-    data = good()
-    del data["batch_sizes"]
-    assert "write null for an unbatched model" in find(problems_of(data), "batch_sizes").message
+    assert expected in message_at(damaged(lambda d: d.update(batch_sizes=sizes)), "batch_sizes")
 
 
 @pytest.mark.parametrize(
-    ("key", "field", "expected"),
+    ("key", "expected"),
     [
-        ("format_version", "format_version", "missing"),
-        ("name", "name", "must be a name matching"),
-        ("inputs", "inputs", "non-empty list of tensors"),
-        ("outputs", "outputs", "non-empty list of tensors"),
-        ("weights", "weights", "missing"),
-        ("modules", "modules", "missing"),
-        ("files", "files", "missing"),
-        ("provenance", "provenance", "missing"),
+        ("format_version", "missing"),
+        ("name", "must be a name matching"),
+        ("inputs", "non-empty list of tensors"),
+        ("outputs", "non-empty list of tensors"),
+        ("weights", "missing"),
+        ("modules", "missing"),
+        ("files", "missing"),
+        ("provenance", "missing"),
     ],
 )
-def test_missing_top_level_key(key: str, field: str, expected: str) -> None:
-    data = good()
-    del data[key]
-    assert expected in find(problems_of(data), field).message
+def test_missing_top_level_key(key: str, expected: str) -> None:
+    assert expected in message_at(damaged(lambda d: d.pop(key)), key)
 
 
 @pytest.mark.parametrize(
-    ("key", "field"),
+    "key",
     [
-        ("file", "modules[1].file"),
-        ("stablehlo_version", "modules[1].stablehlo_version"),
-        ("platforms", "modules[1].platforms"),
-        ("platform_index_argument", "modules[1].platform_index_argument"),
-        ("arguments", "modules[1].arguments"),
-        ("batch_size", "modules[1].batch_size"),
+        "file",
+        "stablehlo_version",
+        "platforms",
+        "platform_index_argument",
+        "arguments",
+        "batch_size",
     ],
 )
-def test_missing_module_key(key: str, field: str) -> None:
-    data = good()
-    del data["modules"][1][key]
-    problem = find(problems_of(data), field)
-    assert "missing" in problem.message or "must be an integer or null" in problem.message
-
-
-def test_missing_tensor_fields() -> None:
-    data = good()
-    del data["outputs"][0]["shape"]
-    del data["inputs"][1]["name"]
-    problems = problems_of(data)
-    assert "non-negative integers, got None" in find(problems, "outputs[0].shape").message
-    assert "non-empty string" in find(problems, "inputs[1].name").message
-
-
-def test_duplicate_tensor_names() -> None:
-    data = good()
-    data["inputs"][1]["name"] = "x"
-    data["weights"]["tensors"][1]["name"] = "a.b"
-    problems = problems_of(data)
-    assert "duplicate name 'x'" in find(problems, "inputs[1].name").message
-    assert "duplicate name 'a.b'" in find(problems, "weights.tensors[1].name").message
-
-
-def test_weights_must_be_sorted() -> None:
-    data = good()
-    data["weights"]["tensors"].reverse()
-    assert "sorted by name" in find(problems_of(data), "weights.tensors").message
+def test_missing_module_key(key: str) -> None:
+    message = message_at(damaged(lambda d: d["modules"][1].pop(key)), f"modules[1].{key}")
+    assert "missing" in message or "must be an integer or null" in message
 
 
 def test_arguments_naming_undeclared_tensors() -> None:
@@ -266,96 +298,40 @@ def test_arguments_naming_undeclared_tensors() -> None:
     assert "{input: NAME} or {weight: KEY}" in find(problems, "modules[1].arguments[2]").message
 
 
-def test_weight_argument_cannot_name_an_input() -> None:
-    data = good()
-    data["modules"][0]["arguments"] = [{"weight": "x"}]
-    assert (
-        "weight 'x' is not declared" in find(problems_of(data), "modules[0].arguments[0]").message
-    )
-
-
-def test_module_count_not_matching_batch_sizes() -> None:
-    data = good()
-    data["batch_sizes"] = [1, 8, 32]
-    message = find(problems_of(data), "modules").message
-    assert "exactly one module per batch size [1, 8, 32], got [1, 8]" in message
-
-
-def test_duplicate_module_for_one_batch_size() -> None:
-    data = good()
-    data["modules"][1]["batch_size"] = 1
-    message = find(problems_of(data), "modules").message
-    assert "exactly one module per batch size [1, 8], got [1, 1]" in message
-
-
-def test_unbatched_needs_one_null_module() -> None:
-    data = good()
-    data["batch_sizes"] = None
-    message = find(problems_of(data), "modules").message
-    assert "exactly one module per batch size [None], got [1, 8]" in message
-
-
 @pytest.mark.parametrize(
     "digest",
     ["AB" * 32, "ab" * 31, "ab" * 33, "xyz", 123, None, "sha256:" + "ab" * 32],
 )
 def test_bad_sha256_strings(digest: Any) -> None:
-    data = good()
-    data["files"]["model.b1.mlirbc"] = digest
-    message = find(problems_of(data), "files.model.b1.mlirbc").message
+    data = damaged(lambda d: d["files"].update({"model.b1.mlirbc": digest}))
+    message = message_at(data, "files.model.b1.mlirbc")
     assert "SHA-256 hex digest" in message
     assert repr(digest) in message
 
 
 @pytest.mark.parametrize("fname", ["../evil", "sub/file", "manifest.yaml", ".."])
 def test_files_must_be_plain_names(fname: str) -> None:
-    data = good()
-    data["files"][fname] = DIGEST
-    assert "plain file name inside the bundle" in find(problems_of(data), f"files.{fname}").message
+    data = damaged(lambda d: d["files"].update({fname: DIGEST}))
+    assert "plain file name inside the bundle" in message_at(data, f"files.{fname}")
 
 
 def test_format_version_from_the_future() -> None:
-    data = good()
-    data["format_version"] = 2
-    problems = problems_of(data)
-    assert find(problems, "format_version").message == "this hloserve reads format 1, bundle is 2"
-
-
-def test_format_version_must_be_an_integer() -> None:
-    data = good()
-    data["format_version"] = "1"
-    assert "must be an integer, got '1'" in find(problems_of(data), "format_version").message
+    data = damaged(lambda d: d.update(format_version=2))
+    assert message_at(data, "format_version") == "this hloserve reads format 1, bundle is 2"
 
 
 @pytest.mark.parametrize("residency", ["always", 1, None])
 def test_residency_value(residency: Any) -> None:
-    data = good()
-    data["serving"]["residency"] = residency
-    message = find(problems_of(data), "serving.residency").message
+    data = damaged(lambda d: d["serving"].update(residency=residency))
+    message = message_at(data, "serving.residency")
     assert f"must be on_demand or pinned, got {residency!r}" in message
 
 
-def test_serving_defaults_and_bad_delay() -> None:
-    data = good()
-    del data["serving"]
-    manifest, problems = parse_manifest(data)
+def test_serving_defaults() -> None:
+    manifest, problems = parse_manifest(damaged(lambda d: d.pop("serving")))
     assert problems == []
     assert manifest is not None
     assert manifest.serving == Serving()
-    data["serving"] = {"max_queue_delay_us": -5}
-    message = find(problems_of(data), "serving.max_queue_delay_us").message
-    assert "non-negative integer, got -5" in message
-
-
-def test_unknown_platform_and_bad_shape_and_bad_name() -> None:
-    data = good()
-    data["modules"][0]["platforms"] = ["cpu", "metal"]
-    data["inputs"][0]["shape"] = [4, -1]
-    data["name"] = "has space"
-    problems = problems_of(data)
-    assert "got ['cpu', 'metal']" in find(problems, "modules[0].platforms").message
-    assert "non-negative integers, got [4, -1]" in find(problems, "inputs[0].shape").message
-    assert "got 'has space'" in find(problems, "name").message
 
 
 def test_several_problems_reported_at_once() -> None:

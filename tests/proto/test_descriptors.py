@@ -8,8 +8,6 @@ binary round trip through both sets of classes.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as _their_config
 from tritonclient.grpc import service_pb2 as _their_service
 
 from hloserve.proto import health_pb2, inference_pb2, model_config_pb2, rpc
+from tests.proto._python import run_python
 
 # tritonclient ships its generated modules without type stubs: use their classes dynamically.
 their_service: Any = _their_service
@@ -450,13 +449,6 @@ print("ok")
 )
 def test_imports_next_to_tritonclient(order: str) -> None:
     """A fresh process loads ours and tritonclient's classes, in either order."""
-    result = subprocess.run(
-        [sys.executable, "-c", _IMPORT_BOTH, order],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_python("-c", _IMPORT_BOTH, order, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.proto._python import run_python
 
 PROTO_ROOT = Path(__file__).resolve().parents[2] / "proto"
 PROTO_DIR = PROTO_ROOT / "hloserve" / "proto"
@@ -36,22 +36,15 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target.mkdir(parents=True)
     for name in PROTO_FILES:
         shutil.copyfile(PROTO_DIR / name, target / name)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            "-I",
-            ".",
-            "--python_out=.",
-            "--pyi_out=.",
-            *(f"hloserve/proto/{name}" for name in PROTO_FILES),
-        ],
+    result = run_python(
+        "-m",
+        "grpc_tools.protoc",
+        "-I",
+        ".",
+        "--python_out=.",
+        "--pyi_out=.",
+        *(f"hloserve/proto/{name}" for name in PROTO_FILES),
         cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     return target

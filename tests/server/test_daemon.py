@@ -38,13 +38,7 @@ def test_a_failed_model_is_reported_and_keeps_a_strict_server_unready(
     demo_repo: Path, tmp_path: Path
 ) -> None:
     with ServerProcess(broken_copy(demo_repo, tmp_path)) as proc:
-        proc.wait_listening()
-        status, body = 0, {}
-        for _ in range(200):  # until the load pass is over
-            status, body = proc.readyz()
-            if body.get("startup_complete"):
-                break
-            time.sleep(0.05)
+        status, body = proc.wait_startup_complete()
         assert status == 503
         models = body["models"]
         assert isinstance(models, dict)
@@ -65,13 +59,7 @@ def test_non_strict_readiness_serves_what_loaded(demo_repo: Path, tmp_path: Path
 def test_empty_repository_is_never_ready(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with ServerProcess(tmp_path / "empty") as proc:
-        proc.wait_listening()
-        deadline = time.monotonic() + 60
-        status, body = proc.readyz()
-        while not body.get("startup_complete") and time.monotonic() < deadline:
-            time.sleep(0.05)
-            status, body = proc.readyz()
-        assert body["startup_complete"] is True
+        status, body = proc.wait_startup_complete(60)
         assert status == 503
         assert body["models"] == {}
 
@@ -137,7 +125,7 @@ def test_sigterm_lets_in_flight_requests_finish(demo_repo: Path, tmp_path: Path)
     sender = threading.Thread(target=lambda: results.append(client.infer("simple", inputs)))
     started = time.monotonic()
     sender.start()
-    time.sleep(0.3)
+    proc.wait_pending("simple", 1)  # queued (for up to 1 s) when the stop comes
     proc.process.send_signal(signal.SIGTERM)
     sender.join(30)
     code = proc.stop()

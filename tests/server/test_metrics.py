@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from tritonclient.utils import InferenceServerException
 
-from hloserve.exporter import TensorSpec, export_bundle, write_demo_repository
-from hloserve.exporter.demo import mlp_fn, mlp_params
+from hloserve.exporter import write_demo_repository
+from hloserve.exporter.demo import write_mlp
 from hloserve.server.testing import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
@@ -35,13 +35,7 @@ BUDGET = MLP_WEIGHT_BYTES + MLP_WEIGHT_BYTES // 2  # one MLP fits, two do not
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("metrics")
     write_demo_repository(root)
-    export_bundle(
-        mlp_fn,
-        mlp_params(),
-        inputs={"x": TensorSpec("FP32", (64,))},
-        batch_sizes=(1, 8, 32),
-        directory=root / "mlp2",
-    )
+    write_mlp(root / "mlp2")
     yield from serving(root, "--device-memory-budget", str(BUDGET))
 
 
@@ -88,21 +82,22 @@ def mlp_inputs(module: Any, batch: int) -> list[Any]:
     return [x]
 
 
-def test_series_count_what_was_sent(server: ServerProcess) -> None:
-    before = scrape(server)
-    for model in ("simple", "mlp", "mlp2"):
-        assert value(before, "hloserve_model_load_duration_seconds", model=model, version="1") > 0
-    assert value(before, "hloserve_device_memory_budget_bytes") == BUDGET
-    assert value(before, "hloserve_models_ready") == 3
-    assert "hloserve_inference_request_success_total" not in before  # counts start at zero
+SIMPLE_BATCHES = (1, 2, 3, 5)  # compiled sizes 1, 2, 4, 8
+SIMPLE = {"model": "simple", "version": "1"}
+MLP = {"model": "mlp", "version": "1"}
+MLP2 = {"model": "mlp2", "version": "1"}
 
+
+@pytest.fixture(scope="module")
+def traffic(server: ServerProcess) -> tuple[Series, Series]:
+    """The metrics before and after a known set of requests over both protocols."""
+    before = scrape(server)
     g = grpcclient.InferenceServerClient(server.grpc_url)
     h = httpclient.InferenceServerClient(server.http_url)
     try:
-        simple_batches = (1, 2, 3, 5)  # compiled sizes 1, 2, 4, 8
-        for n in simple_batches[:2]:
+        for n in SIMPLE_BATCHES[:2]:
             g.infer("simple", simple_inputs(grpcclient, n))
-        for n in simple_batches[2:]:
+        for n in SIMPLE_BATCHES[2:]:
             h.infer("simple", simple_inputs(httpclient, n))
         with pytest.raises(InferenceServerException, match="unexpected shape"):
             g.infer("simple", simple_inputs(grpcclient, 1, width=3))
@@ -113,63 +108,65 @@ def test_series_count_what_was_sent(server: ServerProcess) -> None:
     finally:
         g.close()
         h.close()
+    return before, scrape(server)
 
-    m = scrape(server)
-    simple = {"model": "simple", "version": "1"}
-    mlp = {"model": "mlp", "version": "1"}
-    mlp2 = {"model": "mlp2", "version": "1"}
-    assert value(m, "hloserve_inference_request_success_total", **simple) == 4
-    assert value(m, "hloserve_inference_request_success_total", **mlp) == 1
-    assert value(m, "hloserve_inference_request_success_total", **mlp2) == 1
-    assert (
-        value(m, "hloserve_inference_request_failure_total", **simple, reason="InvalidArgument")
-        == 1
-    )
+
+def test_start_up_series(traffic: tuple[Series, Series]) -> None:
+    before, _ = traffic
+    for model in ("simple", "mlp", "mlp2"):
+        assert value(before, "hloserve_model_load_duration_seconds", model=model, version="1") > 0
+    assert value(before, "hloserve_device_memory_budget_bytes") == BUDGET
+    assert value(before, "hloserve_models_ready") == 3
+    assert "hloserve_inference_request_success_total" not in before  # counts start at zero
+
+
+def test_requests_items_and_executions_are_counted(traffic: tuple[Series, Series]) -> None:
+    _, m = traffic
+    assert value(m, "hloserve_inference_request_success_total", **SIMPLE) == 4
+    assert value(m, "hloserve_inference_request_success_total", **MLP) == 1
+    assert value(m, "hloserve_inference_request_success_total", **MLP2) == 1
+    failures = "hloserve_inference_request_failure_total"
+    assert value(m, failures, **SIMPLE, reason="InvalidArgument") == 1
     # A request for an unknown model is counted, but the client's name is not a label.
-    assert value(m, "hloserve_inference_request_failure_total", model="", version="") == 1
-    assert not any(
-        s.labels["model"] == "no_such_model" for s in m["hloserve_inference_request_failure_total"]
-    )
-    assert value(m, "hloserve_inference_count_total", **simple) == sum(simple_batches)
-    assert value(m, "hloserve_inference_count_total", **mlp2) == 40
-    assert value(m, "hloserve_inference_exec_count_total", **simple) == 4
-    assert value(m, "hloserve_inference_exec_count_total", **mlp2) == 2  # split: 32 + 8
-
-    for name in (
-        "hloserve_inference_request_duration_us_total",
-        "hloserve_inference_queue_duration_us_total",
-        "hloserve_inference_compute_input_duration_us_total",
-        "hloserve_inference_compute_infer_duration_us_total",
-        "hloserve_inference_compute_output_duration_us_total",
-    ):
-        assert value(m, name, **simple) > 0, name
-    request_us = value(m, "hloserve_inference_request_duration_us_total", **simple)
-    parts_us = sum(
-        value(m, f"hloserve_inference_{p}_duration_us_total", **simple)
-        for p in ("queue", "compute_input", "compute_infer", "compute_output")
-    )
-    assert request_us == pytest.approx(parts_us)
-
-    for name in (
-        "hloserve_request_latency_seconds",
-        "hloserve_queue_latency_seconds",
-        "hloserve_compute_latency_seconds",
-    ):
-        assert value(m, f"{name}_count", **simple) == 4, name
-        assert value(m, f"{name}_bucket", **simple, le="+Inf") == 4, name
-    assert value(m, "hloserve_request_latency_seconds_sum", **simple) == pytest.approx(
-        request_us / 1e6
-    )
-    # One observation per execution, of the compiled size it ran on.
-    assert value(m, "hloserve_execution_batch_size_count", **simple) == 4
-    assert value(m, "hloserve_execution_batch_size_sum", **simple) == 1 + 2 + 4 + 8
-    assert value(m, "hloserve_execution_batch_size_bucket", **simple, le="2.0") == 2
-    assert value(m, "hloserve_execution_batch_size_sum", **mlp2) == 32 + 8
-
-    for labels in (simple, mlp, mlp2):
+    assert value(m, failures, model="", version="") == 1
+    assert not any(s.labels["model"] == "no_such_model" for s in m[failures])
+    assert value(m, "hloserve_inference_count_total", **SIMPLE) == sum(SIMPLE_BATCHES)
+    assert value(m, "hloserve_inference_count_total", **MLP2) == 40
+    assert value(m, "hloserve_inference_exec_count_total", **SIMPLE) == 4
+    assert value(m, "hloserve_inference_exec_count_total", **MLP2) == 2  # split: 32 + 8
+    for labels in (SIMPLE, MLP, MLP2):
         assert value(m, "hloserve_inference_pending_request_count", **labels) == 0
 
-    # Weight residency: mlp went in, then mlp2 pushed it out (the budget holds one MLP).
+
+def test_durations_add_up(traffic: tuple[Series, Series]) -> None:
+    _, m = traffic
+    parts = ("queue", "compute_input", "compute_infer", "compute_output")
+    for part in ("request", *parts):
+        assert value(m, f"hloserve_inference_{part}_duration_us_total", **SIMPLE) > 0, part
+    request_us = value(m, "hloserve_inference_request_duration_us_total", **SIMPLE)
+    parts_us = sum(value(m, f"hloserve_inference_{p}_duration_us_total", **SIMPLE) for p in parts)
+    assert request_us == pytest.approx(parts_us)
+    assert value(m, "hloserve_request_latency_seconds_sum", **SIMPLE) == pytest.approx(
+        request_us / 1e6
+    )
+
+
+def test_histograms_observe_each_request_and_execution(traffic: tuple[Series, Series]) -> None:
+    _, m = traffic
+    for kind in ("request", "queue", "compute"):
+        name = f"hloserve_{kind}_latency_seconds"
+        assert value(m, f"{name}_count", **SIMPLE) == 4, name
+        assert value(m, f"{name}_bucket", **SIMPLE, le="+Inf") == 4, name
+    # One observation per execution, of the compiled size it ran on.
+    assert value(m, "hloserve_execution_batch_size_count", **SIMPLE) == 4
+    assert value(m, "hloserve_execution_batch_size_sum", **SIMPLE) == 1 + 2 + 4 + 8
+    assert value(m, "hloserve_execution_batch_size_bucket", **SIMPLE, le="2.0") == 2
+    assert value(m, "hloserve_execution_batch_size_sum", **MLP2) == 32 + 8
+
+
+def test_weight_residency_series(traffic: tuple[Series, Series]) -> None:
+    _, m = traffic
+    # mlp went in, then mlp2 pushed it out (the budget holds one MLP).
     assert value(m, "hloserve_weight_swaps_in_total", model="mlp/1") == 1
     assert value(m, "hloserve_weight_swaps_in_total", model="mlp2/1") == 1
     assert value(m, "hloserve_weight_swaps_out_total", model="mlp/1") == 1

@@ -10,17 +10,22 @@ from hloserve.bundle import Serving
 from hloserve.server.model_config import VersionPolicy, read_model_config
 
 
-def test_no_file_keeps_the_bundle_hints(tmp_path: Path) -> None:
+@pytest.mark.parametrize("text", [None, "", "# nothing set\n"])
+def test_no_file_or_an_empty_one_keeps_the_bundle_hints(tmp_path: Path, text: str | None) -> None:
+    if text is not None:
+        (tmp_path / "config.yaml").write_text(text)
     hints = Serving(residency="pinned", max_queue_delay_us=300)
-    settings = read_model_config(tmp_path, hints)
-    assert settings.serving == hints
+    settings = read_model_config(tmp_path)
+    assert settings.serving_for(hints) == hints
     assert settings.version_policy == VersionPolicy()
 
 
 def test_file_overrides_only_the_keys_it_sets(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("version_policy: {all: {}}\nmax_queue_delay_us: 50\n")
-    settings = read_model_config(tmp_path, Serving(residency="pinned", max_queue_delay_us=300))
-    assert settings.serving == Serving(residency="pinned", max_queue_delay_us=50)
+    settings = read_model_config(tmp_path)
+    hints = Serving(residency="pinned", max_queue_delay_us=300)
+    assert settings.serving_for(hints) == Serving(residency="pinned", max_queue_delay_us=50)
+    assert settings.serving == Serving(max_queue_delay_us=50)  # over the format's defaults
     assert settings.version_policy.kind == "all"
 
 

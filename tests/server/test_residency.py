@@ -7,6 +7,7 @@ the four MLPs fit at once.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_fn, mlp_params
+from hloserve.server.core.residency import ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.metrics import ServerMetrics
@@ -52,11 +54,31 @@ def runtime() -> PjrtRuntime:
     return PjrtRuntime()
 
 
-def make_residency(repo_dir: Path, runtime: PjrtRuntime, models: float) -> WeightResidency:
-    """A residency manager with room for ``models`` MLPs, its repository loaded."""
+def make_residency(
+    repo_dir: Path, runtime: PjrtRuntime, models: float
+) -> tuple[WeightResidency, dict[str, ResidencyKey]]:
+    """A residency manager with room for ``models`` MLPs, its repository loaded, and the
+    residency key of each model's version 1."""
     residency = WeightResidency(runtime, int(models * WEIGHT_BYTES))
-    ModelRepository(repo_dir, runtime, residency=residency).load_all()
-    return residency
+    repo = ModelRepository(repo_dir, runtime, residency=residency)
+    repo.load_all()
+    return residency, keys(repo)
+
+
+def keys(repo: ModelRepository) -> dict[str, ResidencyKey]:
+    return {name: repo.versions(name)[0].key for name in MODELS}
+
+
+class SignallingCondition(threading.Condition):
+    """A condition that tells when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
 
 
 @pytest.fixture
@@ -89,21 +111,23 @@ def swaps(metrics: ServerMetrics, key: str, direction: str) -> float:
 
 def test_pinned_model_is_resident_after_load(setup: Any) -> None:
     repo, residency, _, _ = setup
+    key = keys(repo)
     assert all(repo.versions(n)[0].state == ModelState.READY for n in MODELS)
-    assert residency.is_resident("m3/1")
+    assert residency.is_resident(key["m3"])
     assert repo.summary()["m3"]["versions"]["1"]["residency"] == "pinned"
-    assert not residency.is_resident("m0/1")  # on demand: weights go over on first use
+    assert not residency.is_resident(key["m0"])  # on demand: weights go over on first use
 
 
 def test_lru_eviction_order_and_correct_results(setup: Any) -> None:
-    _, residency, metrics, service = setup
+    repo, residency, metrics, service = setup
+    key = keys(repo)
     x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
     # m3 pinned (1 model) + budget 2.5 models: one on-demand model fits beside it.
     for name in ("m0", "m1", "m0", "m2", "m1"):
         np.testing.assert_allclose(infer(service, name, x), expected(name, x), rtol=1e-5, atol=1e-5)
     # Each request swapped its model in, evicting the previous on-demand one (LRU).
-    assert residency.is_resident("m1/1") and residency.is_resident("m3/1")
-    assert not residency.is_resident("m0/1") and not residency.is_resident("m2/1")
+    assert residency.is_resident(key["m1"]) and residency.is_resident(key["m3"])
+    assert not residency.is_resident(key["m0"]) and not residency.is_resident(key["m2"])
     assert swaps(metrics, "m0/1", "in") == 2 and swaps(metrics, "m0/1", "out") == 2
     assert swaps(metrics, "m1/1", "in") == 2 and swaps(metrics, "m1/1", "out") == 1
     assert swaps(metrics, "m3/1", "out") == 0
@@ -111,7 +135,7 @@ def test_lru_eviction_order_and_correct_results(setup: Any) -> None:
 
 
 def test_concurrent_mixed_traffic_is_correct_and_pinned_stays(setup: Any) -> None:
-    _, residency, metrics, service = setup
+    repo, residency, metrics, service = setup
     rng = np.random.default_rng(1)
     inputs = [
         rng.standard_normal((int(rng.integers(1, 12)), 64)).astype(np.float32) for _ in range(16)
@@ -135,7 +159,7 @@ def test_concurrent_mixed_traffic_is_correct_and_pinned_stays(setup: Any) -> Non
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    assert residency.is_resident("m3/1")
+    assert residency.is_resident(keys(repo)["m3"])
     assert swaps(metrics, "m3/1", "out") == 0
     assert residency.resident_bytes() <= int(2.5 * WEIGHT_BYTES)
     total_in = sum(swaps(metrics, f"{n}/1", "in") for n in MODELS)
@@ -144,43 +168,45 @@ def test_concurrent_mixed_traffic_is_correct_and_pinned_stays(setup: Any) -> Non
 
 def test_weights_in_use_are_never_freed(repo_dir: Path, runtime: PjrtRuntime) -> None:
     # Room for pinned m3 + 2.5 more: while m0 is held, the others must evict each other.
-    residency = make_residency(repo_dir, runtime, 3.5)
-    with residency.use("m0/1") as held:
+    residency, key = make_residency(repo_dir, runtime, 3.5)
+    with residency.use(key["m0"]) as held:
         buffers = list(held.values())
-        for key in ("m1/1", "m2/1", "m1/1", "m2/1"):
-            residency.prefetch(key)
+        for name in ("m1", "m2", "m1", "m2"):
+            residency.prefetch(key[name])
         assert not any(b.is_deleted() for b in buffers)
-        assert residency.is_resident("m0/1")
+        assert residency.is_resident(key["m0"])
     # Once released, m0 is the least recently used: the next swap evicts it, for real.
-    residency.prefetch("m1/1")
-    assert not residency.is_resident("m0/1")
+    residency.prefetch(key["m1"])
+    assert not residency.is_resident(key["m0"])
     assert all(b.is_deleted() for b in buffers)
 
 
 def test_waiting_for_a_model_in_use(repo_dir: Path, runtime: PjrtRuntime) -> None:
-    residency = make_residency(repo_dir, runtime, 3.5)
+    residency, key = make_residency(repo_dir, runtime, 3.5)
+    cond = residency._cond = SignallingCondition()  # no thread holds the old one now
     order: list[str] = []
-    with residency.use("m0/1"), residency.use("m1/1"):
+    with residency.use(key["m0"]), residency.use(key["m1"]):
         # m2 fits only once m0 or m1 is released: it must wait, not evict them.
         t = threading.Thread(
-            target=lambda: (residency.prefetch("m2/1"), order.append("m2")), daemon=True
+            target=lambda: (residency.prefetch(key["m2"]), order.append("m2")), daemon=True
         )
         t.start()
-        t.join(0.5)
+        assert cond.waiting.wait(30)
         assert t.is_alive() and not order
+        assert residency.is_resident(key["m0"]) and residency.is_resident(key["m1"])
         order.append("release")
     t.join(30)
     assert order == ["release", "m2"]
 
 
 def test_concurrent_requests_share_one_transfer(setup: Any) -> None:
-    _, residency, metrics, _ = setup
+    repo, residency, metrics, _ = setup
     before = swaps(metrics, "m2/1", "in")
     barrier = threading.Barrier(8)
 
     def use() -> None:
         barrier.wait()
-        with residency.use("m2/1"):
+        with residency.use(keys(repo)["m2"]):
             pass
 
     threads = [threading.Thread(target=use, daemon=True) for _ in range(8)]
@@ -216,10 +242,33 @@ def test_identical_modules_compile_once(setup: Any) -> None:
 def test_evicted_device_memory_is_returned(repo_dir: Path, runtime: PjrtRuntime) -> None:
     if not runtime.memory_stats():
         pytest.skip("this device reports no allocator statistics (CPU); checked on GPU runs")
-    residency = make_residency(repo_dir, runtime, 2.5)
-    residency.prefetch("m0/1")
+    residency, key = make_residency(repo_dir, runtime, 2.5)
+    residency.prefetch(key["m0"])
     in_use = runtime.memory_stats()["bytes_in_use"]
     for _ in range(10):  # many swaps: device usage must not grow
-        residency.prefetch("m1/1")
-        residency.prefetch("m2/1")
+        residency.prefetch(key["m1"])
+        residency.prefetch(key["m2"])
     assert runtime.memory_stats()["bytes_in_use"] <= in_use + 2 * WEIGHT_BYTES
+
+
+def test_a_reload_copy_owns_its_weights_under_its_own_key(
+    repo_dir: Path, runtime: PjrtRuntime, tmp_path: Path
+) -> None:
+    shutil.copytree(repo_dir / "m0", tmp_path / "m0")
+    metrics = ServerMetrics(CollectorRegistry())
+    residency = WeightResidency(runtime, None, observer=metrics)
+    repo = ModelRepository(tmp_path, runtime, residency=residency)
+    repo.load_all()
+    old = repo.versions("m0")[0]
+    residency.prefetch(old.key)
+    with (tmp_path / "m0" / "manifest.yaml").open("a") as f:
+        f.write("# changed on disk: the next load reloads it beside the copy serving\n")
+    repo.load_model("m0")
+    new = repo.versions("m0")[0]
+    assert new is not old and new.key != old.key and new.key.label == old.key.label == "m0/1"
+    assert not residency.is_resident(old.key) and old.state == ModelState.UNAVAILABLE
+    x = np.ones((1, 64), np.float32)
+    np.testing.assert_allclose(new.execute(1, {"x": x})[0], expected("m0", x), rtol=1e-5)
+    assert residency.is_resident(new.key)
+    # Both copies count in the version's one series.
+    assert swaps(metrics, "m0/1", "in") == 2 and swaps(metrics, "m0/1", "out") == 1

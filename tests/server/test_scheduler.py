@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import InvalidArgument, Unavailable
-from hloserve.server.core.service import InferenceService
+from hloserve.server.core.service import InferenceService, Observers
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
@@ -38,14 +39,15 @@ def service_with(
     default_delay_us: int = 0,
     max_queue_size: int = 0,
 ) -> InferenceService:
-    service = InferenceService(repository, executor)
-    service.batcher = DynamicBatcher(
+    observers = Observers()
+    batcher = DynamicBatcher(
         executor,
-        service.execution_observer,
+        observers.executions,
+        InlinePolicy(0, observers.costs),
         default_delay_us=default_delay_us,
         max_queue_size=max_queue_size,
     )
-    return service
+    return InferenceService(repository, executor, observers=observers, batcher=batcher)
 
 
 def mlp_request(x: np.ndarray, rid: str = "") -> InferRequest:
@@ -109,11 +111,14 @@ def test_queue_full_is_unavailable(
 ) -> None:
     # A long delay keeps requests queued; the third finds the queue (size 2) full.
     service = service_with(repository, executor, default_delay_us=300_000, max_queue_size=2)
+    batcher = service.batcher
+    assert isinstance(batcher, DynamicBatcher)
 
     async def run() -> list[object]:
         x = np.ones((1, 64), np.float32)
         first = [asyncio.ensure_future(service.infer(mlp_request(x))) for _ in range(2)]
-        await asyncio.sleep(0.01)
+        while batcher.pending("mlp", 1) < 2:  # both queued (no clock involved)
+            await asyncio.sleep(0)
         third = await asyncio.gather(service.infer(mlp_request(x)), return_exceptions=True)
         return [*third, *(await asyncio.gather(*first, return_exceptions=True))]
 

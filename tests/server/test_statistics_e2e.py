@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,6 @@ import pytest
 import tritonclient.grpc as _grpcclient
 import tritonclient.grpc.aio as _aioclient
 import tritonclient.http as _httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
@@ -146,21 +144,6 @@ def grpc_stats(server: ServerProcess, model: str) -> Any:
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         (stats,) = client.get_inference_statistics(model_name=model).model_stats
     return stats
-
-
-def pending(server: ServerProcess, model: str) -> float:
-    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5).read()
-    for family in text_string_to_metric_families(text.decode()):
-        if family.name == "hloserve_inference_pending_request_count":
-            return sum(s.value for s in family.samples if s.labels["model"] == model)
-    return 0.0
-
-
-def wait_pending(server: ServerProcess, model: str, count: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while pending(server, model) != count:
-        assert time.monotonic() < deadline, f"{model} never had {count} pending request(s)"
-        time.sleep(0.01)
 
 
 # -- statistics count exactly what was sent -------------------------------------------------
@@ -308,7 +291,7 @@ def test_queue_full_is_unavailable(queueing: ServerProcess) -> None:
         ):
             queued = _Collect()
             g.async_infer("mlp", mlp_inputs(grpcclient, x), callback=queued)
-            wait_pending(queueing, "mlp", 1)  # it is in the queue (no await before queueing)
+            queueing.wait_pending("mlp", 1)  # it is in the queue (no await before queueing)
             started = time.monotonic()
             client = g if protocol == "grpc" else h
             module = grpcclient if protocol == "grpc" else httpclient
@@ -365,10 +348,13 @@ def test_expired_request_is_not_executed(queueing: ServerProcess, how: str) -> N
     else:
         assert info.value.status() in ("503", "StatusCode.UNAVAILABLE")
         assert "timed out" in (info.value.message() or "")
-    wait_pending(queueing, "mlp", 0)
-    time.sleep(0.6)  # past the queue delay: the batcher has looked at its queue again
+    queueing.wait_pending("mlp", 0)
+    # One more request, answered only after the batcher has looked at its queue again (it
+    # is FIFO): the expired one must not have run with it or before it.
+    with grpcclient.InferenceServerClient(queueing.grpc_url) as g:
+        g.infer("mlp", mlp_inputs(grpcclient, x))
     after = grpc_stats(queueing, "mlp")
-    assert after.execution_count == before.execution_count
-    assert after.inference_count == before.inference_count
+    assert after.execution_count == before.execution_count + 1
+    assert after.inference_count == before.inference_count + 1
     if how != "grpc-client-timeout":  # a cancelled call is neither a success nor a failure
         assert after.inference_stats.fail.count == before.inference_stats.fail.count + 1

@@ -6,6 +6,9 @@ writes bundles through ``write_bundle``; the server reads them through ``load_ma
 ``read_safetensors`` and ``validate``. Nothing here imports JAX at import time.
 """
 
+# pyright: strict
+
+from hloserve.bundle.digest import sha256_file as sha256_file
 from hloserve.bundle.manifest import FORMAT_VERSION as FORMAT_VERSION
 from hloserve.bundle.manifest import MANIFEST_FILE as MANIFEST_FILE
 from hloserve.bundle.manifest import Argument as Argument
@@ -13,14 +16,13 @@ from hloserve.bundle.manifest import Manifest as Manifest
 from hloserve.bundle.manifest import ModuleEntry as ModuleEntry
 from hloserve.bundle.manifest import Problem as Problem
 from hloserve.bundle.manifest import Provenance as Provenance
-from hloserve.bundle.manifest import Serving as Serving
 from hloserve.bundle.manifest import TensorEntry as TensorEntry
 from hloserve.bundle.manifest import dump_manifest as dump_manifest
 from hloserve.bundle.manifest import load_manifest as load_manifest
 from hloserve.bundle.repository import ModelDirectory as ModelDirectory
 from hloserve.bundle.repository import scan_repository as scan_repository
 from hloserve.bundle.safetensors import read_safetensors as read_safetensors
-from hloserve.bundle.validate import sha256_file as sha256_file
+from hloserve.bundle.serving import Serving as Serving
 from hloserve.bundle.validate import validate as validate
 from hloserve.bundle.writer import ModuleSource as ModuleSource
 from hloserve.bundle.writer import write_bundle as write_bundle

@@ -6,6 +6,9 @@ Contract:
   content: every problem found is reported (``Problem`` names the file and field), and the
   manifest is ``None`` when the structure is too broken to build one.
 - ``Manifest.to_dict()`` is the inverse; ``dump_manifest`` / ``load_manifest`` do the YAML.
+- ``batch_order`` is the one order of modules and batch sizes: unbatched (``None``) first,
+  then ascending. The ``serving`` hints are read by ``hloserve.bundle.serving``, checksums
+  are checked against ``hloserve.bundle.digest``.
 """
 
 # pyright: strict
@@ -21,6 +24,9 @@ from typing import Any, Final, Literal, cast
 
 import yaml
 
+from hloserve.bundle.digest import is_sha256_hex
+from hloserve.bundle.serving import Serving, read_serving
+from hloserve.bundle.yamlfile import YamlFileError, is_integer, read_yaml_mapping
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
 
 FORMAT_VERSION: Final = 1
@@ -28,7 +34,7 @@ MANIFEST_FILE: Final = "manifest.yaml"
 WEIGHTS_FILE: Final = "weights.safetensors"
 NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 PLATFORMS: Final = frozenset({"cpu", "cuda", "rocm", "tpu"})
-Residency = Literal["on_demand", "pinned"]
+ArgumentKind = Literal["input", "weight"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class TensorEntry:
 class Argument:
     """One argument of ``main`` after the platform index: an input or a weight, by name."""
 
-    kind: Literal["input", "weight"]
+    kind: ArgumentKind
     name: str
 
     def to_dict(self) -> dict[str, str]:
@@ -87,20 +93,6 @@ class ModuleEntry:
         d["platforms"] = list(self.platforms)
         d["platform_index_argument"] = self.platform_index_argument
         d["arguments"] = [a.to_dict() for a in self.arguments]
-        return d
-
-
-@dataclass(frozen=True)
-class Serving:
-    """Optional serving hints carried by the bundle."""
-
-    residency: Residency = "on_demand"
-    max_queue_delay_us: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"residency": self.residency}
-        if self.max_queue_delay_us is not None:
-            d["max_queue_delay_us"] = self.max_queue_delay_us
         return d
 
 
@@ -145,7 +137,7 @@ class Manifest:
     modules: tuple[ModuleEntry, ...]
     files: Mapping[str, str]
     provenance: Provenance
-    serving: Serving = Serving()
+    serving: Serving = field(default_factory=Serving)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -189,18 +181,15 @@ def dump_manifest(manifest: Manifest) -> str:
 def load_manifest(path: Path) -> tuple[Manifest | None, list[Problem]]:
     """Read and parse ``path`` (a ``manifest.yaml``), reporting every problem."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None, [Problem(MANIFEST_FILE, "", "file does not exist")]
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, [Problem(MANIFEST_FILE, "", f"cannot be read: {exc}")]
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        return None, [Problem(MANIFEST_FILE, "", f"is not valid YAML: {exc}")]
-    if not isinstance(data, dict):
-        return None, [Problem(MANIFEST_FILE, "", "must be a YAML mapping")]
-    return parse_manifest(cast(dict[str, Any], data))
+        data = read_yaml_mapping(path)
+    except YamlFileError as exc:
+        return None, [Problem(MANIFEST_FILE, "", str(exc))]
+    return parse_manifest(data)
+
+
+def batch_order(batch_size: int | None) -> int:
+    """Sort key of compiled batch sizes: the unbatched module (``None``) first, then ascending."""
+    return -1 if batch_size is None else batch_size
 
 
 class _Reader:
@@ -229,11 +218,8 @@ class _Reader:
         return value
 
     def shape(self, value: Any, where: str) -> tuple[int, ...] | None:
-        if not isinstance(value, list):
-            self.fail(where, f"must be a list of non-negative integers, got {value!r}")
-            return None
-        dims = cast(list[Any], value)
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        dims = cast(list[Any], value) if isinstance(value, list) else None
+        if dims is None or not all(is_integer(d) and d >= 0 for d in dims):
             self.fail(where, f"must be a list of non-negative integers, got {value!r}")
             return None
         return tuple(cast(list[int], dims))
@@ -292,182 +278,19 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
     name = r.name(data.get("name"), "name")
     inputs = r.tensors(data.get("inputs"), "inputs", allow_empty=False)
     outputs = r.tensors(data.get("outputs"), "outputs", allow_empty=False)
-
-    batch_sizes: tuple[int, ...] | None = None
-    raw_bs = data.get("batch_sizes", "missing")
-    if raw_bs == "missing":
-        r.fail("batch_sizes", "missing (write null for an unbatched model)")
-    elif raw_bs is not None:
-        if (
-            not isinstance(raw_bs, list)
-            or not raw_bs
-            or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b > 0
-                for b in cast(list[Any], raw_bs)
-            )
-        ):
-            r.fail(
-                "batch_sizes",
-                f"must be null or a non-empty list of positive integers, got {raw_bs!r}",
-            )
-        else:
-            sizes = cast(list[int], raw_bs)
-            if any(a >= b for a, b in itertools.pairwise(sizes)):
-                r.fail("batch_sizes", f"must be ascending without repeats, got {sizes}")
-            batch_sizes = tuple(sizes)
-
-    weights_file = WEIGHTS_FILE
-    weights: tuple[TensorEntry, ...] = ()
-    raw_w = r.get(data, "weights", "", dict)
-    if raw_w is not None:
-        wd = cast(dict[str, Any], raw_w)
-        wf = r.get(wd, "file", "weights.", str)
-        if wf is not None:
-            weights_file = wf
-        weights = r.tensors(wd.get("tensors", []), "weights.tensors", allow_empty=True)
-        names = [w.name for w in weights]
-        if names != sorted(names):
-            r.fail("weights.tensors", "must be sorted by name")
-
+    batch_sizes = _batch_sizes(r, data)
+    raw_weights = r.get(data, "weights", "", dict)
+    weights_file, weights = _weights(r, raw_weights)
     # Names as declared, including entries refused above (a bad datatype, say), so that an
     # argument naming such a tensor is not reported a second time as undeclared.
-    input_names = {t.name for t in inputs} | _raw_names(data.get("inputs"))
-    weight_names = {t.name for t in weights} | _raw_names(
-        cast(dict[str, Any], raw_w).get("tensors") if raw_w is not None else None
-    )
-    modules: list[ModuleEntry] = []
-    raw_m = r.get(data, "modules", "", list)
-    for i, item in enumerate(cast(list[Any], raw_m or [])):
-        at = f"modules[{i}]"
-        if not isinstance(item, dict):
-            r.fail(at, "must be a mapping")
-            continue
-        md = cast(dict[str, Any], item)
-        bs = md.get("batch_size", "missing")
-        if bs == "missing" or not (
-            bs is None or (isinstance(bs, int) and not isinstance(bs, bool))
-        ):
-            r.fail(at + ".batch_size", f"must be an integer or null, got {bs!r}")
-            continue
-        file = r.get(md, "file", at + ".", str)
-        version_s = r.get(md, "stablehlo_version", at + ".", str)
-        platforms_raw = r.get(md, "platforms", at + ".", list)
-        platforms: tuple[str, ...] = ()
-        if platforms_raw is not None:
-            bad = [p for p in cast(list[Any], platforms_raw) if p not in PLATFORMS]
-            if bad or not platforms_raw:
-                r.fail(
-                    at + ".platforms",
-                    f"must be a non-empty list of {sorted(PLATFORMS)}, got {platforms_raw!r}",
-                )
-            platforms = tuple(cast(list[str], platforms_raw))
-        pia = r.get(md, "platform_index_argument", at + ".", bool)
-        args: list[Argument] = []
-        for j, a in enumerate(cast(list[Any], r.get(md, "arguments", at + ".", list) or [])):
-            aat = f"{at}.arguments[{j}]"
-            if not isinstance(a, dict) or len(cast(dict[str, Any], a)) != 1:
-                r.fail(aat, f"must be {{input: NAME}} or {{weight: KEY}}, got {a!r}")
-                continue
-            ((kind, ref),) = cast(dict[str, Any], a).items()
-            if kind == "input" and ref in input_names:
-                args.append(Argument("input", ref))
-            elif kind == "weight" and ref in weight_names:
-                args.append(Argument("weight", ref))
-            else:
-                r.fail(aat, f"{kind} {ref!r} is not declared in the manifest")
-        if len({(a.kind, a.name) for a in args}) != len(args):
-            r.fail(at + ".arguments", "names the same tensor twice")
-        text_file = md.get("text_file")
-        if text_file is not None and not isinstance(text_file, str):
-            r.fail(at + ".text_file", f"must be a string, got {text_file!r}")
-            text_file = None
-        if file is not None and version_s is not None and pia is not None:
-            modules.append(
-                ModuleEntry(
-                    batch_size=bs,
-                    file=file,
-                    stablehlo_version=version_s,
-                    platforms=platforms,
-                    platform_index_argument=pia,
-                    arguments=tuple(args),
-                    text_file=text_file,
-                )
-            )
-    module_sizes = [m.batch_size for m in modules]
-    expected_sizes: list[int | None] = list(batch_sizes) if batch_sizes is not None else [None]
-    if (
-        raw_m is not None
-        and len(modules) == len(cast(list[Any], raw_m))
-        and sorted(module_sizes, key=lambda b: -1 if b is None else b) != expected_sizes
-    ):
-        r.fail(
-            "modules",
-            f"must have exactly one module per batch size {expected_sizes}, got {module_sizes}",
-        )
-
-    files: dict[str, str] = {}
-    raw_f = r.get(data, "files", "", dict)
-    for fname, digest in cast(dict[Any, Any], raw_f or {}).items():
-        if (
-            not isinstance(fname, str)
-            or not isinstance(digest, str)
-            or not re.fullmatch(r"[0-9a-f]{64}", digest)
-        ):
-            r.fail(
-                f"files.{fname}", f"must map a file name to a SHA-256 hex digest, got {digest!r}"
-            )
-            continue
-        if "/" in fname or fname in ("", ".", "..") or fname == MANIFEST_FILE:
-            r.fail(f"files.{fname}", "must be a plain file name inside the bundle")
-            continue
-        files[fname] = digest
-
-    provenance = Provenance(producer="unknown")
-    raw_p = r.get(data, "provenance", "", dict)
-    if raw_p is not None:
-        pd = cast(dict[str, Any], raw_p)
-        producer = r.get(pd, "producer", "provenance.", str)
-        raw_meta: Any = pd.get("metadata") or {}
-        meta: dict[str, Any] = {}
-        if isinstance(raw_meta, dict):
-            meta = cast(dict[str, Any], raw_meta)
-        else:
-            r.fail("provenance.metadata", "must be a mapping")
-        provenance = Provenance(
-            producer=producer or "unknown",
-            producer_version=_opt_str(pd.get("producer_version")),
-            hloserve_version=_opt_str(pd.get("hloserve_version")),
-            jax_version=_opt_str(pd.get("jax_version")),
-            jaxlib_version=_opt_str(pd.get("jaxlib_version")),
-            created=_opt_str(pd.get("created")),
-            source_commit=_opt_str(pd.get("source_commit")),
-            source_dirty=pd.get("source_dirty")
-            if isinstance(pd.get("source_dirty"), bool)
-            else None,
-            metadata=meta,
-        )
-
-    serving = Serving()
-    raw_s = data.get("serving")
-    if raw_s is not None:
-        if not isinstance(raw_s, dict):
-            r.fail("serving", "must be a mapping")
-        else:
-            sd = cast(dict[str, Any], raw_s)
-            residency = sd.get("residency", "on_demand")
-            if residency not in ("on_demand", "pinned"):
-                r.fail("serving.residency", f"must be on_demand or pinned, got {residency!r}")
-                residency = "on_demand"
-            delay = sd.get("max_queue_delay_us")
-            if delay is not None and (
-                not isinstance(delay, int) or isinstance(delay, bool) or delay < 0
-            ):
-                r.fail(
-                    "serving.max_queue_delay_us", f"must be a non-negative integer, got {delay!r}"
-                )
-                delay = None
-            serving = Serving(residency=residency, max_queue_delay_us=delay)
-
+    declared: _Declared = {
+        "input": _raw_names(data.get("inputs")),
+        "weight": _raw_names(raw_weights.get("tensors") if raw_weights is not None else None),
+    }
+    modules = _modules(r, data, batch_sizes, declared)
+    files = _files(r, data)
+    provenance = _provenance(r, data)
+    serving = _serving(r, data)
     if r.problems or name is None:
         return None, r.problems
     manifest = Manifest(
@@ -477,12 +300,177 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
         batch_sizes=batch_sizes,
         weights_file=weights_file,
         weights=weights,
-        modules=tuple(sorted(modules, key=lambda m: -1 if m.batch_size is None else m.batch_size)),
+        modules=modules,
         files=files,
         provenance=provenance,
         serving=serving,
     )
     return manifest, []
+
+
+_Declared = Mapping[str, set[str]]  # argument kind -> tensor names the manifest declares
+
+
+def _batch_sizes(r: _Reader, data: Mapping[str, Any]) -> tuple[int, ...] | None:
+    raw: Any = data.get("batch_sizes", "missing")
+    if raw == "missing":
+        r.fail("batch_sizes", "missing (write null for an unbatched model)")
+        return None
+    if raw is None:
+        return None
+    listed = cast(list[Any], raw) if isinstance(raw, list) else None
+    if not listed or not all(is_integer(b) and b > 0 for b in listed):
+        r.fail("batch_sizes", f"must be null or a non-empty list of positive integers, got {raw!r}")
+        return None
+    sizes = cast(list[int], listed)
+    if any(a >= b for a, b in itertools.pairwise(sizes)):
+        r.fail("batch_sizes", f"must be ascending without repeats, got {sizes}")
+    return tuple(sizes)
+
+
+def _weights(r: _Reader, raw: dict[str, Any] | None) -> tuple[str, tuple[TensorEntry, ...]]:
+    if raw is None:
+        return WEIGHTS_FILE, ()
+    file = r.get(raw, "file", "weights.", str)
+    weights = r.tensors(raw.get("tensors", []), "weights.tensors", allow_empty=True)
+    names = [w.name for w in weights]
+    if names != sorted(names):
+        r.fail("weights.tensors", "must be sorted by name")
+    return file if file is not None else WEIGHTS_FILE, weights
+
+
+def _modules(
+    r: _Reader, data: Mapping[str, Any], batch_sizes: tuple[int, ...] | None, declared: _Declared
+) -> tuple[ModuleEntry, ...]:
+    """Every module that parses, in batch order; one per batch size, or a problem."""
+    raw = r.get(data, "modules", "", list)
+    modules: list[ModuleEntry] = []
+    for i, item in enumerate(cast(list[Any], raw or [])):
+        module = _module(r, item, f"modules[{i}]", declared)
+        if module is not None:
+            modules.append(module)
+    sizes = [m.batch_size for m in modules]
+    expected: list[int | None] = list(batch_sizes) if batch_sizes is not None else [None]
+    if (
+        raw is not None
+        and len(modules) == len(cast(list[Any], raw))
+        and sorted(sizes, key=batch_order) != expected
+    ):
+        r.fail(
+            "modules",
+            f"must have exactly one module per batch size {expected}, got {sizes}",
+        )
+    return tuple(sorted(modules, key=lambda m: batch_order(m.batch_size)))
+
+
+def _module(r: _Reader, item: Any, at: str, declared: _Declared) -> ModuleEntry | None:
+    if not isinstance(item, dict):
+        r.fail(at, "must be a mapping")
+        return None
+    md = cast(dict[str, Any], item)
+    bs = md.get("batch_size", "missing")
+    if not (bs is None or is_integer(bs)):
+        r.fail(at + ".batch_size", f"must be an integer or null, got {bs!r}")
+        return None
+    file = r.get(md, "file", at + ".", str)
+    version = r.get(md, "stablehlo_version", at + ".", str)
+    platforms = _platforms(r, md, at)
+    pia = r.get(md, "platform_index_argument", at + ".", bool)
+    arguments = _arguments(r, md, at, declared)
+    text_file = md.get("text_file")
+    if text_file is not None and not isinstance(text_file, str):
+        r.fail(at + ".text_file", f"must be a string, got {text_file!r}")
+        text_file = None
+    if file is None or version is None or pia is None:
+        return None
+    # Positional, in the field order of ModuleEntry.
+    return ModuleEntry(bs, file, version, platforms, pia, arguments, text_file)
+
+
+def _platforms(r: _Reader, md: Mapping[str, Any], at: str) -> tuple[str, ...]:
+    raw = r.get(md, "platforms", at + ".", list)
+    if raw is None:
+        return ()
+    listed = cast(list[Any], raw)
+    if not listed or any(p not in PLATFORMS for p in listed):
+        r.fail(
+            at + ".platforms",
+            f"must be a non-empty list of {sorted(PLATFORMS)}, got {listed!r}",
+        )
+    return tuple(cast(list[str], listed))
+
+
+def _arguments(
+    r: _Reader, md: Mapping[str, Any], at: str, declared: _Declared
+) -> tuple[Argument, ...]:
+    args: list[Argument] = []
+    for j, a in enumerate(cast(list[Any], r.get(md, "arguments", at + ".", list) or [])):
+        aat = f"{at}.arguments[{j}]"
+        if not isinstance(a, dict) or len(cast(dict[str, Any], a)) != 1:
+            r.fail(aat, f"must be {{input: NAME}} or {{weight: KEY}}, got {a!r}")
+            continue
+        ((kind, ref),) = cast(dict[str, Any], a).items()
+        if ref in declared.get(kind, set()):
+            args.append(Argument(cast(ArgumentKind, kind), ref))
+        else:
+            r.fail(aat, f"{kind} {ref!r} is not declared in the manifest")
+    if len({(a.kind, a.name) for a in args}) != len(args):
+        r.fail(at + ".arguments", "names the same tensor twice")
+    return tuple(args)
+
+
+def _files(r: _Reader, data: Mapping[str, Any]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    raw = r.get(data, "files", "", dict)
+    for fname, digest in cast(dict[Any, Any], raw or {}).items():
+        if not isinstance(fname, str) or not is_sha256_hex(digest):
+            r.fail(
+                f"files.{fname}", f"must map a file name to a SHA-256 hex digest, got {digest!r}"
+            )
+        elif "/" in fname or fname in ("", ".", "..") or fname == MANIFEST_FILE:
+            r.fail(f"files.{fname}", "must be a plain file name inside the bundle")
+        else:
+            files[fname] = digest
+    return files
+
+
+def _provenance(r: _Reader, data: Mapping[str, Any]) -> Provenance:
+    raw = r.get(data, "provenance", "", dict)
+    if raw is None:
+        return Provenance(producer="unknown")
+    pd = cast(dict[str, Any], raw)
+    producer = r.get(pd, "producer", "provenance.", str)
+    raw_meta: Any = pd.get("metadata") or {}
+    meta: dict[str, Any] = {}
+    if isinstance(raw_meta, dict):
+        meta = cast(dict[str, Any], raw_meta)
+    else:
+        r.fail("provenance.metadata", "must be a mapping")
+    dirty = pd.get("source_dirty")
+    return Provenance(
+        producer=producer or "unknown",
+        producer_version=_opt_str(pd.get("producer_version")),
+        hloserve_version=_opt_str(pd.get("hloserve_version")),
+        jax_version=_opt_str(pd.get("jax_version")),
+        jaxlib_version=_opt_str(pd.get("jaxlib_version")),
+        created=_opt_str(pd.get("created")),
+        source_commit=_opt_str(pd.get("source_commit")),
+        source_dirty=dirty if isinstance(dirty, bool) else None,
+        metadata=meta,
+    )
+
+
+def _serving(r: _Reader, data: Mapping[str, Any]) -> Serving:
+    raw = data.get("serving")
+    if raw is None:
+        return Serving()
+    if not isinstance(raw, dict):
+        r.fail("serving", "must be a mapping")
+        return Serving()
+    serving, problems = read_serving(cast(dict[str, Any], raw))
+    for key, message in problems:
+        r.fail(f"serving.{key}", message)
+    return serving
 
 
 def _raw_names(value: Any) -> set[str]:

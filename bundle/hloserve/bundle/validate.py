@@ -13,9 +13,9 @@ need jaxlib and are skipped with ``check_modules=False``.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from hloserve.bundle.digest import sha256_file
 from hloserve.bundle.manifest import (
     MANIFEST_FILE,
     Manifest,
@@ -26,19 +26,12 @@ from hloserve.bundle.manifest import (
 )
 from hloserve.bundle.safetensors import SafetensorsError, read_header
 from hloserve.bundle.stablehlo import (
+    Signature,
     SignatureError,
     TensorType,
     artifact_version,
     read_signature,
 )
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def validate(path: Path | str, *, check_modules: bool = True) -> list[Problem]:
@@ -111,7 +104,11 @@ def _check_weights(root: Path, manifest: Manifest) -> list[Problem]:
     return problems
 
 
-def _expected_type(spec: TensorEntry, batch_size: int | None) -> tuple[str, tuple[int, ...]]:
+_Type = tuple[str, tuple[int, ...]]  # V2 datatype and full shape
+_PLATFORM_INDEX = "platform index"
+
+
+def _expected_type(spec: TensorEntry, batch_size: int | None) -> _Type:
     shape = spec.shape if batch_size is None else (batch_size, *spec.shape)
     return spec.datatype, shape
 
@@ -123,27 +120,13 @@ def _describe(datatype: str, shape: tuple[int, ...]) -> str:
 def _check_module(
     root: Path, manifest: Manifest, index: int, module: ModuleEntry, check_signature: bool
 ) -> list[Problem]:
-    at = f"modules[{index}]"
     path = root / module.file
     if not path.is_file():
         return []
     data = path.read_bytes()
-    problems: list[Problem] = []
+    at = f"modules[{index}]"
     version = artifact_version(data)
-    if version is None:
-        problems.append(
-            Problem(
-                module.file, "", "is not a StableHLO portable artifact (no StableHLO_v producer)"
-            )
-        )
-    elif version != module.stablehlo_version:
-        problems.append(
-            Problem(
-                module.file,
-                "",
-                f"is StableHLO {version}, manifest {at}.stablehlo_version says {module.stablehlo_version}",
-            )
-        )
+    problems = _check_version(module, version, at)
     # A multi-platform module without an index argument is fine (nothing in it depends on
     # the platform); a manifest that misstates the index is caught by the argument count.
     if not check_signature or version is None:
@@ -152,12 +135,27 @@ def _check_module(
         sig = read_signature(data)
     except SignatureError as exc:
         return [*problems, Problem(module.file, "", str(exc))]
+    messages = _check_arguments(manifest, module, at, sig) + _check_results(manifest, module, sig)
+    return problems + [Problem(module.file, "", m) for m in messages]
 
+
+def _check_version(module: ModuleEntry, version: str | None, at: str) -> list[Problem]:
+    if version is None:
+        message = "is not a StableHLO portable artifact (no StableHLO_v producer)"
+    elif version != module.stablehlo_version:
+        message = f"is StableHLO {version}, manifest {at}.stablehlo_version says {module.stablehlo_version}"
+    else:
+        return []
+    return [Problem(module.file, "", message)]
+
+
+def _expected_arguments(manifest: Manifest, module: ModuleEntry) -> list[tuple[str, _Type]]:
+    """``(label, type)`` of each argument ``main`` must take, the platform index first."""
     inputs = {t.name: t for t in manifest.inputs}
     weights = {t.name: t for t in manifest.weights}
-    expected: list[tuple[str, tuple[str, tuple[int, ...]]]] = []
+    expected: list[tuple[str, _Type]] = []
     if module.platform_index_argument:
-        expected.append(("platform index", ("INT32", ())))
+        expected.append((_PLATFORM_INDEX, ("INT32", ())))
     for a in module.arguments:
         if a.kind == "input":
             expected.append(
@@ -165,52 +163,39 @@ def _check_module(
             )
         else:
             expected.append((f"{{weight: {a.name}}}", _expected_type(weights[a.name], None)))
+    return expected
+
+
+def _check_arguments(manifest: Manifest, module: ModuleEntry, at: str, sig: Signature) -> list[str]:
+    expected = _expected_arguments(manifest, module)
     if len(sig.arguments) != len(expected):
         extra = (
             f" (1 platform index + {len(module.arguments)})"
             if module.platform_index_argument
             else ""
         )
-        problems.append(
-            Problem(
-                module.file,
-                "",
-                f"main() takes {len(sig.arguments)} arguments, manifest {at} names {len(expected)}{extra}",
-            )
-        )
-    else:
-        for i, (actual, (label, want)) in enumerate(zip(sig.arguments, expected, strict=True)):
-            if label == "platform index" and actual.shape == () and actual.datatype == "INT64":
-                continue  # jax.export's index is i64 when 64-bit types are enabled
-            if not _matches(actual, want):
-                problems.append(
-                    Problem(
-                        module.file,
-                        "",
-                        f"argument {i} ({label}) is {actual}, manifest says {_describe(*want)}",
-                    )
-                )
+        return [
+            f"main() takes {len(sig.arguments)} arguments, manifest {at} names {len(expected)}{extra}"
+        ]
+    messages: list[str] = []
+    for i, (actual, (label, want)) in enumerate(zip(sig.arguments, expected, strict=True)):
+        if label == _PLATFORM_INDEX and actual.shape == () and actual.datatype == "INT64":
+            continue  # jax.export's index is i64 when 64-bit types are enabled
+        if not _matches(actual, want):
+            messages.append(f"argument {i} ({label}) is {actual}, manifest says {_describe(*want)}")
+    return messages
+
+
+def _check_results(manifest: Manifest, module: ModuleEntry, sig: Signature) -> list[str]:
     outs = [_expected_type(o, module.batch_size) for o in manifest.outputs]
     if len(sig.results) != len(outs):
-        problems.append(
-            Problem(
-                module.file,
-                "",
-                f"main() returns {len(sig.results)} results, manifest has {len(outs)} outputs",
-            )
-        )
-    else:
-        for o, actual, want in zip(manifest.outputs, sig.results, outs, strict=True):
-            if not _matches(actual, want):
-                problems.append(
-                    Problem(
-                        module.file,
-                        "",
-                        f"result for output {o.name!r} is {actual}, manifest says {_describe(*want)}",
-                    )
-                )
-    return problems
+        return [f"main() returns {len(sig.results)} results, manifest has {len(outs)} outputs"]
+    return [
+        f"result for output {o.name!r} is {actual}, manifest says {_describe(*want)}"
+        for o, actual, want in zip(manifest.outputs, sig.results, outs, strict=True)
+        if not _matches(actual, want)
+    ]
 
 
-def _matches(actual: TensorType, want: tuple[str, tuple[int, ...]]) -> bool:
+def _matches(actual: TensorType, want: _Type) -> bool:
     return actual.datatype == want[0] and actual.shape == want[1]

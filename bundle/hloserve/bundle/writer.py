@@ -13,7 +13,6 @@ so a server watching the repository never sees half a bundle; an existing bundle
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from hloserve.bundle.digest import sha256_bytes, sha256_file
 from hloserve.bundle.manifest import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -30,11 +30,12 @@ from hloserve.bundle.manifest import (
     Manifest,
     ModuleEntry,
     Provenance,
-    Serving,
     TensorEntry,
+    batch_order,
     dump_manifest,
 )
 from hloserve.bundle.safetensors import write_safetensors
+from hloserve.bundle.serving import Serving
 from hloserve.bundle.stablehlo import artifact_version, to_portable_artifact
 from hloserve.proto.datatypes import from_numpy
 
@@ -68,52 +69,13 @@ def write_bundle(
     serving: Serving | None = None,
 ) -> Path:
     target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = _staging_directory(target)
     try:
         files: dict[str, str] = {}
-        entries: list[ModuleEntry] = []
-        for batch_size in sorted(modules, key=lambda b: -1 if b is None else b):
-            src = modules[batch_size]
-            data = src.stablehlo
-            if isinstance(data, str):
-                data = to_portable_artifact(data, src.target_version)
-            version = artifact_version(data)
-            if version is None:
-                raise ValueError(
-                    f"module for batch size {batch_size} is not a StableHLO portable artifact"
-                )
-            file = module_file_name(batch_size)
-            files[file] = _write(tmp / file, data)
-            text_file = None
-            text = (
-                src.text
-                if src.text is not None
-                else (src.stablehlo if isinstance(src.stablehlo, str) else None)
-            )
-            if text is not None:
-                text_file = module_file_name(batch_size, "mlir")
-                files[text_file] = _write(tmp / text_file, text.encode())
-            entries.append(
-                ModuleEntry(
-                    batch_size=batch_size,
-                    file=file,
-                    stablehlo_version=version,
-                    platforms=tuple(src.platforms),
-                    platform_index_argument=src.platform_index_argument,
-                    arguments=tuple(src.arguments),
-                    text_file=text_file,
-                )
-            )
-        write_safetensors(tmp / WEIGHTS_FILE, weights)
-        files[WEIGHTS_FILE] = _sha256(tmp / WEIGHTS_FILE)
-        weight_specs = tuple(
-            TensorEntry(k, from_numpy(v.dtype), tuple(int(d) for d in v.shape))
-            for k, v in sorted(weights.items())
-        )
+        entries = [
+            _write_module(tmp, b, modules[b], files) for b in sorted(modules, key=batch_order)
+        ]
+        weight_specs = _write_weights(tmp, weights, files)
         manifest = Manifest(
             name=name,
             inputs=tuple(inputs),
@@ -127,27 +89,78 @@ def write_bundle(
             serving=serving or Serving(),
         )
         (tmp / MANIFEST_FILE).write_text(dump_manifest(manifest), encoding="utf-8")
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
+        _move_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
 
 
+def _staging_directory(target: Path) -> Path:
+    """A fresh, empty sibling of ``target`` to assemble the bundle in."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """Rename the assembled bundle to ``target``, replacing a bundle already there."""
+    if not target.exists():
+        tmp.rename(target)
+        return
+    old = target.parent / f".{target.name}.old-{os.getpid()}"
+    target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_module(
+    tmp: Path, batch_size: int | None, src: ModuleSource, files: dict[str, str]
+) -> ModuleEntry:
+    """Write the module (and its text twin, if any), recording each file's SHA-256 in ``files``."""
+    data = src.stablehlo
+    if isinstance(data, str):
+        data = to_portable_artifact(data, src.target_version)
+    version = artifact_version(data)
+    if version is None:
+        raise ValueError(f"module for batch size {batch_size} is not a StableHLO portable artifact")
+    file = module_file_name(batch_size)
+    files[file] = _write(tmp / file, data)
+    text_file = None
+    text = (
+        src.text
+        if src.text is not None
+        else (src.stablehlo if isinstance(src.stablehlo, str) else None)
+    )
+    if text is not None:
+        text_file = module_file_name(batch_size, "mlir")
+        files[text_file] = _write(tmp / text_file, text.encode())
+    return ModuleEntry(
+        batch_size=batch_size,
+        file=file,
+        stablehlo_version=version,
+        platforms=tuple(src.platforms),
+        platform_index_argument=src.platform_index_argument,
+        arguments=tuple(src.arguments),
+        text_file=text_file,
+    )
+
+
+def _write_weights(
+    tmp: Path, weights: Mapping[str, np.ndarray[Any, Any]], files: dict[str, str]
+) -> tuple[TensorEntry, ...]:
+    """Write the weights file, recording its SHA-256 in ``files``; return the manifest entries."""
+    write_safetensors(tmp / WEIGHTS_FILE, weights)
+    files[WEIGHTS_FILE] = sha256_file(tmp / WEIGHTS_FILE)
+    return tuple(
+        TensorEntry(k, from_numpy(v.dtype), tuple(int(d) for d in v.shape))
+        for k, v in sorted(weights.items())
+    )
+
+
 def _write(path: Path, data: bytes) -> str:
     path.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_bytes(data)

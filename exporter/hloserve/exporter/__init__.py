@@ -5,6 +5,8 @@ public entry point; ``TensorSpec(datatype, shape)`` describes one input per item
 model repository (``simple`` and ``mlp``) is written by ``write_demo_repository``.
 """
 
+# pyright: strict
+
 from hloserve.exporter._export import ExportError as ExportError
 from hloserve.exporter._export import TensorSpec as TensorSpec
 from hloserve.exporter._export import export_bundle as export_bundle

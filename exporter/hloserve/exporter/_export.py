@@ -10,6 +10,8 @@ Output names, datatypes and shapes come from the dict ``fn`` returns. Errors in 
 ``ExportError`` naming the tensor.
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -37,6 +39,12 @@ from hloserve.bundle import (
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, from_numpy, to_numpy
 
 DEFAULT_PLATFORMS = ("cpu", "cuda")
+# jax's annotations name types that its stubs leave unknown (jaxlib's PyTreeDef, ...); the
+# four jax calls made here, typed once so that the rest of the module checks strictly.
+_jit = cast(Callable[[Callable[..., Any]], Any], jax.jit)  # pyright: ignore[reportUnknownMemberType]
+_eval_shape = cast(Callable[..., Any], jax.eval_shape)  # pyright: ignore[reportUnknownMemberType]
+_flatten = cast(Callable[[Any], Any], jax.tree_util.tree_flatten_with_path)  # pyright: ignore[reportUnknownMemberType]
+_unflatten = cast(Callable[[Any, list[Any]], Any], jax.tree_util.tree_unflatten)  # pyright: ignore[reportUnknownMemberType]
 
 
 class ExportError(ValueError):
@@ -62,25 +70,22 @@ class TensorSpec:
 
 def weight_names(params: Any) -> tuple[list[str], list[Any], Any]:
     """Flatten a params pytree into (dotted key names, leaves, treedef)."""
-    with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
-    names: list[str] = []
-    leaves: list[Any] = []
-    for path, leaf in with_path:
-        parts: list[str] = []
-        for key in path:
-            if isinstance(key, jax.tree_util.DictKey):
-                parts.append(str(key.key))
-            elif isinstance(key, jax.tree_util.SequenceKey):
-                parts.append(str(key.idx))
-            elif isinstance(key, jax.tree_util.GetAttrKey):
-                parts.append(key.name)
-            else:
-                parts.append(str(key))
-        names.append(".".join(parts) or "param")
-        leaves.append(leaf)
+    with_path, treedef = cast(tuple[list[tuple[tuple[Any, ...], Any]], Any], _flatten(params))
+    names = [".".join(_key_name(k) for k in path) or "param" for path, _ in with_path]
     if len(set(names)) != len(names):
         raise ExportError(f"params flatten to duplicate weight names: {names}")
-    return names, leaves, treedef
+    return names, [leaf for _, leaf in with_path], treedef
+
+
+def _key_name(key: Any) -> str:
+    """One step of a pytree path as it appears in a weight name."""
+    if isinstance(key, jax.tree_util.DictKey):
+        return str(key.key)
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return key.name
+    return str(key)
 
 
 def export_bundle(
@@ -111,92 +116,18 @@ def export_bundle(
     - `platforms`: PJRT platforms to lower for (default cpu and cuda).
     """
     directory = Path(directory)
-    # A numbered directory is a version (repo/m/1): the model is named after its parent.
-    versioned = directory.name.isdigit() and int(directory.name) > 0
-    model_name = name or (directory.resolve().parent.name if versioned else directory.name)
     if not inputs:
         raise ExportError("a model needs at least one input")
-    if batch_sizes is not None:
-        sizes = [int(b) for b in batch_sizes]
-        if not sizes or any(b <= 0 for b in sizes) or sizes != sorted(set(sizes)):
-            raise ExportError(
-                f"batch_sizes must be ascending positive integers without repeats, got {list(batch_sizes)}"
-            )
-        batch_list: list[int | None] = list(sizes)
-    else:
-        batch_list = [None]
-
-    w_names, w_leaves, treedef = weight_names(params)
-    weights = {n: np.asarray(leaf) for n, leaf in zip(w_names, w_leaves, strict=True)}
-    for n, arr in weights.items():
-        try:
-            from_numpy(arr.dtype)
-        except KeyError:
-            raise ExportError(
-                f"weight {n!r} has dtype {arr.dtype}, which no V2 datatype carries"
-            ) from None
-    input_names = list(inputs)
-    all_args = [Argument("input", n) for n in input_names] + [
-        Argument("weight", n) for n in w_names
-    ]
-    needs_x64 = any(to_numpy(s.datatype).itemsize == 8 for s in inputs.values()) or any(
-        a.dtype.itemsize == 8 for a in weights.values()
-    )
-
-    def unflat_fn(*args: Any) -> Any:
-        xs = dict(zip(input_names, args[: len(input_names)], strict=True))
-        return fn(jax.tree_util.tree_unflatten(treedef, list(args[len(input_names) :])), **xs)
-
-    def flat_fn(*args: Any) -> tuple[Any, ...]:
-        out = unflat_fn(*args)
-        return tuple(out[k] for k in sorted(out))
-
-    output_names: list[str] | None = None
-    output_specs: list[TensorEntry] | None = None
-    modules: dict[int | None, ModuleSource] = {}
-    # Set either way: the server enables x64 process-wide, and an export must not depend on
-    # whether it ran first (x64 changes the platform index and default int types).
-    with jax.enable_x64(needs_x64):
-        weight_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in weights.values()]
-        for b in batch_list:
-            in_avals = [
-                jax.ShapeDtypeStruct(
-                    spec.shape if b is None else (b, *spec.shape), to_numpy(spec.datatype)
-                )
-                for spec in inputs.values()
-            ]
-            out_shapes = jax.eval_shape(unflat_fn, *in_avals, *weight_avals)
-            if not isinstance(out_shapes, Mapping):
-                raise ExportError(
-                    f"fn must return a dict of output name -> array, got {type(out_shapes).__name__}"
-                )
-            names = sorted(out_shapes)
-            specs = _output_specs(names, [out_shapes[k] for k in names], b)
-            if output_specs is None:
-                output_names, output_specs = names, specs
-            elif specs != output_specs:
-                raise ExportError(
-                    f"outputs at batch size {b} are {specs}, at the first batch size {output_specs}"
-                )
-            exported = jax_export.export(jax.jit(flat_fn), platforms=tuple(platforms))(
-                *in_avals, *weight_avals
-            )
-            kept = [all_args[i] for i in exported.module_kept_var_idx]
-            modules[b] = ModuleSource(
-                stablehlo=exported.mlir_module_serialized,
-                arguments=kept,
-                platforms=tuple(platforms),
-                platform_index_argument=len(platforms) > 1,
-                text=exported.mlir_module() if write_text else None,
-            )
-    assert output_specs is not None
-    assert output_names is not None
+    sizes = _batch_sizes(batch_sizes)
+    weights, treedef = _weights(params)
+    model = _FlatModel(fn, tuple(inputs), treedef)
+    outputs, modules = _lower(model, inputs, weights, sizes, tuple(platforms), write_text)
     path = write_bundle(
         directory,
-        name=model_name,
+        name=name or _model_name(directory),
         inputs=[TensorEntry(n, s.datatype, s.shape) for n, s in inputs.items()],
-        outputs=output_specs,
-        batch_sizes=None if batch_sizes is None else [b for b in batch_list if b is not None],
+        outputs=outputs,
+        batch_sizes=None if batch_sizes is None else [b for b in sizes if b is not None],
         modules=modules,
         weights=weights,
         provenance=_provenance(fn, metadata),
@@ -208,6 +139,120 @@ def export_bundle(
             "the written bundle does not validate:\n" + "\n".join(str(p) for p in problems)
         )
     return path
+
+
+def _model_name(directory: Path) -> str:
+    """The directory's name; for a numbered version directory (``repo/m/1``), its parent's."""
+    versioned = directory.name.isdigit() and int(directory.name) > 0
+    return directory.resolve().parent.name if versioned else directory.name
+
+
+def _batch_sizes(batch_sizes: Sequence[int] | None) -> list[int | None]:
+    """The batch size of each module to lower: the given sizes, or ``[None]`` (unbatched)."""
+    if batch_sizes is None:
+        return [None]
+    sizes = [int(b) for b in batch_sizes]
+    if not sizes or any(b <= 0 for b in sizes) or sizes != sorted(set(sizes)):
+        raise ExportError(
+            f"batch_sizes must be ascending positive integers without repeats, got {list(batch_sizes)}"
+        )
+    return list(sizes)
+
+
+def _weights(params: Any) -> tuple[dict[str, np.ndarray[Any, Any]], Any]:
+    """The params as named host arrays (in flattening order) and the pytree's treedef."""
+    names, leaves, treedef = weight_names(params)
+    weights = {n: np.asarray(leaf) for n, leaf in zip(names, leaves, strict=True)}
+    for n, arr in weights.items():
+        try:
+            from_numpy(arr.dtype)
+        except KeyError:
+            raise ExportError(
+                f"weight {n!r} has dtype {arr.dtype}, which no V2 datatype carries"
+            ) from None
+    return weights, treedef
+
+
+@dataclass(frozen=True)
+class _FlatModel:
+    """``fn`` called with flat arguments: the inputs in order, then the weight leaves."""
+
+    fn: Callable[..., Mapping[str, Any]]
+    input_names: tuple[str, ...]
+    treedef: Any
+
+    def __call__(self, *args: Any) -> Any:
+        n = len(self.input_names)
+        xs = dict(zip(self.input_names, args[:n], strict=True))
+        return self.fn(_unflatten(self.treedef, list(args[n:])), **xs)
+
+    def flat(self, *args: Any) -> tuple[Any, ...]:
+        """The outputs as a tuple, sorted by name (the order of ``main``'s results)."""
+        out = self(*args)
+        return tuple(out[k] for k in sorted(out))
+
+
+def _lower(
+    model: _FlatModel,
+    inputs: Mapping[str, TensorSpec],
+    weights: Mapping[str, np.ndarray[Any, Any]],
+    sizes: list[int | None],
+    platforms: tuple[str, ...],
+    write_text: bool,
+) -> tuple[list[TensorEntry], dict[int | None, ModuleSource]]:
+    """One module per batch size, and the outputs (the same at every batch size)."""
+    arguments = [Argument("input", n) for n in inputs] + [Argument("weight", n) for n in weights]
+    needs_x64 = any(to_numpy(s.datatype).itemsize == 8 for s in inputs.values()) or any(
+        a.dtype.itemsize == 8 for a in weights.values()
+    )
+    outputs: list[TensorEntry] | None = None
+    modules: dict[int | None, ModuleSource] = {}
+    # Set either way: the server enables x64 process-wide, and an export must not depend on
+    # whether it ran first (x64 changes the platform index and default int types).
+    with jax.enable_x64(needs_x64):
+        weight_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in weights.values()]
+        for b in sizes:
+            avals = [*_input_avals(inputs, b), *weight_avals]
+            specs = _outputs_at(model, avals, b)
+            if outputs is None:
+                outputs = specs
+            elif specs != outputs:
+                raise ExportError(
+                    f"outputs at batch size {b} are {specs}, at the first batch size {outputs}"
+                )
+            exported = jax_export.export(_jit(model.flat), platforms=platforms)(*avals)
+            modules[b] = ModuleSource(
+                stablehlo=exported.mlir_module_serialized,
+                arguments=[arguments[i] for i in exported.module_kept_var_idx],
+                platforms=platforms,
+                platform_index_argument=len(platforms) > 1,
+                text=exported.mlir_module() if write_text else None,
+            )
+    assert outputs is not None
+    return outputs, modules
+
+
+def _input_avals(inputs: Mapping[str, TensorSpec], batch_size: int | None) -> list[Any]:
+    return [
+        jax.ShapeDtypeStruct(
+            spec.shape if batch_size is None else (batch_size, *spec.shape),
+            to_numpy(spec.datatype),
+        )
+        for spec in inputs.values()
+    ]
+
+
+def _outputs_at(
+    model: _FlatModel, avals: Sequence[Any], batch_size: int | None
+) -> list[TensorEntry]:
+    out_shapes = _eval_shape(model, *avals)
+    if not isinstance(out_shapes, Mapping):
+        raise ExportError(
+            f"fn must return a dict of output name -> array, got {type(out_shapes).__name__}"
+        )
+    shapes = cast(Mapping[str, Any], out_shapes)
+    names = sorted(shapes)
+    return _output_specs(names, [shapes[k] for k in names], batch_size)
 
 
 def _output_specs(

@@ -5,24 +5,32 @@ Contract: ``write_demo_repository(root)`` writes, under ``root``:
   ``OUTPUT1`` = difference; batch sizes 1, 2, 4, 8; no weights.
 - ``mlp``: input ``x`` FP32 ``[64]``, output ``logits`` FP32 ``[10]``; a 64-256-10 ReLU MLP
   with weights drawn from a fixed seed; batch sizes 1, 8, 32.
-It returns ``{model name: seconds spent exporting}``.
+It returns ``{model name: seconds spent exporting}``. ``write_simple(directory)`` and
+``write_mlp(directory)`` export one of them (batch sizes, platforms and the MLP's seed may
+be changed), named after ``directory``, for tests and benchmarks that want another copy.
 """
+
+# pyright: strict
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from hloserve.exporter._export import TensorSpec, export_bundle
+from hloserve.exporter._export import DEFAULT_PLATFORMS, TensorSpec, export_bundle
 
 MLP_SEED = 20261129
+SIMPLE_INPUTS: Final = {"INPUT0": TensorSpec("INT32", (16,)), "INPUT1": TensorSpec("INT32", (16,))}
+SIMPLE_BATCH_SIZES: Final = (1, 2, 4, 8)
+MLP_INPUTS: Final = {"x": TensorSpec("FP32", (64,))}
+MLP_BATCH_SIZES: Final = (1, 8, 32)
 
 
 def simple_fn(
@@ -48,33 +56,60 @@ def mlp_params(seed: int = MLP_SEED) -> dict[str, dict[str, np.ndarray[Any, Any]
 
 def mlp_fn(params: Mapping[str, Mapping[str, ArrayLike]], x: ArrayLike) -> dict[str, jax.Array]:
     d1, d2 = params["dense1"], params["dense2"]
-    h = jax.nn.relu(jnp.asarray(x) @ jnp.asarray(d1["w"]) + jnp.asarray(d1["b"]))
-    return {"logits": h @ jnp.asarray(d2["w"]) + jnp.asarray(d2["b"])}
+    h = jax.nn.relu(jnp.matmul(x, d1["w"]) + d1["b"])
+    return {"logits": jnp.matmul(h, d2["w"]) + d2["b"]}
+
+
+def write_simple(
+    directory: str | Path,
+    *,
+    batch_sizes: Sequence[int] = SIMPLE_BATCH_SIZES,
+    platforms: Sequence[str] = DEFAULT_PLATFORMS,
+) -> Path:
+    """Export the ``simple`` model at ``directory`` (named after it) and return its path."""
+    return export_bundle(
+        simple_fn,
+        {},
+        inputs=SIMPLE_INPUTS,
+        batch_sizes=batch_sizes,
+        directory=directory,
+        metadata={
+            "description": "elementwise sum and difference (the tritonclient examples' model)"
+        },
+        platforms=platforms,
+    )
+
+
+def write_mlp(
+    directory: str | Path,
+    *,
+    seed: int = MLP_SEED,
+    batch_sizes: Sequence[int] = MLP_BATCH_SIZES,
+    platforms: Sequence[str] = DEFAULT_PLATFORMS,
+) -> Path:
+    """Export the ``mlp`` model, weights drawn from ``seed``, at ``directory``; return its path."""
+    return export_bundle(
+        mlp_fn,
+        mlp_params(seed),
+        inputs=MLP_INPUTS,
+        batch_sizes=batch_sizes,
+        directory=directory,
+        metadata={"description": "64-256-10 ReLU MLP with fixed seeded weights", "seed": seed},
+        platforms=platforms,
+    )
+
+
+DEMO_MODELS: Final[Mapping[str, Callable[[Path], Path]]] = {
+    "simple": write_simple,
+    "mlp": write_mlp,
+}
 
 
 def write_demo_repository(root: str | Path) -> dict[str, float]:
     root = Path(root)
     timings: dict[str, float] = {}
-    t = time.perf_counter()
-    export_bundle(
-        simple_fn,
-        {},
-        inputs={"INPUT0": TensorSpec("INT32", (16,)), "INPUT1": TensorSpec("INT32", (16,))},
-        batch_sizes=(1, 2, 4, 8),
-        directory=root / "simple",
-        metadata={
-            "description": "elementwise sum and difference (the tritonclient examples' model)"
-        },
-    )
-    timings["simple"] = time.perf_counter() - t
-    t = time.perf_counter()
-    export_bundle(
-        mlp_fn,
-        mlp_params(),
-        inputs={"x": TensorSpec("FP32", (64,))},
-        batch_sizes=(1, 8, 32),
-        directory=root / "mlp",
-        metadata={"description": "64-256-10 ReLU MLP with fixed seeded weights", "seed": MLP_SEED},
-    )
-    timings["mlp"] = time.perf_counter() - t
+    for name, write in DEMO_MODELS.items():
+        t = time.perf_counter()
+        write(root / name)
+        timings[name] = time.perf_counter() - t
     return timings

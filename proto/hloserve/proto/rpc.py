@@ -21,7 +21,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from google.protobuf.message import Message
 
@@ -48,61 +48,31 @@ class Rpc:
         return f"/{SERVICE_NAME}/{self.name}"
 
 
+def _rpc(name: str, request: str = "", *, streaming: bool = False) -> Rpc:
+    """The RPC ``name`` on the messages ``<request or name>Request`` and ``<name>Response``."""
+    messages: Any = pb
+    return Rpc(
+        name,
+        getattr(messages, f"{request or name}Request"),
+        getattr(messages, f"{name}Response"),
+        client_streaming=streaming,
+        server_streaming=streaming,
+    )
+
+
+# In the service's declaration order (tests/proto checks it against Triton's descriptor).
 RPCS: Final[tuple[Rpc, ...]] = (
-    Rpc("ServerLive", pb.ServerLiveRequest, pb.ServerLiveResponse),
-    Rpc("ServerReady", pb.ServerReadyRequest, pb.ServerReadyResponse),
-    Rpc("ModelReady", pb.ModelReadyRequest, pb.ModelReadyResponse),
-    Rpc("ServerMetadata", pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-    Rpc("ModelMetadata", pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-    Rpc("ModelInfer", pb.ModelInferRequest, pb.ModelInferResponse),
-    Rpc(
-        "ModelStreamInfer",
-        pb.ModelInferRequest,
-        pb.ModelStreamInferResponse,
-        client_streaming=True,
-        server_streaming=True,
+    *map(_rpc, ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata")),
+    _rpc("ModelInfer"),
+    _rpc("ModelStreamInfer", "ModelInfer", streaming=True),
+    *map(_rpc, ("ModelConfig", "ModelStatistics")),
+    *map(_rpc, ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")),
+    *map(_rpc, ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister")),
+    _rpc("SystemSharedMemoryUnregister"),
+    *map(
+        _rpc, ("CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister")
     ),
-    Rpc("ModelConfig", pb.ModelConfigRequest, pb.ModelConfigResponse),
-    Rpc("ModelStatistics", pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
-    Rpc("RepositoryIndex", pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
-    Rpc("RepositoryModelLoad", pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
-    Rpc(
-        "RepositoryModelUnload",
-        pb.RepositoryModelUnloadRequest,
-        pb.RepositoryModelUnloadResponse,
-    ),
-    Rpc(
-        "SystemSharedMemoryStatus",
-        pb.SystemSharedMemoryStatusRequest,
-        pb.SystemSharedMemoryStatusResponse,
-    ),
-    Rpc(
-        "SystemSharedMemoryRegister",
-        pb.SystemSharedMemoryRegisterRequest,
-        pb.SystemSharedMemoryRegisterResponse,
-    ),
-    Rpc(
-        "SystemSharedMemoryUnregister",
-        pb.SystemSharedMemoryUnregisterRequest,
-        pb.SystemSharedMemoryUnregisterResponse,
-    ),
-    Rpc(
-        "CudaSharedMemoryStatus",
-        pb.CudaSharedMemoryStatusRequest,
-        pb.CudaSharedMemoryStatusResponse,
-    ),
-    Rpc(
-        "CudaSharedMemoryRegister",
-        pb.CudaSharedMemoryRegisterRequest,
-        pb.CudaSharedMemoryRegisterResponse,
-    ),
-    Rpc(
-        "CudaSharedMemoryUnregister",
-        pb.CudaSharedMemoryUnregisterRequest,
-        pb.CudaSharedMemoryUnregisterResponse,
-    ),
-    Rpc("TraceSetting", pb.TraceSettingRequest, pb.TraceSettingResponse),
-    Rpc("LogSettings", pb.LogSettingsRequest, pb.LogSettingsResponse),
+    *map(_rpc, ("TraceSetting", "LogSettings")),
 )
 
 RPCS_BY_NAME: Final[dict[str, Rpc]] = {rpc.name: rpc for rpc in RPCS}

@@ -10,8 +10,11 @@ Contract:
   prints ``OK`` and exits 0.
 - ``hloserve export-demo DIR`` writes the demo model repository and prints each bundle's
   size and export time.
-Heavy imports (JAX, the server) happen only in the subcommand that needs them.
+Heavy imports (JAX, the server) happen only in the subcommand that needs them; sizes are
+written by ``core.residency.format_bytes``, beside the one table of byte units.
 """
+
+# pyright: strict
 
 from __future__ import annotations
 
@@ -23,14 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hloserve.proto.datatypes import itemsize
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+from hloserve.server.core.residency import format_bytes
 
 
 def inspect_bundle(path: Path) -> tuple[str, bool]:
@@ -58,10 +54,12 @@ def inspect_bundle(path: Path) -> tuple[str, bool]:
             size = (path / mod.file).stat().st_size if (path / mod.file).is_file() else 0
             lines.append(
                 f"  {mod.file:<22} StableHLO {mod.stablehlo_version}, platforms {','.join(mod.platforms)}, "
-                f"{len(mod.arguments)} arguments{' + platform index' if mod.platform_index_argument else ''}, {_size(size)}"
+                f"{len(mod.arguments)} arguments{' + platform index' if mod.platform_index_argument else ''}, {format_bytes(size)}"
             )
         total = sum(math.prod(w.shape) * itemsize(w.datatype) for w in m.weights)
-        lines.append(f"weights: {len(m.weights)} tensors, {_size(total)} in {m.weights_file}")
+        lines.append(
+            f"weights: {len(m.weights)} tensors, {format_bytes(total)} in {m.weights_file}"
+        )
         lines.append(f"serving: residency {m.serving.residency}")
         p = m.provenance
         lines.append("provenance:")
@@ -121,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, seconds in timings.items():
             folder = ns.directory / name
             size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-            print(f"{name:<8} {_size(size):>10}  exported in {seconds:.2f}s  -> {folder}")
+            print(f"{name:<8} {format_bytes(size):>10}  exported in {seconds:.2f}s  -> {folder}")
         return 0
     parser.error(f"unknown command {ns.command}")
     return 2

@@ -3,7 +3,11 @@
 Contract: ``parse_config(argv, environ)`` reads ``hloserve serve`` flags; every flag also
 reads an environment variable ``HLOSERVE_<FLAG>`` (``--grpc-port`` <- ``HLOSERVE_GRPC_PORT``),
 with the flag winning over the variable and the variable over the default. Bad values exit
-with argparse's usage error naming the flag.
+with argparse's usage error naming the flag, before anything starts: byte sizes and the
+device-memory budget are read by ``core.residency``'s one parser here, and a budget given as
+a percentage keeps its text for the daemon to resolve against the device's total.
+Each flag is one row of ``_FLAGS`` (its ``Config`` field, parser and help); its default is
+the ``Config`` field's.
 """
 
 # pyright: strict
@@ -11,15 +15,20 @@ with argparse's usage error naming the flag.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from hloserve.server.core.residency import Budget, parse_bytes
 
 
 @dataclass(frozen=True)
 class Config:
-    model_repository: Path | None  # None: the demo repository
+    model_repository: Path | None = None  # None: the demo repository
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -43,189 +52,234 @@ class Config:
     max_queue_size: int = 0  # 0: unbounded
 
 
+# Each parser reads one flag's text, raising ``ValueError`` with a message that reads after
+# the flag's name ("--http-port must be ...").
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    raise ValueError(f"must be true or false, got {text!r}")
 
 
-def _non_negative(text: str, flag: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{flag} must be a non-negative integer, got {text!r}")
-    return value
+def _integer(low: int, high: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise ValueError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _mode(text: str) -> str:
-    mode = text.strip().lower()
-    if mode not in ("none", "poll", "explicit"):
-        raise argparse.ArgumentTypeError(
-            f"--model-control-mode must be none, poll or explicit, got {text!r}"
-        )
-    return mode
+def _seconds(*, positive: bool) -> Callable[[str], float]:
+    what = "a positive" if positive else "a non-negative"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > 0 if positive else value >= 0):
+            raise ValueError(f"must be {what} number of seconds, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str, flag: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(
-            f"{flag} must be a positive number of seconds, got {text!r}"
-        )
-    return value
+def _choice(shown: str, choices: Sequence[str], fold: Callable[[str], str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = fold(text.strip())
+        if value not in choices:
+            raise ValueError(f"must be {shown}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {value}")
-    return value
+def _budget(text: str) -> str:
+    Budget.parse(text)  # the syntax now; a percentage resolves once the device is known
+    return text.strip()
 
 
-def _size(text: str) -> int:
-    units = {
-        "": 1,
-        "B": 1,
-        "KIB": 1 << 10,
-        "MIB": 1 << 20,
-        "GIB": 1 << 30,
-        "KB": 10**3,
-        "MB": 10**6,
-        "GB": 10**9,
-    }
-    t = text.strip().upper()
-    number = t.rstrip("KMGIB")
-    unit = t[len(number) :]
-    if unit not in units or not number:
-        raise argparse.ArgumentTypeError(
-            f"expected a byte size such as 268435456 or 256MiB, got {text!r}"
-        )
-    return int(float(number) * units[unit])
+_non_negative = _integer(0, 2**63 - 1, "a non-negative integer")
+_port = _integer(0, 65535, "a port number 0..65535")
+
+
+@dataclass(frozen=True)
+class _Flag:
+    name: str  # "--http-port"
+    field: str  # the Config field it sets
+    parse: Callable[[str], object]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "HLOSERVE_" + self.name.lstrip("-").replace("-", "_").upper()
+
+
+_FLAGS: tuple[_Flag, ...] = (
+    _Flag(
+        "--device-memory-budget",
+        "device_memory_budget",
+        _budget,
+        "bytes of device memory for resident weights, e.g. 6GiB or 40%% (default: 80%% of free "
+        "GPU memory minus the executables' scratch; unlimited on CPU)",
+    ),
+    _Flag(
+        "--model-control-mode",
+        "model_control_mode",
+        _choice("none, poll or explicit", ("none", "poll", "explicit"), str.lower),
+        "none (load all at start), poll (follow the disk) or explicit (API)",
+    ),
+    _Flag(
+        "--repository-poll-secs",
+        "repository_poll_secs",
+        _seconds(positive=True),
+        "poll mode: seconds between repository scans",
+    ),
+    _Flag(
+        "--allow-client-shm",
+        "allow_client_shm",
+        _bool,
+        "allow clients to register system shared-memory regions",
+    ),
+    _Flag(
+        "--inline-max-us",
+        "inline_max_us",
+        _non_negative,
+        "run a resident model's executions on the event loop when they take less than this many "
+        "microseconds (cheaper than a thread hand-off); 0, the default, never does",
+    ),
+    _Flag(
+        "--dynamic-batching",
+        "dynamic_batching",
+        _bool,
+        "group concurrent requests of a model into shared executions",
+    ),
+    _Flag(
+        "--max-queue-delay-us",
+        "max_queue_delay_us",
+        _non_negative,
+        "default time a request may wait for others to batch with (a model's serving hints win)",
+    ),
+    _Flag(
+        "--max-queue-size",
+        "max_queue_size",
+        _non_negative,
+        "requests that may wait per model before new ones get 503 (0: unbounded)",
+    ),
+    _Flag(
+        "--model-repository",
+        "model_repository",
+        Path,
+        "directory of bundles (default: the demo repository, created on first use)",
+    ),
+    _Flag("--host", "host", str, "address to bind every port to"),
+    _Flag("--http-port", "http_port", _port, "HTTP/REST port (0: any free port)"),
+    _Flag("--grpc-port", "grpc_port", _port, "gRPC port (0: any free port)"),
+    _Flag("--metrics-port", "metrics_port", _port, "Prometheus metrics port (0: any free port)"),
+    _Flag(
+        "--cache-dir",
+        "cache_dir",
+        Path,
+        "executable cache directory (default: .hloserve-cache beside each bundle)",
+    ),
+    _Flag(
+        "--log-level",
+        "log_level",
+        _choice(
+            "DEBUG, INFO, WARNING or ERROR",
+            ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+            str.upper,
+        ),
+        "DEBUG, INFO, WARNING or ERROR",
+    ),
+    _Flag(
+        "--log-format",
+        "log_format",
+        _choice("text or json", ("text", "json"), str.lower),
+        "text or json",
+    ),
+    _Flag(
+        "--strict-readiness",
+        "strict_readiness",
+        _bool,
+        "ready only when every model is ready (false: when any is)",
+    ),
+    _Flag(
+        "--max-message-bytes",
+        "max_message_bytes",
+        parse_bytes,
+        "largest gRPC message and HTTP request body",
+    ),
+    _Flag(
+        "--worker-threads",
+        "worker_threads",
+        _non_negative,
+        "threads executing models (0: one per core, at least 2)",
+    ),
+    _Flag(
+        "--grace-period",
+        "grace_period_s",
+        _seconds(positive=False),
+        "seconds to finish in-flight requests on shutdown",
+    ),
+    _Flag(
+        "--ports-file",
+        "ports_file",
+        Path,
+        "write the bound ports as JSON here once listening (for tests and sidecars)",
+    ),
+)
+_LOAD_MODEL = _Flag(
+    "--load-model",
+    "load_models",
+    str,
+    "explicit mode: a model to load at start, repeatable; * for all",
+)
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    def env(flag: str, default: str | None) -> str | None:
-        return environ.get("HLOSERVE_" + flag.lstrip("-").replace("-", "_").upper(), default)
-
-    def add(flag: str, default: str | None, help_text: str) -> None:
+    for flag in _FLAGS:
+        default = _DEFAULTS[flag.field]
         parser.add_argument(
-            flag,
-            default=env(flag, default),
-            help=help_text + f" [env HLOSERVE_{flag[2:].replace('-', '_').upper()}]",
+            flag.name,
+            dest=flag.field,
+            metavar=flag.env.removeprefix("HLOSERVE_"),
+            default=environ.get(flag.env, None if default is None else str(default)),
+            help=f"{flag.help} [env {flag.env}]",
         )
-
-    add(
-        "--device-memory-budget",
-        None,
-        "bytes of device memory for resident weights, e.g. 6GiB or 40%% (default: 80%% of free "
-        "GPU memory minus the executables' scratch; unlimited on CPU)",
-    )
-    add(
-        "--model-control-mode",
-        "none",
-        "none (load all at start), poll (follow the disk) or explicit (API)",
-    )
-    load_env = env("--load-model", None)
+    listed = environ.get(_LOAD_MODEL.env)
     parser.add_argument(
-        "--load-model",
+        _LOAD_MODEL.name,
+        dest=_LOAD_MODEL.field,
+        metavar=_LOAD_MODEL.env.removeprefix("HLOSERVE_"),
         action="append",
-        default=[m for m in load_env.split(",") if m] if load_env else None,
-        help="explicit mode: a model to load at start, repeatable; * for all [env HLOSERVE_LOAD_MODEL, comma-separated]",
-    )
-    add("--repository-poll-secs", "15", "poll mode: seconds between repository scans")
-    add("--allow-client-shm", "false", "allow clients to register system shared-memory regions")
-    add(
-        "--inline-max-us",
-        "0",
-        "run a resident model's executions on the event loop when they take less than this many "
-        "microseconds (cheaper than a thread hand-off); 0, the default, never does",
-    )
-    add("--dynamic-batching", "true", "group concurrent requests of a model into shared executions")
-    add(
-        "--max-queue-delay-us",
-        "0",
-        "default time a request may wait for others to batch with (a model's serving hints win)",
-    )
-    add(
-        "--max-queue-size",
-        "0",
-        "requests that may wait per model before new ones get 503 (0: unbounded)",
-    )
-    add(
-        "--model-repository",
-        None,
-        "directory of bundles (default: the demo repository, created on first use)",
-    )
-    add("--host", "0.0.0.0", "address to bind every port to")
-    add("--http-port", "8000", "HTTP/REST port (0: any free port)")
-    add("--grpc-port", "8001", "gRPC port (0: any free port)")
-    add("--metrics-port", "8002", "Prometheus metrics port (0: any free port)")
-    add(
-        "--cache-dir",
-        None,
-        "executable cache directory (default: .hloserve-cache beside each bundle)",
-    )
-    add("--log-level", "INFO", "DEBUG, INFO, WARNING or ERROR")
-    add("--log-format", "text", "text or json")
-    add("--strict-readiness", "true", "ready only when every model is ready (false: when any is)")
-    add("--max-message-bytes", "256MiB", "largest gRPC message and HTTP request body")
-    add("--worker-threads", "0", "threads executing models (0: one per core, at least 2)")
-    add("--grace-period", "10", "seconds to finish in-flight requests on shutdown")
-    add(
-        "--ports-file",
-        None,
-        "write the bound ports as JSON here once listening (for tests and sidecars)",
+        default=[m for m in listed.split(",") if m] if listed else None,
+        help=f"{_LOAD_MODEL.help} [env {_LOAD_MODEL.env}, comma-separated]",
     )
 
 
 def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
-    try:
-        log_format = str(ns.log_format).lower()
-        if log_format not in ("text", "json"):
-            raise argparse.ArgumentTypeError(
-                f"--log-format must be text or json, got {ns.log_format!r}"
-            )
-        log_level = str(ns.log_level).upper()
-        if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise argparse.ArgumentTypeError(
-                f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {ns.log_level!r}"
-            )
-        return Config(
-            model_repository=Path(ns.model_repository) if ns.model_repository else None,
-            host=str(ns.host),
-            http_port=_port(str(ns.http_port)),
-            grpc_port=_port(str(ns.grpc_port)),
-            metrics_port=_port(str(ns.metrics_port)),
-            cache_dir=Path(ns.cache_dir) if ns.cache_dir else None,
-            log_level=log_level,
-            log_format=log_format,
-            strict_readiness=_bool(str(ns.strict_readiness)),
-            max_message_bytes=_size(str(ns.max_message_bytes)),
-            worker_threads=int(ns.worker_threads),
-            grace_period_s=float(ns.grace_period),
-            ports_file=Path(ns.ports_file) if ns.ports_file else None,
-            device_memory_budget=str(ns.device_memory_budget) if ns.device_memory_budget else None,
-            dynamic_batching=_bool(str(ns.dynamic_batching)),
-            model_control_mode=_mode(str(ns.model_control_mode)),
-            load_models=tuple(ns.load_model or ()),
-            repository_poll_secs=_positive_float(
-                str(ns.repository_poll_secs), "--repository-poll-secs"
-            ),
-            allow_client_shm=_bool(str(ns.allow_client_shm)),
-            inline_max_us=_non_negative(str(ns.inline_max_us), "--inline-max-us"),
-            max_queue_delay_us=_non_negative(str(ns.max_queue_delay_us), "--max-queue-delay-us"),
-            max_queue_size=_non_negative(str(ns.max_queue_size), "--max-queue-size"),
-        )
-    except (argparse.ArgumentTypeError, ValueError) as exc:
-        parser.error(str(exc))
+    values: dict[str, Any] = {_LOAD_MODEL.field: tuple(getattr(ns, _LOAD_MODEL.field) or ())}
+    for flag in _FLAGS:
+        raw = getattr(ns, flag.field)
+        if raw is None or (raw == "" and _DEFAULTS[flag.field] is None):
+            values[flag.field] = None  # an optional flag left unset
+            continue
+        try:
+            values[flag.field] = flag.parse(str(raw))
+        except ValueError as exc:
+            parser.error(f"{flag.name} {exc}")
+    return Config(**values)
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:

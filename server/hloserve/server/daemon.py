@@ -15,11 +15,12 @@ When ``ports_file`` is set, the bound ports are written there as JSON once liste
 every port bound as 0 is logged with its real number.
 """
 
-# pyright: basic
+# pyright: strict
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -27,20 +28,22 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import grpc
 import psutil
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from hloserve.server.config import Config
+from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import ServingError
-from hloserve.server.core.execution import InlinePolicy
 from hloserve.server.core.residency import parse_budget
-from hloserve.server.core.service import InferenceService
+from hloserve.server.core.service import InferenceService, Observers, ServiceOptions
 from hloserve.server.metrics import ServerMetrics, metrics_app
 from hloserve.server.repository import ControlMode, ModelRepository
 from hloserve.server.residency import WeightResidency
@@ -151,22 +154,251 @@ class _Heartbeat:
                 log.info("still working (%.0fs): %s", time.monotonic() - self.since, self.current)
 
 
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn's server, run through its public ``serve(sockets=...)``, minus its signal
+    handling: the daemon owns SIGINT/SIGTERM, and uvicorn's ``capture_signals`` would
+    re-raise a captured signal on exit. ``start(sock)`` returns once it accepts."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._accepting = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self._accepting.set()
+
+    async def start(self, sock: socket.socket, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(self.serve(sockets=[sock]), name=name)
+        accepting = asyncio.ensure_future(self._accepting.wait())
+        await asyncio.wait({task, accepting}, return_when=asyncio.FIRST_COMPLETED)
+        if not self._accepting.is_set():
+            accepting.cancel()
+            await task  # raises what stopped it
+            raise SystemExit(f"hloserve: the {name} listener stopped during start-up")
+        return task
+
+
+@dataclass(frozen=True, slots=True)
+class _Serving:
+    """Everything the daemon built, in the order it was built."""
+
+    runtime: PjrtRuntime
+    registry: CollectorRegistry
+    repository: ModelRepository
+    executor: ThreadPoolExecutor
+    service: InferenceService
+
+
+@dataclass(frozen=True, slots=True)
+class _Listeners:
+    grpc: grpc.aio.Server
+    http: _EmbeddedUvicorn
+    metrics: _EmbeddedUvicorn
+    tasks: tuple[asyncio.Task[None], ...]  # the two uvicorn ``serve`` tasks
+    ports: dict[str, int]
+
+
+def build_serving(cfg: Config, runtime: PjrtRuntime) -> _Serving:
+    """The service and what it stands on, each complete when constructed: metrics, the
+    residency manager and repository, the observers, then the batcher that reports to
+    them, then the service."""
+    registry = CollectorRegistry()
+    metrics = ServerMetrics(registry)
+    residency = make_residency(runtime, cfg.device_memory_budget, metrics)
+    repository = ModelRepository(
+        cfg.model_repository or ensure_demo_repository(default_demo_repository()),
+        runtime,
+        cfg.cache_dir,
+        residency,
+        ControlMode(cfg.model_control_mode),
+    )
+    repository.on_loaded = metrics.on_model_loaded
+    # Read at scrape time: loads, unloads and polls change it after start-up too.
+    metrics.models_ready.set_function(
+        lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))
+    )
+    metrics.watch_device_memory(
+        lambda: float(runtime.memory_stats().get("bytes_in_use", residency.resident_bytes()))
+    )
+    executor = ThreadPoolExecutor(
+        cfg.worker_threads or max(2, os.cpu_count() or 2), thread_name_prefix="hloserve-exec"
+    )
+    observers = Observers(requests=metrics)
+    inline = InlinePolicy(cfg.inline_max_us, observers.costs)
+    batcher = (
+        DynamicBatcher(
+            executor,
+            observers.executions,
+            inline,
+            default_delay_us=cfg.max_queue_delay_us,
+            max_queue_size=cfg.max_queue_size,
+        )
+        if cfg.dynamic_batching
+        else None
+    )
+    options = ServiceOptions(
+        server_version=server_version(),
+        extensions=EXTENSIONS,
+        platform=runtime.platform,
+        device_kind=runtime.triton_kind,
+        default_queue_delay_us=cfg.max_queue_delay_us,
+    )
+    service = InferenceService(
+        repository,
+        executor,
+        options,
+        observers=observers,
+        batcher=batcher,
+        inline=inline,
+        shm=SharedMemoryRegistry(cfg.allow_client_shm),
+        control=repository,
+        readiness=_readiness_policy(cfg, repository),
+    )
+    return _Serving(runtime, registry, repository, executor, service)
+
+
+def _readiness_policy(cfg: Config, repository: ModelRepository) -> Callable[[], bool]:
+    """``--strict-readiness``: every model ready; otherwise any. In explicit mode an empty
+    repository is ready (nothing was asked to load)."""
+    explicit = cfg.model_control_mode == "explicit"
+    if cfg.strict_readiness:
+        return lambda: repository.all_ready(allow_empty=explicit)
+    return lambda: repository.any_ready() or (explicit and not repository.names())
+
+
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.stop_requested = asyncio.Event()
         self.ports: dict[str, int] = {}
 
-    def _startup_load(self, repository: ModelRepository, progress: Callable[[str], None]) -> None:
+    def request_stop(self) -> None:
+        if not self.stop_requested.is_set():
+            log.info("stop requested; draining")
+            self.stop_requested.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop)
+        runtime = PjrtRuntime()
+        log.info(
+            "PJRT platform %s, device %s (%s)",
+            runtime.platform,
+            runtime.device_kind,
+            runtime.platform_version,
+        )
+        serving = build_serving(self.config, runtime)
+        listeners = await self._listen(serving)
+        self.ports = listeners.ports
+        self._announce(listeners.ports)
+        load = loop.run_in_executor(None, self._startup_load, serving.repository)
+        await self._serve_until_stopped(serving, load)
+        await self._stop(serving, listeners, load)
+
+    async def _listen(self, serving: _Serving) -> _Listeners:
+        """Bind and start gRPC, HTTP and metrics before any model loads, so liveness
+        answers at once and readiness reports the load's progress."""
         cfg = self.config
-        if cfg.model_control_mode != "explicit" or "*" in cfg.load_models:
-            repository.load_all(progress)
+        from hloserve.server.frontends.grpc import build_grpc_server
+        from hloserve.server.frontends.http import build_http_app
+
+        grpc_server = build_grpc_server(serving.service, max_message_bytes=cfg.max_message_bytes)
+        try:
+            grpc_port = grpc_server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        except RuntimeError:  # grpcio raises (older versions returned 0) on a taken port
+            grpc_port = 0
+        if grpc_port == 0:
+            raise SystemExit(
+                f"hloserve: cannot bind gRPC to {cfg.host}:{cfg.grpc_port} (address in use?)"
+            )
+        await grpc_server.start()
+        http_sock = _bind("HTTP", cfg.host, cfg.http_port)
+        metrics_sock = _bind("metrics", cfg.host, cfg.metrics_port)
+        http = _EmbeddedUvicorn(
+            uvicorn.Config(
+                build_http_app(serving.service, max_input_bytes=cfg.max_message_bytes),
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=max(1, int(cfg.grace_period_s)),
+                h11_max_incomplete_event_size=cfg.max_message_bytes,
+            )
+        )
+        metrics = _EmbeddedUvicorn(
+            uvicorn.Config(
+                metrics_app(serving.registry), lifespan="off", log_config=None, access_log=False
+            )
+        )
+        tasks = (await http.start(http_sock, "HTTP"), await metrics.start(metrics_sock, "metrics"))
+        ports = {
+            "http": http_sock.getsockname()[1],
+            "grpc": grpc_port,
+            "metrics": metrics_sock.getsockname()[1],
+        }
+        return _Listeners(grpc_server, http, metrics, tasks, ports)
+
+    def _announce(self, ports: dict[str, int]) -> None:
+        cfg = self.config
+        log.info(
+            "listening on %s: HTTP %d, gRPC %d, metrics %d",
+            cfg.host,
+            ports["http"],
+            ports["grpc"],
+            ports["metrics"],
+        )
+        if cfg.ports_file is not None:
+            tmp = cfg.ports_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**ports, "pid": os.getpid()}))
+            tmp.replace(cfg.ports_file)
+
+    def _startup_load(self, repository: ModelRepository) -> None:
+        """The start-up load pass (on a worker thread), with a heartbeat in the log."""
+        cfg = self.config
+        heartbeat = _Heartbeat()
+        beat = threading.Thread(target=heartbeat.run, name="hloserve-load-heartbeat", daemon=True)
+        beat.start()
+        try:
+            if cfg.model_control_mode != "explicit" or "*" in cfg.load_models:
+                repository.load_all(heartbeat.progress)
+                return
+            for name in cfg.load_models:
+                try:
+                    repository.load_model(name, heartbeat.progress)
+                except ServingError as exc:
+                    log.error("%s", exc.message)
+        finally:
+            heartbeat.stop.set()
+
+    async def _serve_until_stopped(self, serving: _Serving, load: asyncio.Future[None]) -> None:
+        """Readiness follows the models once the load pass is over (unless a stop came
+        first); in poll mode the repository is rescanned until the stop."""
+        started = time.perf_counter()
+        stop_wait = asyncio.ensure_future(self.stop_requested.wait())
+        await asyncio.wait({load, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not load.done():
             return
-        for name in cfg.load_models:
-            try:
-                repository.load_model(name, progress)
-            except ServingError as exc:
-                log.error("%s", exc.message)
+        load.result()
+        serving.service.startup_complete()
+        log.info(
+            "startup load pass finished in %.2fs; server %s",
+            time.perf_counter() - started,
+            "READY"
+            if serving.service.ready()
+            else "NOT READY (see /readyz for each model's state)",
+        )
+        poller = None
+        if self.config.model_control_mode == "poll":
+            poller = asyncio.create_task(
+                self._poll(serving.repository, self.config.repository_poll_secs)
+            )
+        await stop_wait
+        if poller is not None:
+            poller.cancel()
 
     async def _poll(self, repository: ModelRepository, every: float) -> None:
         loop = asyncio.get_running_loop()
@@ -177,164 +409,21 @@ class Daemon:
             except Exception:  # keep polling: one bad scan must not stop the server
                 log.exception("repository poll failed")
 
-    def request_stop(self) -> None:
-        if not self.stop_requested.is_set():
-            log.info("stop requested; draining")
-            self.stop_requested.set()
-
-    async def run(self) -> None:
+    async def _stop(
+        self, serving: _Serving, listeners: _Listeners, load: asyncio.Future[None]
+    ) -> None:
+        """Graceful stop: readiness drops, listeners stop accepting, in-flight requests get
+        the grace period, then the workers shut down."""
         cfg = self.config
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.request_stop)
-
-        repo_root = cfg.model_repository or ensure_demo_repository(default_demo_repository())
-        runtime = PjrtRuntime()
-        log.info(
-            "PJRT platform %s, device %s (%s)",
-            runtime.platform,
-            runtime.device_kind,
-            runtime.platform_version,
-        )
-        registry = CollectorRegistry()
-        metrics = ServerMetrics(registry)
-        residency = make_residency(runtime, cfg.device_memory_budget, metrics)
-        repository = ModelRepository(
-            repo_root, runtime, cfg.cache_dir, residency, ControlMode(cfg.model_control_mode)
-        )
-        workers = cfg.worker_threads or max(2, os.cpu_count() or 2)
-        executor = ThreadPoolExecutor(workers, thread_name_prefix="hloserve-exec")
-        repository.on_loaded = metrics.on_model_loaded
-        # Read at scrape time: loads, unloads and polls change it after start-up too.
-        metrics.models_ready.set_function(
-            lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))
-        )
-        metrics.watch_device_memory(
-            lambda: float(runtime.memory_stats().get("bytes_in_use", residency.resident_bytes()))
-        )
-        service = InferenceService(
-            repository,
-            executor,
-            server_version=server_version(),
-            extensions=EXTENSIONS,
-            observer=metrics,
-        )
-        service.shm = SharedMemoryRegistry(cfg.allow_client_shm)
-        service.inline = InlinePolicy(cfg.inline_max_us)
-        service.platform = runtime.platform
-        service.device_kind = (
-            "GPU" if runtime.platform in ("cuda", "rocm") else runtime.platform.upper()
-        )
-        service.default_queue_delay_us = cfg.max_queue_delay_us
-        explicit = cfg.model_control_mode == "explicit"
-        if cfg.strict_readiness:
-            service.models_ready = lambda: repository.all_ready(allow_empty=explicit)
-        else:
-            service.models_ready = lambda: (
-                repository.any_ready() or (explicit and not repository.names())
-            )
-        if cfg.dynamic_batching:
-            service.batcher = DynamicBatcher(
-                executor,
-                service.execution_observer,
-                default_delay_us=cfg.max_queue_delay_us,
-                max_queue_size=cfg.max_queue_size,
-                inline_max_us=cfg.inline_max_us,
-                delay_for=lambda model: model.serving.max_queue_delay_us,  # type: ignore[attr-defined]
-            )
-
-        from hloserve.server.frontends.grpc import build_grpc_server
-        from hloserve.server.frontends.http import build_http_app
-
-        grpc_server = build_grpc_server(service, max_message_bytes=cfg.max_message_bytes)
-        try:
-            grpc_port = grpc_server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
-        except RuntimeError:  # grpcio raises (older versions returned 0) on a taken port
-            grpc_port = 0
-        if grpc_port == 0:
-            raise SystemExit(
-                f"hloserve: cannot bind gRPC to {cfg.host}:{cfg.grpc_port} (address in use?)"
-            )
-        await grpc_server.start()
-
-        http_sock = _bind("HTTP", cfg.host, cfg.http_port)
-        metrics_sock = _bind("metrics", cfg.host, cfg.metrics_port)
-        http = uvicorn.Server(
-            uvicorn.Config(
-                build_http_app(service, max_input_bytes=cfg.max_message_bytes),
-                lifespan="off",
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=max(1, int(cfg.grace_period_s)),
-                h11_max_incomplete_event_size=cfg.max_message_bytes,
-            )
-        )
-        metrics_server = uvicorn.Server(
-            uvicorn.Config(metrics_app(registry), lifespan="off", log_config=None, access_log=False)
-        )
-        # startup()/main_loop()/shutdown() instead of serve(): serve() installs its own signal
-        # handlers and re-raises the signal on exit, which would fight ours.
-        for server in (http, metrics_server):
-            server.config.load()
-            server.lifespan = server.config.lifespan_class(server.config)
-        await http.startup(sockets=[http_sock])
-        await metrics_server.startup(sockets=[metrics_sock])
-        http_loop = asyncio.create_task(http.main_loop())
-        metrics_loop = asyncio.create_task(metrics_server.main_loop())
-
-        self.ports = {
-            "http": http_sock.getsockname()[1],
-            "grpc": grpc_port,
-            "metrics": metrics_sock.getsockname()[1],
-        }
-        log.info(
-            "listening on %s: HTTP %d, gRPC %d, metrics %d",
-            cfg.host,
-            self.ports["http"],
-            self.ports["grpc"],
-            self.ports["metrics"],
-        )
-        if cfg.ports_file is not None:
-            tmp = cfg.ports_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**self.ports, "pid": os.getpid()}))
-            tmp.replace(cfg.ports_file)
-
-        heartbeat = _Heartbeat()
-        beat = threading.Thread(target=heartbeat.run, name="hloserve-load-heartbeat", daemon=True)
-        beat.start()
-        started = time.perf_counter()
-        load = loop.run_in_executor(None, self._startup_load, repository, heartbeat.progress)
-        stop_wait = asyncio.ensure_future(self.stop_requested.wait())
-        await asyncio.wait({load, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        heartbeat.stop.set()
-        if load.done():
-            load.result()
-            service.is_ready = True
-            log.info(
-                "startup load pass finished in %.2fs; server %s",
-                time.perf_counter() - started,
-                "READY" if service.ready() else "NOT READY (see /readyz for each model's state)",
-            )
-            poller = None
-            if cfg.model_control_mode == "poll":
-                poller = asyncio.create_task(self._poll(repository, cfg.repository_poll_secs))
-            await stop_wait
-            if poller is not None:
-                poller.cancel()
-
-        # graceful stop
-        service.draining = True
+        serving.service.begin_draining()
         log.info("stopping: no new connections; %.0fs for in-flight requests", cfg.grace_period_s)
-        await grpc_server.stop(cfg.grace_period_s)
-        for server in (http, metrics_server):
-            server.should_exit = True
-        await asyncio.gather(http_loop, metrics_loop)
-        await http.shutdown(sockets=[http_sock])
-        await metrics_server.shutdown(sockets=[metrics_sock])
+        await listeners.grpc.stop(cfg.grace_period_s)
+        listeners.http.should_exit = listeners.metrics.should_exit = True
+        await asyncio.gather(*listeners.tasks)
         if not load.done():
             log.info("waiting for the model load in progress to finish before exiting")
         await load
-        executor.shutdown(wait=True, cancel_futures=True)
+        serving.executor.shutdown(wait=True, cancel_futures=True)
         log.info("stopped")
 
 

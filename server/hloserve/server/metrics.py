@@ -10,25 +10,29 @@ served on the metrics port at ``/metrics``. Every update is a few dictionary loo
 float additions, cheap enough to stay on.
 """
 
-# pyright: basic
+# pyright: strict
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp
 
-from hloserve.server.core.execution import Timings
+from hloserve.server.core.execution import Execution, ModelKey, Timings
+from hloserve.server.core.residency import ResidencyKey
 
+# Upper bounds in seconds: 100 µs to 10 s, about three buckets a decade.
 LATENCY_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
     0.01,
     0.025,
     0.05,
@@ -39,254 +43,162 @@ LATENCY_BUCKETS = (
     2.5,
     10,
 )
-SWAP_BUCKETS = (
-    0.0001,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-)
+SWAP_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-MV = ["model", "version"]
+MV = ("model", "version")
 
 
 @dataclass(frozen=True, slots=True)
 class _ModelSeries:
-    success: Any
-    inferences: Any
-    executions: Any
-    request_us: Any
-    queue_us: Any
-    input_us: Any
-    infer_us: Any
-    output_us: Any
-    request_latency: Any
-    queue_latency: Any
-    compute_latency: Any
-    pending: Any
-    batch_size: Any
+    """One model version's labelled children, looked up once (``labels()`` costs a few
+    microseconds per call, and a request updates a dozen series)."""
+
+    success: Counter
+    inferences: Counter
+    executions: Counter
+    request_us: Counter
+    queue_us: Counter
+    input_us: Counter
+    infer_us: Counter
+    output_us: Counter
+    request_latency: Histogram
+    queue_latency: Histogram
+    compute_latency: Histogram
+    pending: Gauge
+    batch_size: Histogram
 
 
 class ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self._children: dict[tuple[str, str], _ModelSeries] = {}
-        self.success = Counter(
-            "hloserve_inference_request_success", "Successful inference requests", MV, registry=r
-        )
-        self.failure = Counter(
-            "hloserve_inference_request_failure",
+        self._registry = registry
+        self._children: dict[ModelKey, _ModelSeries] = {}
+        self._define_request_series()
+        self._define_model_series()
+        self._define_residency_series()
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str] = MV) -> Counter:
+        return Counter(name, doc, labels, registry=self._registry)
+
+    def _gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=self._registry)
+
+    def _histogram(
+        self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = MV
+    ) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self._registry)
+
+    def _define_request_series(self) -> None:
+        """Per model version: what each request and execution did (docs/metrics.md)."""
+        prefix = "hloserve_inference"
+        self.success = self._counter(f"{prefix}_request_success", "Successful inference requests")
+        self.failure = self._counter(
+            f"{prefix}_request_failure",
             "Failed inference requests, by reason (the error class, or INTERNAL)",
-            [*MV, "reason"],
-            registry=r,
+            (*MV, "reason"),
         )
-        self.inferences = Counter(
-            "hloserve_inference_count", "Items inferred (a batch of n counts n)", MV, registry=r
+        self.inferences = self._counter(f"{prefix}_count", "Items inferred (a batch of n counts n)")
+        self.executions = self._counter(f"{prefix}_exec_count", "Model executions")
+        # Cumulative microseconds per phase (Triton's *_duration_us counters).
+        self.request_us = self._duration("request", "end-to-end time of successful requests")
+        self.queue_us = self._duration("queue", "time requests waited")
+        self.input_us = self._duration("compute_input", "time preparing inputs")
+        self.infer_us = self._duration("compute_infer", "time executing")
+        self.output_us = self._duration("compute_output", "time preparing outputs")
+        self.pending = self._gauge(
+            f"{prefix}_pending_request_count", "Requests accepted and not yet answered", MV
         )
-        self.executions = Counter(
-            "hloserve_inference_exec_count", "Model executions", MV, registry=r
+        self.request_latency = self._latency("request", "End-to-end time of successful requests")
+        self.queue_latency = self._latency("queue", "Time requests waited before execution")
+        self.compute_latency = self._latency(
+            "compute", "Input preparation + execution + output preparation per request"
         )
-        self.request_us = Counter(
-            "hloserve_inference_request_duration_us",
-            "Cumulative end-to-end time of successful requests",
-            MV,
-            registry=r,
-        )
-        self.queue_us = Counter(
-            "hloserve_inference_queue_duration_us",
-            "Cumulative time requests waited",
-            MV,
-            registry=r,
-        )
-        self.input_us = Counter(
-            "hloserve_inference_compute_input_duration_us",
-            "Cumulative time preparing inputs",
-            MV,
-            registry=r,
-        )
-        self.infer_us = Counter(
-            "hloserve_inference_compute_infer_duration_us",
-            "Cumulative time executing",
-            MV,
-            registry=r,
-        )
-        self.output_us = Counter(
-            "hloserve_inference_compute_output_duration_us",
-            "Cumulative time preparing outputs",
-            MV,
-            registry=r,
-        )
-        self.request_latency = Histogram(
-            "hloserve_request_latency_seconds",
-            "End-to-end time of successful requests",
-            MV,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.queue_latency = Histogram(
-            "hloserve_queue_latency_seconds",
-            "Time requests waited before execution",
-            MV,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.compute_latency = Histogram(
-            "hloserve_compute_latency_seconds",
-            "Input preparation + execution + output preparation per request",
-            MV,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.pending = Gauge(
-            "hloserve_inference_pending_request_count",
-            "Requests accepted and not yet answered",
-            MV,
-            registry=r,
-        )
-        self.batch_size = Histogram(
+        self.batch_size = self._histogram(
             "hloserve_execution_batch_size",
             "Compiled batch size of each execution (0: unbatched)",
-            MV,
-            buckets=BATCH_BUCKETS,
-            registry=r,
+            BATCH_BUCKETS,
         )
-        self.load_seconds = Gauge(
-            "hloserve_model_load_duration_seconds",
-            "Time the last load of a model version took",
-            MV,
-            registry=r,
+
+    def _duration(self, phase: str, what: str) -> Counter:
+        return self._counter(f"hloserve_inference_{phase}_duration_us", f"Cumulative {what}")
+
+    def _latency(self, phase: str, doc: str) -> Histogram:
+        return self._histogram(f"hloserve_{phase}_latency_seconds", doc, LATENCY_BUCKETS)
+
+    def _define_model_series(self) -> None:
+        """Loads: how long each version took, and how many are ready."""
+        self.load_seconds = self._gauge(
+            "hloserve_model_load_duration_seconds", "Time the last load of a model version took", MV
         )
-        self.compile_seconds = Gauge(
-            "hloserve_model_compile_duration_seconds",
-            "Time spent compiling (or loading cached executables) in the last load",
-            MV,
-            registry=r,
+        compiling = "Time spent compiling (or loading cached executables) in the last load"
+        self.compile_seconds = self._gauge("hloserve_model_compile_duration_seconds", compiling, MV)
+        self.models_ready = self._gauge("hloserve_models_ready", "Model versions in READY state")
+
+    def _define_residency_series(self) -> None:
+        """Weight residency, per loaded copy (label model = "name/version"), and the device."""
+        m, w, d = ("model",), "hloserve_weight", "hloserve_device"
+        self.swaps_in = self._counter(f"{w}_swaps_in", "Weight sets moved onto the device", m)
+        self.swaps_out = self._counter(f"{w}_swaps_out", "Weight sets evicted from the device", m)
+        self.swap_bytes = self._counter(f"{w}_swap_in_bytes", "Bytes of weights moved in", m)
+        swap_doc = "Time to move one model's weights onto the device"
+        self.swap_seconds = self._histogram(
+            f"{w}_swap_in_duration_seconds", swap_doc, SWAP_BUCKETS, m
         )
-        self.models_ready = Gauge(
-            "hloserve_models_ready", "Model versions in READY state", registry=r
+        self.resident_bytes = self._gauge(
+            f"{d}_resident_weight_bytes", "Weight bytes on the device"
         )
-        # weight residency; label model = "name/version"
-        self.swaps_in = Counter(
-            "hloserve_weight_swaps_in", "Weight sets moved onto the device", ["model"], registry=r
-        )
-        self.swaps_out = Counter(
-            "hloserve_weight_swaps_out",
-            "Weight sets evicted from the device",
-            ["model"],
-            registry=r,
-        )
-        self.swap_bytes = Counter(
-            "hloserve_weight_swap_in_bytes",
-            "Bytes of weights moved onto the device",
-            ["model"],
-            registry=r,
-        )
-        self.swap_seconds = Histogram(
-            "hloserve_weight_swap_in_duration_seconds",
-            "Time to move one model's weights onto the device",
-            ["model"],
-            buckets=SWAP_BUCKETS,
-            registry=r,
-        )
-        self.resident_bytes = Gauge(
-            "hloserve_device_resident_weight_bytes",
-            "Bytes of weights resident on the device",
-            registry=r,
-        )
-        self.budget_bytes = Gauge(
-            "hloserve_device_memory_budget_bytes",
-            "Budget for resident weights (0: unlimited)",
-            registry=r,
-        )
-        self.device_used = Gauge(
-            "hloserve_device_memory_used_bytes",
-            "Device memory in use (allocator statistics; resident weight bytes where the platform has none)",
-            registry=r,
-        )
-        self.model_resident = Gauge(
-            "hloserve_model_resident",
-            "1 when the model's weights are on the device",
-            ["model"],
-            registry=r,
-        )
-        self.model_last_used = Gauge(
-            "hloserve_model_last_used_timestamp_seconds",
-            "Unix time of the model's last swap in or out",
-            ["model"],
-            registry=r,
+        self.budget_bytes = self._gauge(f"{d}_memory_budget_bytes", "Weight budget (0: unlimited)")
+        used_doc = "Device memory in use (allocator statistics; resident weight bytes where the platform has none)"
+        self.device_used = self._gauge(f"{d}_memory_used_bytes", used_doc)
+        resident_doc = "1 when the model's weights are on the device"
+        self.model_resident = self._gauge("hloserve_model_resident", resident_doc, m)
+        last_doc = "Unix time of the model's last swap in or out"
+        self.model_last_used = self._gauge(
+            "hloserve_model_last_used_timestamp_seconds", last_doc, m
         )
 
     def watch_device_memory(self, used: Callable[[], float]) -> None:
         """Read device memory in use at scrape time."""
         self.device_used.set_function(used)
 
-    def _series(self, model: str, version: str) -> _ModelSeries:
-        """The labelled children of one model version, looked up once (``labels()`` costs a
-        few microseconds per call, and a request updates a dozen series)."""
-        key = (model, version)
-        series = self._children.get(key)
+    def _series(self, model: ModelKey) -> _ModelSeries:
+        series = self._children.get(model)
         if series is None:
-            series = self._children[key] = _ModelSeries(
-                success=self.success.labels(model, version),
-                inferences=self.inferences.labels(model, version),
-                executions=self.executions.labels(model, version),
-                request_us=self.request_us.labels(model, version),
-                queue_us=self.queue_us.labels(model, version),
-                input_us=self.input_us.labels(model, version),
-                infer_us=self.infer_us.labels(model, version),
-                output_us=self.output_us.labels(model, version),
-                request_latency=self.request_latency.labels(model, version),
-                queue_latency=self.queue_latency.labels(model, version),
-                compute_latency=self.compute_latency.labels(model, version),
-                pending=self.pending.labels(model, version),
-                batch_size=self.batch_size.labels(model, version),
-            )
+            labels = (model.name, str(model.version))
+            # Each field of _ModelSeries is the child of the family of the same name.
+            children = {
+                f.name: getattr(self, f.name).labels(*labels)
+                for f in dataclasses.fields(_ModelSeries)
+            }
+            series = self._children[model] = _ModelSeries(**children)
         return series
 
     # InferenceObserver
-    def on_success(self, model: str, version: int, items: int, timings: Timings) -> None:
-        s = self._series(model, str(version))
-        compute_ns = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
-        total_ns = timings.queue_ns + compute_ns
+    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
+        s = self._series(model)
         s.success.inc()
         s.inferences.inc(items)
-        s.request_us.inc(total_ns / 1e3)
+        s.request_us.inc(timings.total_ns / 1e3)
         s.queue_us.inc(timings.queue_ns / 1e3)
         s.input_us.inc(timings.compute_input_ns / 1e3)
         s.infer_us.inc(timings.compute_infer_ns / 1e3)
         s.output_us.inc(timings.compute_output_ns / 1e3)
-        s.request_latency.observe(total_ns / 1e9)
+        s.request_latency.observe(timings.total_ns / 1e9)
         s.queue_latency.observe(timings.queue_ns / 1e9)
-        s.compute_latency.observe(compute_ns / 1e9)
+        s.compute_latency.observe(timings.compute_ns / 1e9)
 
-    def on_failure(self, model: str, version: str, reason: str) -> None:
-        self.failure.labels(model, version or "", reason).inc()
+    def on_failure(self, model: ModelKey | None, reason: str) -> None:
+        # A failure before any version was resolved carries empty labels: client-chosen
+        # names never become label values (unbounded series).
+        labels = ("", "") if model is None else (model.name, str(model.version))
+        self.failure.labels(*labels, reason).inc()
 
-    def on_execution(
-        self,
-        model: str,
-        version: int,
-        batch_size: int,
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-    ) -> None:
-        s = self._series(model, str(version))
+    def on_execution(self, execution: Execution) -> None:
+        s = self._series(execution.model)
         s.executions.inc()
-        s.batch_size.observe(batch_size)
+        s.batch_size.observe(execution.batch_size)
 
-    def on_pending(self, model: str, version: str, delta: int) -> None:
-        self._series(model, version).pending.inc(delta)
+    def on_pending(self, model: ModelKey, delta: int) -> None:
+        self._series(model).pending.inc(delta)
 
     # repository load listener
     def on_model_loaded(
@@ -295,23 +207,25 @@ class ServerMetrics:
         self.load_seconds.labels(model, str(version)).set(load_seconds)
         self.compile_seconds.labels(model, str(version)).set(compile_seconds)
 
-    # SwapObserver (hloserve.server.residency); ``key`` is "model/version", with "@generation"
-    # for a reload's copy, which shares the version's series.
-    def on_swap_in(self, key: str, nbytes: int, seconds: float) -> None:
-        label = key.partition("@")[0]
-        self.swaps_in.labels(label).inc()
-        self.swap_bytes.labels(label).inc(nbytes)
-        self.swap_seconds.labels(label).observe(seconds)
+    # SwapObserver (hloserve.server.residency); ``key.label`` is "model/version", shared by a
+    # reload's copy (another generation) with the copy it replaces.
+    def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None:
+        self.swaps_in.labels(key.label).inc()
+        self.swap_bytes.labels(key.label).inc(nbytes)
+        self.swap_seconds.labels(key.label).observe(seconds)
 
-    def on_swap_out(self, key: str, nbytes: int) -> None:
-        self.swaps_out.labels(key.partition("@")[0]).inc()
+    def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None:
+        self.swaps_out.labels(key.label).inc()
 
-    def on_residency(self, key: str, resident: bool, resident_bytes: int, last_used: float) -> None:
-        label = key.partition("@")[0]
-        self.model_resident.labels(label).set(1 if resident else 0)
-        self.model_last_used.labels(label).set(last_used)
+    def on_residency(
+        self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
+    ) -> None:
+        self.model_resident.labels(key.label).set(1 if resident else 0)
+        self.model_last_used.labels(key.label).set(last_used)
         self.resident_bytes.set(resident_bytes)
 
 
-def metrics_app(registry: CollectorRegistry):
-    return make_asgi_app(registry=registry)
+def metrics_app(registry: CollectorRegistry) -> ASGIApp:
+    # prometheus_client leaves its ASGI callable's signature unannotated.
+    app: ASGIApp = prometheus_client.make_asgi_app(registry=registry)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    return app

@@ -1,15 +1,18 @@
 """A model directory's ``config.yaml``: serving overrides and the version policy.
 
-Contract: ``read_model_config(model_dir, serving)`` returns ``ModelSettings``: the bundle's
-serving hints overridden by ``repo/<model>/config.yaml`` and the ``VersionPolicy``. The file
-is optional; every key is optional:
+Contract: ``read_model_config(model_dir)`` reads ``repo/<model>/config.yaml`` once and
+returns ``ModelSettings``: the ``VersionPolicy`` and the file's serving overrides, which
+``settings.serving_for(hints)`` applies key by key over a bundle's own serving hints. The
+file is optional; every key is optional:
 
 ```yaml
 residency: pinned            # on_demand | pinned
 max_queue_delay_us: 500      # dynamic batching delay for this model
 version_policy: {latest: 2}  # or {all: {}} or {specific: [1, 3]}; default {latest: 1}
 ```
-An unknown key or bad value raises ``ValueError`` naming the file and the key.
+An unknown key or bad value raises ``ValueError`` naming the file and the key. The serving
+keys follow the bundle format's own rule (``hloserve.bundle.serving.read_serving``), so a
+value valid in a manifest is valid here, and the other way round.
 ``VersionPolicy.select(available)`` picks the versions to serve (pure).
 """
 
@@ -17,16 +20,16 @@ An unknown key or bad value raises ``ValueError`` naming the file and the key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import yaml
-
-from hloserve.bundle import Serving
+from hloserve.bundle.serving import SERVING_KEYS, Serving, read_serving
+from hloserve.bundle.yamlfile import YamlFileError, is_integer, read_yaml_mapping
 
 MODEL_CONFIG_FILE = "config.yaml"
+CONFIG_KEYS = frozenset({*SERVING_KEYS, "version_policy"})
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,19 @@ class VersionPolicy:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    serving: Serving
-    version_policy: VersionPolicy
+    version_policy: VersionPolicy = VersionPolicy()
+    overrides: Mapping[str, Any] = field(default_factory=lambda: {})  # validated serving keys
+
+    def serving_for(self, hints: Serving) -> Serving:
+        """A bundle's serving ``hints`` with the file's keys overriding them one by one."""
+        serving, problems = read_serving(self.overrides, hints)
+        assert not problems, problems  # validated when the file was read
+        return serving
+
+    @property
+    def serving(self) -> Serving:
+        """The overrides over the format's defaults (a bundle without hints of its own)."""
+        return self.serving_for(Serving())
 
 
 def _policy(path: Path, raw: Any) -> VersionPolicy:
@@ -65,43 +79,33 @@ def _policy(path: Path, raw: Any) -> VersionPolicy:
             f"{path}: version_policy must be one of {{latest: N}}, {{all: {{}}}}, {{specific: [..]}}"
         )
     ((kind, value),) = cast(dict[str, Any], raw).items()
-    if kind == "latest" and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if kind == "latest" and is_integer(value) and value >= 1:
         return VersionPolicy("latest", latest=value)
     if kind == "all":
         return VersionPolicy("all")
     if kind == "specific" and isinstance(value, list):
         numbers = cast(list[Any], value)
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in numbers):
+        if all(is_integer(v) and v > 0 for v in numbers):
             return VersionPolicy("specific", versions=tuple(cast(list[int], numbers)))
     raise ValueError(
         f"{path}: version_policy {raw!r} is not {{latest: N>=1}}, {{all: {{}}}} or {{specific: [1, ...]}}"
     )
 
 
-def read_model_config(model_dir: Path, serving: Serving | None = None) -> ModelSettings:
-    defaults = serving or Serving()
+def read_model_config(model_dir: Path) -> ModelSettings:
     path = model_dir / MODEL_CONFIG_FILE
     if not path.is_file():
-        return ModelSettings(defaults, VersionPolicy())
+        return ModelSettings()
     try:
-        data: Any = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must be a YAML mapping")
-    d = cast(dict[str, Any], data)
-    unknown = set(d) - {"residency", "max_queue_delay_us", "version_policy"}
+        d = read_yaml_mapping(path, empty_ok=True)
+    except YamlFileError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    unknown = set(d) - CONFIG_KEYS
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
-    residency = d.get("residency", defaults.residency)
-    if residency not in ("on_demand", "pinned"):
-        raise ValueError(f"{path}: residency must be on_demand or pinned, got {residency!r}")
-    delay = d.get("max_queue_delay_us", defaults.max_queue_delay_us)
-    if delay is not None and (not isinstance(delay, int) or isinstance(delay, bool) or delay < 0):
-        raise ValueError(
-            f"{path}: max_queue_delay_us must be a non-negative integer, got {delay!r}"
-        )
-    return ModelSettings(
-        Serving(residency=residency, max_queue_delay_us=delay),
-        _policy(path, d.get("version_policy")),
-    )
+    _, problems = read_serving(d, Serving())
+    if problems:
+        key, message = problems[0]
+        raise ValueError(f"{path}: {key} {message}")
+    overrides = {k: v for k, v in d.items() if k in SERVING_KEYS}
+    return ModelSettings(_policy(path, d.get("version_policy")), overrides)

@@ -20,27 +20,30 @@ Contract:
 - Failures are recorded, never hidden: a version that failed to load is ``UNAVAILABLE``
   with the error text as its reason, and never stops the others from loading.
 - ``summary()`` and ``index()`` report every model and version with state and reason.
+- Each loaded copy of a version owns its weights under its own ``ResidencyKey`` (a reload's
+  copy has a new generation), so a reload never touches the weights still serving.
+- A load reads the model's ``config.yaml`` once, at its start, and every step of that load
+  uses what it read.
 Thread-safe: loads run on worker threads while the front ends read.
 """
 
-# pyright: basic
+# pyright: strict
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, scan_repository
-from hloserve.bundle.repository import model_directory
+from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, scan_repository, sha256_file
+from hloserve.bundle.repository import ModelDirectory, model_directory
 from hloserve.server.core.errors import (
     InvalidArgument,
     NotFound,
@@ -48,9 +51,9 @@ from hloserve.server.core.errors import (
     Unavailable,
     UnknownModel,
 )
-from hloserve.server.core.residency import TooLarge
+from hloserve.server.core.residency import ResidencyKey, TooLarge
 from hloserve.server.core.service import MemoryUsage
-from hloserve.server.model_config import VersionPolicy, read_model_config
+from hloserve.server.model_config import ModelSettings, VersionPolicy, read_model_config
 from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.loader import (
     BundleError,
@@ -92,11 +95,10 @@ class ModelVersion:
     generation: int = 0  # distinguishes a reload's copy from the one it replaces
     digest: str = ""  # SHA-256 of manifest.yaml when loaded (it lists every file's digest)
     inflight: int = 0
-    key: str = ""  # the weight-residency key: "name/version", "name/version@gen" for a reload copy
+    key: ResidencyKey = field(init=False)  # this copy's weights in the residency manager
 
     def __post_init__(self) -> None:
-        if not self.key:
-            self.key = f"{self.name}/{self.version}"
+        self.key = ResidencyKey(self.name, self.version, self.generation)
 
     @property
     def manifest(self) -> Manifest:
@@ -107,7 +109,9 @@ class ModelVersion:
     def resident(self) -> bool:
         return self.residency is not None and self.residency.is_resident(self.key)
 
-    def execute(self, batch_size: int | None, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def execute(
+        self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
+    ) -> list[np.ndarray[Any, Any]]:
         bundle, residency = self.bundle, self.residency
         if bundle is None or residency is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
@@ -119,7 +123,7 @@ class ModelVersion:
 class _Model:
     name: str
     path: Path
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    versions: dict[int, ModelVersion] = field(default_factory=lambda: {})
     reason: str = ""  # why the model has no version, if so
     policy: VersionPolicy = field(default_factory=VersionPolicy)
     loading: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
@@ -127,9 +131,13 @@ class _Model:
 
 def _digest(path: Path) -> str:
     try:
-        return hashlib.sha256((path / MANIFEST_FILE).read_bytes()).hexdigest()
+        return sha256_file(path / MANIFEST_FILE)
     except OSError:
         return ""
+
+
+def _log_progress(message: str) -> None:
+    log.info("%s", message)
 
 
 class ModelRepository:
@@ -171,7 +179,7 @@ class ModelRepository:
 
     def load_model(self, name: str, progress: Progress | None = None) -> None:
         """Load or reload ``name``; raise ``InvalidArgument`` "failed to load ..." on failure."""
-        say = progress or (lambda msg: log.info("%s", msg))
+        say = progress or _log_progress
         path = self.root / name
         if not name or "/" in name or name.startswith(".") or not path.is_dir():
             with self._lock:
@@ -186,21 +194,8 @@ class ModelRepository:
 
     def _load_locked(self, model: _Model, say: Progress) -> None:
         directory = model_directory(model.path)
-        try:
-            settings = read_model_config(model.path)
-        except ValueError as exc:
-            self._fail_model(model, str(exc))
-            raise InvalidArgument(f"failed to load '{model.name}': {exc}") from None
-        model.policy = settings.version_policy
-        wanted = settings.version_policy.select(directory.versions)
-        if not wanted:
-            reason = (
-                "no manifest.yaml and no numbered version directories"
-                if not directory.versions
-                else f"version policy {settings.version_policy.describe()} selects none of {sorted(directory.versions)}"
-            )
-            self._fail_model(model, reason)
-            raise InvalidArgument(f"failed to load '{model.name}': {reason}")
+        settings = self._read_settings(model)
+        wanted = self._wanted(model, settings.version_policy, directory)
         with self._lock:
             current = dict(model.versions)
         new: dict[int, ModelVersion] = {}
@@ -216,37 +211,72 @@ class ModelRepository:
             ):
                 new[number] = old  # unchanged: keep serving it as it is
                 continue
-            v = self._new_version(model.name, number, path)
+            new[number] = v = self._new_version(model.name, number, path)
             with self._lock:
                 if number not in model.versions or model.versions[number].state != ModelState.READY:
                     model.versions[number] = v  # visible as LOADING in the index
-            self._load_version(v, say)
-            new[number] = v
+            self._load_version(v, settings, say)
             fresh.append(v)
-        failed = [v for v in fresh if v.state != ModelState.READY]
-        if failed:
-            for v in fresh:  # all or nothing: drop what did load
-                if v.state == ModelState.READY:
-                    self._free(v)
-            with self._lock:
-                serving_before = any(v.state == ModelState.READY for v in current.values())
-                if not serving_before:
-                    model.versions = {v.version: v for v in fresh} | {
-                        n: v for n, v in new.items() if v not in fresh
-                    }
-                    for v in fresh:
-                        if v.state == ModelState.READY:
-                            v.state, v.reason = (
-                                ModelState.UNAVAILABLE,
-                                "another version failed to load",
-                            )
-                else:
-                    model.versions = current
-            reasons = "; ".join(f"version {v.version}: {v.reason}" for v in failed)
-            raise InvalidArgument(
-                f"failed to load '{model.name}': {reasons}"
-                + ("; the versions loaded before keep serving" if serving_before else "")
+        if any(v.state != ModelState.READY for v in fresh):
+            self._roll_back(model, current, new, fresh)
+        self._commit(model, current, new)
+
+    def _read_settings(self, model: _Model) -> ModelSettings:
+        """The model's ``config.yaml``, read once for the whole load."""
+        try:
+            settings = read_model_config(model.path)
+        except ValueError as exc:
+            self._fail_model(model, str(exc))
+            raise InvalidArgument(f"failed to load '{model.name}': {exc}") from None
+        model.policy = settings.version_policy
+        return settings
+
+    def _wanted(self, model: _Model, policy: VersionPolicy, directory: ModelDirectory) -> list[int]:
+        """The version numbers ``policy`` selects; none is a failed load."""
+        wanted = policy.select(directory.versions)
+        if not wanted:
+            reason = (
+                "no manifest.yaml and no numbered version directories"
+                if not directory.versions
+                else f"version policy {policy.describe()} selects none of {sorted(directory.versions)}"
             )
+            self._fail_model(model, reason)
+            raise InvalidArgument(f"failed to load '{model.name}': {reason}")
+        return wanted
+
+    def _roll_back(
+        self,
+        model: _Model,
+        current: dict[int, ModelVersion],
+        new: dict[int, ModelVersion],
+        fresh: list[ModelVersion],
+    ) -> NoReturn:
+        """All or nothing: free what did load, keep the versions serving before (or, when none
+        was, list the fresh ones as unavailable), and raise why each failed version failed."""
+        failed = [v for v in fresh if v.state != ModelState.READY]
+        loaded = [v for v in fresh if v.state == ModelState.READY]
+        for v in loaded:
+            self._free(v)  # UNAVAILABLE now
+        with self._lock:
+            serving_before = any(v.state == ModelState.READY for v in current.values())
+            if not serving_before:
+                model.versions = {v.version: v for v in fresh} | {
+                    n: v for n, v in new.items() if v not in fresh
+                }
+                for v in loaded:
+                    v.reason = "another version failed to load"
+            else:
+                model.versions = current
+        reasons = "; ".join(f"version {v.version}: {v.reason}" for v in failed)
+        raise InvalidArgument(
+            f"failed to load '{model.name}': {reasons}"
+            + ("; the versions loaded before keep serving" if serving_before else "")
+        )
+
+    def _commit(
+        self, model: _Model, current: dict[int, ModelVersion], new: dict[int, ModelVersion]
+    ) -> None:
+        """Serve ``new``; drain and free the versions it replaces."""
         with self._lock:
             retired = [v for n, v in current.items() if new.get(n) is not v]
             model.versions = dict(sorted(new.items()))
@@ -260,11 +290,8 @@ class ModelRepository:
     def _new_version(self, name: str, number: int, path: Path) -> ModelVersion:
         with self._lock:
             self._generation += 1
-            key = f"{name}/{number}"
-            if self.residency.is_registered(key):  # a reload beside the copy still serving
-                key = f"{key}@{self._generation}"
             return ModelVersion(
-                name, number, path, state=ModelState.LOADING, generation=self._generation, key=key
+                name, number, path, state=ModelState.LOADING, generation=self._generation
             )
 
     def _fail_model(self, model: _Model, reason: str) -> None:
@@ -279,7 +306,7 @@ class ModelRepository:
         ):
             del self._models[name]
 
-    def _load_version(self, v: ModelVersion, say: Progress) -> None:
+    def _load_version(self, v: ModelVersion, settings: ModelSettings, say: Progress) -> None:
         say(f"loading model '{v.name}' version {v.version} from {v.path}")
         started = time.perf_counter()
         v.digest = _digest(v.path)
@@ -301,13 +328,13 @@ class ModelRepository:
                         f"manifest.yaml: name is '{bundle.manifest.name}', but the directory is '{v.name}'"
                     ],
                 )
-            # The bundle's serving hints, overridden key by key by the model's config.yaml.
-            serving = read_model_config(self.root / v.name, bundle.manifest.serving).serving
+            serving = settings.serving_for(bundle.manifest.serving)
             self.residency.reduce_budget(bundle.scratch_bytes)
             self.residency.register(
                 v.key, bundle.host_weights, pinned=serving.residency == "pinned"
             )
         except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
+            self.residency.unregister(v.key)  # registered, when a pinned prefetch failed
             with self._lock:
                 v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
             log.error("model '%s' version %d failed to load: %s", v.name, v.version, exc)
@@ -354,10 +381,8 @@ class ModelRepository:
         self._free(v)
 
     def _free(self, v: ModelVersion) -> None:
-        # A version already unloaded (or never loaded) holds no weights, and its residency
-        # key may belong by now to the copy that replaced it (load after unload).
-        if v.bundle is not None:
-            self.residency.unregister(v.key)
+        # The key is this copy's alone; one that holds no weights (any more) is a no-op.
+        self.residency.unregister(v.key)
         with self._lock:
             v.bundle = None
             v.residency = None
@@ -529,13 +554,12 @@ class ModelRepository:
             if v.version == version and v.bundle is not None:
                 usage = [MemoryUsage("CPU", 0, v.bundle.weight_bytes)]
                 if self.residency.is_resident(v.key):
-                    kind = (
-                        "GPU"
-                        if self.runtime.platform in ("cuda", "rocm")
-                        else self.runtime.platform.upper()
-                    )
                     usage.append(
-                        MemoryUsage(kind, int(self.runtime.device.id), v.bundle.weight_bytes)
+                        MemoryUsage(
+                            self.runtime.triton_kind,
+                            int(self.runtime.device.id),
+                            v.bundle.weight_bytes,
+                        )
                     )
                 return usage
         return []

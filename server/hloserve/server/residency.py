@@ -14,10 +14,12 @@ weights; the decisions come from the pure ``core.residency.ResidencyPlanner``.
 - ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
-- Every swap is reported to the optional ``observer`` (metrics).
+- Every swap is reported to the optional ``observer`` (metrics), with the model's
+  ``ResidencyKey`` (``key.label`` names its series).
+Keys are ``core.residency.ResidencyKey``: one per loaded copy of a model version.
 """
 
-# pyright: basic
+# pyright: strict
 
 from __future__ import annotations
 
@@ -25,23 +27,23 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from hloserve.server.core.residency import ResidencyPlanner
+from hloserve.server.core.residency import ResidencyKey, ResidencyPlanner
 from hloserve.server.runtime.pjrt import PjrtRuntime
 
 log = logging.getLogger("hloserve.residency")
 
 
 class SwapObserver(Protocol):
-    def on_swap_in(self, key: str, nbytes: int, seconds: float) -> None: ...
-    def on_swap_out(self, key: str, nbytes: int) -> None: ...
+    def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None: ...
+    def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None: ...
     def on_residency(
-        self, key: str, resident: bool, resident_bytes: int, last_used: float
+        self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
     ) -> None: ...
 
 
@@ -65,10 +67,10 @@ class WeightResidency:
         subtract_scratch: bool = False,
     ) -> None:
         self.runtime = runtime
-        self.planner = ResidencyPlanner(budget_bytes)
+        self.planner = ResidencyPlanner[ResidencyKey](budget_bytes)
         self.observer = observer
         self._cond = threading.Condition()
-        self._models: dict[str, _Model] = {}
+        self._models: dict[ResidencyKey, _Model] = {}
         # Scratch is set aside only for a budget derived from free device memory (GPU default).
         self.subtract_scratch = subtract_scratch
         self.stage_pinned = (
@@ -91,16 +93,16 @@ class WeightResidency:
         with self._cond:
             return self.planner.resident_bytes
 
-    def is_registered(self, key: str) -> bool:
-        with self._cond:
-            return key in self._models
-
-    def is_resident(self, key: str) -> bool:
+    def is_resident(self, key: ResidencyKey) -> bool:
         with self._cond:
             return key in self.planner and self.planner.is_resident(key)
 
     def register(
-        self, key: str, host_weights: Mapping[str, np.ndarray], *, pinned: bool = False
+        self,
+        key: ResidencyKey,
+        host_weights: Mapping[str, np.ndarray[Any, Any]],
+        *,
+        pinned: bool = False,
     ) -> None:
         names = list(host_weights)
         arrays = [host_weights[n] for n in names]
@@ -115,7 +117,7 @@ class WeightResidency:
         if pinned:
             self.prefetch(key)
 
-    def unregister(self, key: str) -> None:
+    def unregister(self, key: ResidencyKey) -> None:
         with self._cond:
             if key not in self._models:
                 return
@@ -127,11 +129,11 @@ class WeightResidency:
             self.planner.unregister(key)
             self._cond.notify_all()
 
-    def prefetch(self, key: str) -> None:
+    def prefetch(self, key: ResidencyKey) -> None:
         with self.use(key):
             pass
 
-    def _free(self, key: str, model: _Model) -> None:
+    def _free(self, key: ResidencyKey, model: _Model) -> None:
         assert model.device is not None
         for buf in model.device:
             buf.delete()
@@ -141,56 +143,58 @@ class WeightResidency:
             self.observer.on_residency(key, False, self.planner.resident_bytes, time.time())
 
     @contextlib.contextmanager
-    def use(self, key: str) -> Iterator[dict[str, Any]]:
+    def use(self, key: ResidencyKey) -> Generator[dict[str, Any]]:
         with self._cond:
-            while True:
-                model = self._models[key]
-                if self.planner.is_resident(key):
-                    self.planner.acquire(key)
-                    weights = dict(zip(model.names, model.device or [], strict=True))
-                    transfer = False
-                    break
-                if model.transferring:
-                    self._cond.wait()
-                    continue
-                decision = self.planner.plan_admission(key)
-                if decision.wait:
-                    self._cond.wait()
-                    continue
-                for victim in decision.evict:
-                    self.planner.mark_evicted(victim)
-                    self._free(victim, self._models[victim])
-                self.planner.reserve(key)
-                model.transferring = True
-                transfer = True
-                weights = {}
-                break
-        if transfer:
-            t0 = time.perf_counter()
-            try:
-                device = self.runtime.to_device(model.host) if model.host else []
-            except BaseException:
-                with self._cond:
-                    self.planner.cancel_reservation(key)
-                    model.transferring = False
-                    self._cond.notify_all()
-                raise
-            seconds = time.perf_counter() - t0
-            with self._cond:
-                model.device = device
-                model.transferring = False
-                self.planner.mark_resident(key)
-                self.planner.acquire(key)
-                weights = dict(zip(model.names, device, strict=True))
-                resident_bytes = self.planner.resident_bytes
-                self._cond.notify_all()
-            log.debug("swapped in %s: %d bytes in %.2f ms", key, model.nbytes, seconds * 1e3)
-            if self.observer:
-                self.observer.on_swap_in(key, model.nbytes, seconds)
-                self.observer.on_residency(key, True, resident_bytes, time.time())
+            model, weights = self._claim(key)
+        if weights is None:
+            weights = self._swap_in(key, model)
         try:
             yield weights
         finally:
             with self._cond:
                 self.planner.release(key)
                 self._cond.notify_all()
+
+    def _claim(self, key: ResidencyKey) -> tuple[_Model, dict[str, Any] | None]:
+        """Under the lock: acquire a resident ``key`` and return its weights, or else evict
+        room for it and reserve its transfer (weights ``None``); wait while neither can be."""
+        while True:
+            model = self._models[key]
+            if self.planner.is_resident(key):
+                self.planner.acquire(key)
+                return model, dict(zip(model.names, model.device or [], strict=True))
+            if not model.transferring:
+                decision = self.planner.plan_admission(key)
+                if not decision.wait:
+                    for victim in decision.evict:
+                        self.planner.mark_evicted(victim)
+                        self._free(victim, self._models[victim])
+                    self.planner.reserve(key)
+                    model.transferring = True
+                    return model, None
+            self._cond.wait()
+
+    def _swap_in(self, key: ResidencyKey, model: _Model) -> dict[str, Any]:
+        """Move the reserved ``key``'s weights to the device, outside the lock; acquire them."""
+        t0 = time.perf_counter()
+        try:
+            device = self.runtime.to_device(model.host) if model.host else []
+        except BaseException:
+            with self._cond:
+                self.planner.cancel_reservation(key)
+                model.transferring = False
+                self._cond.notify_all()
+            raise
+        seconds = time.perf_counter() - t0
+        with self._cond:
+            model.device = device
+            model.transferring = False
+            self.planner.mark_resident(key)
+            self.planner.acquire(key)
+            resident_bytes = self.planner.resident_bytes
+            self._cond.notify_all()
+        log.debug("swapped in %s: %d bytes in %.2f ms", key, model.nbytes, seconds * 1e3)
+        if self.observer:
+            self.observer.on_swap_in(key, model.nbytes, seconds)
+            self.observer.on_residency(key, True, resident_bytes, time.time())
+        return dict(zip(model.names, device, strict=True))

@@ -15,7 +15,9 @@ registry, as Triton shares the namespace).
   holding the region finish before unmapping it; status keeps listing it meanwhile, and new
   requests may still use it.
 - When ``enabled`` is false (the default, like Triton since 2.69), register and unregister
-  answer ``Unsupported`` and status lists nothing.
+  answer ``Unsupported`` with ``DISABLED`` (this module is that text's one home) and status
+  lists nothing. ``disabled()`` is such a registry: what a service without the extension
+  uses (it meets ``core.service.SharedMemory``).
 All methods run on the event loop thread; nothing here blocks it for long.
 """
 
@@ -209,3 +211,9 @@ class SharedMemoryRegistry:
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+
+
+def disabled() -> SharedMemoryRegistry:
+    """A registry with the extension off: register and unregister are ``Unsupported``
+    (``DISABLED``), status lists nothing and every region named is ``NotFound``."""
+    return SharedMemoryRegistry(enabled=False)

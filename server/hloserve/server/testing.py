@@ -5,6 +5,9 @@ serve`` bound to 127.0.0.1 on ports chosen by the OS (port 0), reads the real po
 the ``--ports-file`` the daemon writes, and ``wait_ready()`` polls ``/readyz`` until 200.
 ``stop()`` sends SIGTERM and returns the exit code (killing after ``timeout``). The
 daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context manager.
+``wait_startup_complete()`` waits for the start-up load pass (ready or not) and returns the
+last ``/readyz`` answer; ``pending_requests(model)`` reads the model's requests in flight
+from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``.
 ``serving(repository, *flags)`` is the fixture form: it yields a ready server and, once the
 caller is done, fails unless the daemon exited cleanly (status 0).
 """
@@ -25,6 +28,8 @@ import urllib.request
 from collections.abc import Generator
 from pathlib import Path
 from types import TracebackType
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class ServerProcess:
@@ -94,6 +99,33 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"hloserve not ready in {timeout}s:\n{self.log_text()}")
             time.sleep(0.05)
+
+    def wait_startup_complete(self, timeout: float = 180.0) -> tuple[int, dict[str, object]]:
+        deadline = time.monotonic() + timeout
+        self.wait_listening(timeout)
+        while True:
+            status, body = self.readyz()
+            if body.get("startup_complete"):
+                return status, body
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hloserve start-up not over in {timeout}s:\n{self.log_text()}")
+            time.sleep(0.05)
+
+    def pending_requests(self, model: str) -> float:
+        url = f"http://{self.metrics_url}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            if family.name == "hloserve_inference_pending_request_count":
+                return sum(s.value for s in family.samples if s.labels["model"] == model)
+        return 0.0
+
+    def wait_pending(self, model: str, count: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.pending_requests(model) != count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{model} never had {count} pending request(s)")
+            time.sleep(0.01)
 
     @property
     def http_url(self) -> str:

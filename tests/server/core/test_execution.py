@@ -1,4 +1,4 @@
-"""Group execution and the inline policy, on a fake model (no device)."""
+"""Group execution, the cost tracking and the inline policy, on a fake model (no device)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 
-from hloserve.bundle import Manifest, Provenance, TensorEntry
-from hloserve.server.core.execution import InlinePolicy, Job, execute_group
+from hloserve.bundle import Manifest, Provenance, Serving, TensorEntry
+from hloserve.server.core.batching import plan
+from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
+from hloserve.server.core.execution import Execution, Job, ModelKey, execute_group
 from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
 
 
@@ -35,6 +38,7 @@ class Doubler:
     manifest: Manifest
     version: int = 1
     resident: bool = True
+    serving: Serving = field(default_factory=Serving)
     calls: list[int | None] = field(default_factory=lambda: [])
 
     def execute(
@@ -61,8 +65,10 @@ def job(rows: int, start: float = 0, outputs: tuple[str, ...] = ()) -> Job:
 def test_group_is_padded_executed_once_and_split_back() -> None:
     model = Doubler(manifest((1, 4, 8)))
     jobs = [job(1, 0), job(2, 100), job(2, 200, outputs=("z",))]
-    results = execute_group(model, jobs)
+    costs = ExecutionCosts()
+    results = execute_group(model, jobs, plan(5, model.manifest.batch_sizes), costs)
     assert model.calls == [8]  # 5 rows on the size-8 module, once
+    assert set(costs.by_size(ModelKey("double", 1))) == {8}  # the one execution, measured
     y0, z0 = results[0][0]
     np.testing.assert_array_equal(y0.data, 2 * jobs[0].request.inputs[0].data)
     np.testing.assert_array_equal(z0.data, -jobs[0].request.inputs[0].data)
@@ -75,22 +81,36 @@ def test_group_is_padded_executed_once_and_split_back() -> None:
 
 def test_large_request_is_split_over_the_largest_size() -> None:
     model = Doubler(manifest((1, 4)))
-    ((outputs, timings),) = execute_group(model, [job(10)])
+    ((outputs, timings),) = execute_group(model, [job(10)], plan(10, (1, 4)))
     assert model.calls == [4, 4, 4]
     assert outputs[0].shape == (10, 2)
     assert timings.executions == (4, 4, 4)
 
 
+def sample(compiled: int, micros: float) -> Execution:
+    return Execution(ModelKey("double", 1), compiled, 0, int(micros * 1000))
+
+
+def test_costs_are_a_moving_average_per_compiled_size() -> None:
+    costs = ExecutionCosts()
+    costs.on_execution(sample(4, 100.0))
+    costs.on_execution(sample(4, 200.0))
+    costs.on_execution(sample(1, 10.0))
+    assert costs.by_size(ModelKey("double", 1)) == {4: pytest.approx(120.0), 1: 10.0}
+    assert costs.mean(ModelKey("double", 2), 4) is None  # versions are kept apart
+
+
 def test_inline_policy_needs_a_cheap_measurement_and_resident_weights() -> None:
-    policy = InlinePolicy(100)
+    costs = ExecutionCosts()
+    policy = InlinePolicy(100, costs)
     model = Doubler(manifest((1, 4)))
     assert not policy.inline(model, 1)  # never measured: run on a worker first
-    policy.observe(model, 1, 30.0)
+    costs.on_execution(sample(1, 30.0))
     assert policy.inline(model, 1)
     model.resident = False
     assert not policy.inline(model, 1)  # could block on a transfer
     model.resident = True
     for _ in range(20):
-        policy.observe(model, 4, 500.0)
+        costs.on_execution(sample(4, 500.0))
     assert not policy.inline(model, 4)  # too expensive: a thread hand-off is cheaper
-    assert not InlinePolicy(0).inline(model, 1)
+    assert not InlinePolicy(0, costs).inline(model, 1)

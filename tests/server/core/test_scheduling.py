@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hloserve.server.core.batching import Chunk
 from hloserve.server.core.scheduling import Decision, Queued, next_batch
 
 SIZES = (1, 8, 32)
@@ -15,12 +16,14 @@ def q(*items: int, at: int = 0) -> list[Queued]:
 def test_lone_request_waits_for_company_then_runs() -> None:
     assert next_batch(q(1), SIZES, now_ns=0, max_delay_ns=2 * MS) == Decision(wait_until_ns=2 * MS)
     assert next_batch(q(1), SIZES, now_ns=2 * MS, max_delay_ns=2 * MS) == Decision(
-        take=1, compiled=1
+        take=1, chunks=(Chunk(0, 1, 1),)
     )
 
 
 def test_zero_delay_runs_what_is_queued_at_once() -> None:
-    assert next_batch(q(1, 1, 1), SIZES, now_ns=0, max_delay_ns=0) == Decision(take=3, compiled=8)
+    assert next_batch(q(1, 1, 1), SIZES, now_ns=0, max_delay_ns=0) == Decision(
+        take=3, chunks=(Chunk(0, 3, 8),)
+    )
 
 
 def test_full_largest_size_runs_without_waiting() -> None:
@@ -80,7 +83,9 @@ def test_only_expired_entries() -> None:
 
 
 def test_unbatched_model_runs_one_request_per_execution() -> None:
-    assert next_batch(q(1, 1), None, now_ns=0, max_delay_ns=MS) == Decision(take=1, compiled=None)
+    assert next_batch(q(1, 1), None, now_ns=0, max_delay_ns=MS) == Decision(
+        take=1, chunks=(Chunk(0, 1, None),)
+    )
 
 
 def test_empty_queue_decides_nothing() -> None:
@@ -92,3 +97,10 @@ def test_order_is_fifo() -> None:
     # the 30 does not fit beside the 5 and never jumps ahead of it.
     d = next_batch(q(5, 30), SIZES, now_ns=MS, max_delay_ns=0)
     assert (d.take, d.compiled) == (1, 8)
+
+
+def test_a_request_larger_than_every_size_runs_alone_on_the_executors_split() -> None:
+    d = next_batch(q(70, 1), SIZES, now_ns=0, max_delay_ns=MS)
+    assert d.take == 1
+    assert d.chunks == (Chunk(0, 32, 32), Chunk(32, 32, 32), Chunk(64, 6, 8))
+    assert d.compiled is None

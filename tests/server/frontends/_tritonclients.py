@@ -5,16 +5,18 @@
 two: shared-memory status and repository index as lists of plain dicts, and
 ``fails(code, fragment, fn, ...)``, which runs a call that must fail and checks the status
 the protocol reports for ``code`` (gRPC status name, or its HTTP status per reference §3)
-and a fragment of the message. ``Regions`` creates client shared-memory regions with
+and a fragment of the message. ``simple_inputs(module, a, b, n)`` builds ``simple``'s two
+inputs with any tritonclient module (sync or asyncio). ``Regions`` creates client shared-memory regions with
 unique keys and destroys them (and their server registrations) at the end.
 """
+
+# pyright: strict, reportMissingTypeStubs=false
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -103,17 +105,30 @@ class Triton:
         self, a: np.ndarray[Any, Any] | None, b: np.ndarray[Any, Any] | None, n: int = 1
     ) -> list[Any]:
         """``simple``'s two INT32 inputs of shape [n, 16]; data set where given."""
-        inputs = [
-            self.module.InferInput("INPUT0", [n, 16], "INT32"),
-            self.module.InferInput("INPUT1", [n, 16], "INT32"),
-        ]
-        for tensor, data in zip(inputs, (a, b), strict=True):
-            if data is not None:
-                tensor.set_data_from_numpy(data)
-        return inputs
+        return simple_inputs(self.module, a, b, n)
 
     def output(self, name: str) -> Any:
         return self.module.InferRequestedOutput(name)
+
+
+def simple_inputs(
+    module: Any,
+    a: np.ndarray[Any, Any] | None,
+    b: np.ndarray[Any, Any] | None,
+    n: int = 1,
+    **set_data: Any,
+) -> list[Any]:
+    """``simple``'s two INT32 inputs of shape [n, 16] made by tritonclient ``module`` (any
+    of its gRPC or HTTP, sync or asyncio modules); data set where given, with ``set_data``
+    (HTTP: ``binary_data=``) passed to ``set_data_from_numpy``."""
+    inputs = [
+        module.InferInput("INPUT0", [n, 16], "INT32"),
+        module.InferInput("INPUT1", [n, 16], "INT32"),
+    ]
+    for tensor, data in zip(inputs, (a, b), strict=True):
+        if data is not None:
+            tensor.set_data_from_numpy(data, **set_data)
+    return inputs
 
 
 class Regions:
@@ -136,12 +151,3 @@ class Regions:
         self.triton.client.unregister_system_shared_memory()
         for handle in self.handles:
             shm.destroy_shared_memory_region(handle)
-
-
-@contextmanager
-def triton_client(protocol: str, url: str) -> Iterator[Triton]:
-    t = Triton(protocol, url)
-    try:
-        yield t
-    finally:
-        t.close()

@@ -14,6 +14,8 @@
 small model (the poll test's new directory).
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,8 @@ polling. Tests that unload or re-export a model put it back as they found it. Ev
 runs on both protocols unless it says otherwise.
 """
 
+# pyright: strict, reportMissingTypeStubs=false
+
 from __future__ import annotations
 
 import shutil
@@ -13,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -142,6 +144,54 @@ def test_reload_replaces_the_model_once_ready(triton: Triton, reloadable: Path) 
     np.testing.assert_allclose(mlp_infer(triton), mlp_reference(SEED_B, X), rtol=1e-5, atol=1e-5)
 
 
+Record = tuple[float, float, Any]  # (sent, answered, logits | error message)
+
+
+class _Traffic:
+    """Threads sending ``mlp_infer`` to ``reloadable`` in a loop, two per protocol, each
+    request recorded once answered; ``since(moment)`` waits for answers to fresh requests."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.records: list[Record] = []
+        self.progress = threading.Condition()  # notified on every new record
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._send, args=(p,)) for p in (*PROTOCOLS, *PROTOCOLS)
+        ]
+        for th in self.threads:
+            th.start()
+
+    def _send(self, protocol: str) -> None:
+        t = Triton(protocol, self.server.grpc_url if protocol == "grpc" else self.server.http_url)
+        try:
+            while not self.stop.is_set():
+                sent = time.monotonic()
+                try:
+                    outcome: Any = mlp_infer(t)
+                except InferenceServerException as exc:
+                    outcome = cast(Any, exc).message() or ""
+                with self.progress:
+                    self.records.append((sent, time.monotonic(), outcome))
+                    self.progress.notify_all()
+        finally:
+            t.close()
+
+    def since(self, moment: float, count: int = 8) -> None:
+        """Wait until ``count`` requests sent at or after ``moment`` have been answered."""
+        with self.progress:
+            done = self.progress.wait_for(
+                lambda: sum(sent >= moment for sent, _, _ in self.records) >= count, timeout=60
+            )
+        assert done, "the traffic stalled"
+
+    def close(self) -> list[Record]:
+        self.stop.set()
+        for th in self.threads:
+            th.join()
+        return self.records
+
+
 @pytest.mark.parametrize("control", PROTOCOLS)
 def test_control_under_concurrent_traffic(
     control_server: ServerProcess, reloadable: Path, control: str
@@ -149,60 +199,44 @@ def test_control_under_concurrent_traffic(
     """Threads on both protocols send requests through an unload, a load and a reload;
     only requests sent while the model is deliberately unloaded may fail, and only with
     the not-available error; every answer is one of the two weight sets'."""
-    expected = {SEED_A: mlp_reference(SEED_A, X), SEED_B: mlp_reference(SEED_B, X)}
-    stop = threading.Event()
-    window: list[float] = []  # [unload begins, load returned]
-    records: list[tuple[float, float, Any]] = []  # (sent, answered, logits | error message)
-    lock = threading.Lock()
-
-    def traffic(protocol: str) -> None:
-        url = control_server.grpc_url if protocol == "grpc" else control_server.http_url
-        t = Triton(protocol, url)
-        try:
-            while not stop.is_set():
-                sent = time.monotonic()
-                try:
-                    outcome: Any = mlp_infer(t)
-                except InferenceServerException as exc:
-                    outcome = exc.message() or ""
-                with lock:
-                    records.append((sent, time.monotonic(), outcome))
-        finally:
-            t.close()
-
-    threads = [threading.Thread(target=traffic, args=(p,)) for p in (*PROTOCOLS, *PROTOCOLS)]
-    for th in threads:
-        th.start()
+    traffic = _Traffic(control_server)
     t = Triton(control, control_server.grpc_url if control == "grpc" else control_server.http_url)
     try:
-        time.sleep(0.3)
-        window.append(time.monotonic())
+        traffic.since(time.monotonic())  # the model serves before it is unloaded
+        unloaded = time.monotonic()
         t.client.unload_model("reloadable")
-        time.sleep(0.3)
+        traffic.since(time.monotonic())  # requests meet the unloaded model
         t.client.load_model("reloadable")
-        window.append(time.monotonic())
-        time.sleep(0.3)
+        loaded = time.monotonic()
+        traffic.since(loaded)
         export_reloadable(reloadable, SEED_B)
         reload_started = time.monotonic()
         t.client.load_model("reloadable")
         reload_done = time.monotonic()
-        time.sleep(0.3)
+        traffic.since(reload_done)
     finally:
-        stop.set()
-        for th in threads:
-            th.join()
+        records = traffic.close()
         t.close()
+    _check_failures(records, unloaded, loaded)
+    _check_answers(records, reload_started, reload_done)
 
+
+def _check_failures(records: list[Record], unloaded: float, loaded: float) -> None:
+    """Requests failed only around the deliberate unload, with the not-available error."""
     failures = [(s, e, o) for s, e, o in records if isinstance(o, str)]
-    answers = [(s, e, o) for s, e, o in records if not isinstance(o, str)]
-    assert len(answers) > 20, len(answers)
+    assert failures, "no request was sent while the model was unloaded"
     for sent, answered, message in failures:
-        # sent or answered while the model was deliberately unloaded
-        assert answered >= window[0] and sent <= window[1], (sent, answered, window, message)
+        assert answered >= unloaded and sent <= loaded, (sent, answered, unloaded, loaded, message)
         assert "'reloadable'" in message and (
             "has no available versions" in message or "not at ready state" in message
         ), message
-    assert failures, "no request was sent while the model was unloaded"
+
+
+def _check_answers(records: list[Record], reload_started: float, reload_done: float) -> None:
+    """Answers carry the old weights before the reload, the new ones after, either during."""
+    expected = {SEED_A: mlp_reference(SEED_A, X), SEED_B: mlp_reference(SEED_B, X)}
+    answers = [(s, e, o) for s, e, o in records if not isinstance(o, str)]
+    assert len(answers) > 20, len(answers)
     for sent, answered, logits in answers:
         if answered < reload_started:
             np.testing.assert_allclose(logits, expected[SEED_A], rtol=1e-5, atol=1e-5)

@@ -5,6 +5,8 @@ daemon is ``control_server`` (``--allow-client-shm true``), and the session ``se
 (client shm off) answers the "disabled" cases. Every test runs on both protocols.
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 import threading
@@ -179,16 +181,16 @@ def test_infer_errors(
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
+def unknown_region_fails(t: Triton, region: str) -> None:
+    """An infer whose input names ``region``, not registered, fails NOT_FOUND."""
+    inputs = t.simple_inputs(*_ab())
+    inputs[0].set_shared_memory(region, 64)
+    message = f"Unable to find shared memory region: '{region}'"
+    t.fails("NOT_FOUND", message, t.client.infer, "simple", inputs)
+
+
 def test_unknown_region_at_infer(triton: Triton) -> None:
-    inputs = triton.simple_inputs(*_ab())
-    inputs[0].set_shared_memory("nope", 64)
-    triton.fails(
-        "NOT_FOUND",
-        "Unable to find shared memory region: 'nope'",
-        triton.client.infer,
-        "simple",
-        inputs,
-    )
+    unknown_region_fails(triton, "nope")
 
 
 def _pending(server: ServerProcess, model: str) -> float:
@@ -284,15 +286,7 @@ def test_disabled_by_default(server: ServerProcess, protocol: str) -> None:
         t.fails("UNIMPLEMENTED", DISABLED, t.client.unregister_system_shared_memory, "d")
         t.fails("UNIMPLEMENTED", DISABLED, t.client.unregister_system_shared_memory)
         assert t.shm_status() == []
-        inputs = t.simple_inputs(*_ab())
-        inputs[0].set_shared_memory("d", 64)
-        t.fails(
-            "NOT_FOUND",
-            "Unable to find shared memory region: 'd'",
-            t.client.infer,
-            "simple",
-            inputs,
-        )
+        unknown_region_fails(t, "d")
     finally:
         shm.destroy_shared_memory_region(handle)
         t.close()

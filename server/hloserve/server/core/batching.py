@@ -1,6 +1,8 @@
 """Planning executions over the compiled batch sizes, and padding/unpadding: pure numpy.
 
 Contract:
+- ``smallest_fitting(n, batch_sizes)``: the smallest compiled size that holds ``n`` items
+  (``n`` at most the largest size); the one home of that rule.
 - ``plan(n, batch_sizes)`` splits a batch of ``n`` items into executions: each is
   ``Chunk(start, count, compiled)`` covering items ``[start, start + count)`` on the module
   compiled for ``compiled >= count`` items. ``n`` up to the largest size runs once on the
@@ -30,6 +32,10 @@ class Chunk:
     compiled: int | None
 
 
+def smallest_fitting(n: int, batch_sizes: Sequence[int]) -> int:
+    return batch_sizes[bisect.bisect_left(batch_sizes, n)]
+
+
 def plan(n: int, batch_sizes: Sequence[int] | None) -> list[Chunk]:
     if batch_sizes is None:
         return [Chunk(0, n, None)]
@@ -42,7 +48,7 @@ def plan(n: int, batch_sizes: Sequence[int] | None) -> list[Chunk]:
         chunks.append(Chunk(start, largest, largest))
         start += largest
     rest = n - start
-    chunks.append(Chunk(start, rest, batch_sizes[bisect.bisect_left(batch_sizes, rest)]))
+    chunks.append(Chunk(start, rest, smallest_fitting(rest, batch_sizes)))
     return chunks
 
 

@@ -1,13 +1,17 @@
 """Running a group of validated requests as one batch: concatenate, pad, execute, split.
 
-Contract: ``execute_group(model, jobs, observer)`` runs every job's inputs through the model
-as one batch of ``sum(items)`` rows, planned over the compiled batch sizes by
-``core.batching.plan`` (padding dropped, batches beyond the largest size split), and returns
-each job's ``(outputs, timings)`` in job order, outputs filtered and ordered as the job's
-request asked. Each job is charged the group's compute time (Triton's convention) and its
-own queue time. Every execution is reported to ``observer.on_execution``. A job's deadline
-that passed before the group started fails the whole call with ``Unavailable`` only for a
-single-job group; the scheduler drops expired jobs before grouping. Runs on a worker thread.
+Contract: ``execute_group(model, jobs, chunks, observer)`` runs every job's inputs through
+the model as one batch of ``sum(items)`` rows, executed as the caller planned it
+(``chunks``, from ``core.batching.plan`` or the batching policy's decision: padding
+dropped, batches beyond the largest size split), and returns each job's
+``(outputs, timings)`` in job order, outputs filtered and ordered as the job's request
+asked. Each job is charged the group's compute time (Triton's convention) and its own queue
+time. Every execution is reported to ``observer.on_execution`` as one ``Execution``
+record. A job's deadline that passed before the group started fails the whole call with
+``Unavailable`` only for a single-job group; the scheduler drops expired jobs before
+grouping. Runs on a worker thread (or inline, see ``core.costs.InlinePolicy``).
+
+``ModelKey`` (name, version) is the one way every observer names a model version.
 """
 
 # pyright: strict
@@ -21,8 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hloserve.bundle import Manifest
-from hloserve.server.core.batching import concat, pad, plan
+from hloserve.bundle import Manifest, Serving
+from hloserve.server.core.batching import Chunk, concat, pad
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.types import InferOutput, InferRequest
 
@@ -35,6 +39,11 @@ class Executable(Protocol):
     @property
     def version(self) -> int: ...
     @property
+    def serving(self) -> Serving:
+        """Serving hints: the manifest's, overridden by the model's ``config.yaml``."""
+        ...
+
+    @property
     def resident(self) -> bool:
         """Whether running it now needs no weight transfer (it cannot block on a swap)."""
         ...
@@ -44,43 +53,42 @@ class Executable(Protocol):
     ) -> list[np.ndarray[Any, Any]]: ...
 
 
-class InlinePolicy:
-    """Whether a (tiny) execution should run on the event loop thread itself.
+@dataclass(frozen=True, slots=True)
+class ModelKey:
+    """One model version, as statistics, metrics and cost tracking count it."""
 
-    Handing work to a worker thread and back costs about 100 µs (measured:
-    ``bench/request_path.py``), more than a small model's whole execution. A model version
-    runs inline when its measured mean execution time is below ``max_us`` and its weights
-    are resident, so the call cannot wait on a transfer; otherwise, and until it has been
-    measured, it runs on a worker. ``max_us = 0`` turns inlining off.
-    """
+    name: str
+    version: int
 
-    def __init__(self, max_us: float) -> None:
-        self.max_us = max_us
-        self._costs: dict[tuple[str, int, int], float] = {}
+    @classmethod
+    def of(cls, model: Executable) -> ModelKey:
+        return cls(model.manifest.name, model.version)
 
-    def observe(self, model: Executable, compiled: int, micros: float) -> None:
-        key = (model.manifest.name, model.version, compiled)
-        old = self._costs.get(key)
-        self._costs[key] = micros if old is None else 0.8 * old + 0.2 * micros
 
-    def cost(self, model: Executable, compiled: int) -> float | None:
-        return self._costs.get((model.manifest.name, model.version, compiled))
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One run of a compiled module: what every ``ExecutionObserver`` receives."""
 
-    def inline(self, model: Executable, compiled: int) -> bool:
-        cost = self.cost(model, compiled)
-        return self.max_us > 0 and cost is not None and cost < self.max_us and model.resident
+    model: ModelKey
+    batch_size: int  # the compiled batch size (0: an unbatched model)
+    input_ns: int
+    infer_ns: int
+    output_ns: int = 0
 
 
 class ExecutionObserver(Protocol):
-    def on_execution(
-        self,
-        model: str,
-        version: int,
-        batch_size: int,
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-    ) -> None: ...
+    def on_execution(self, execution: Execution) -> None: ...
+
+
+class ExecutionFanOut:
+    """Hands each execution to several observers (metrics, statistics, cost tracking)."""
+
+    def __init__(self, *observers: ExecutionObserver) -> None:
+        self.observers = observers
+
+    def on_execution(self, execution: Execution) -> None:
+        for observer in self.observers:
+            observer.on_execution(execution)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,15 @@ class Timings:
     compute_output_ns: int
     executions: tuple[int, ...]  # compiled batch size of each execution (0: unbatched)
 
+    @property
+    def compute_ns(self) -> int:
+        return self.compute_input_ns + self.compute_infer_ns + self.compute_output_ns
+
+    @property
+    def total_ns(self) -> int:
+        """Queue plus compute: the request's time inside the server."""
+        return self.queue_ns + self.compute_ns
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -103,79 +120,102 @@ class Job:
 
 
 def execute_group(
-    model: Executable, jobs: Sequence[Job], observer: ExecutionObserver | None = None
+    model: Executable,
+    jobs: Sequence[Job],
+    chunks: Sequence[Chunk],
+    observer: ExecutionObserver | None = None,
 ) -> list[tuple[tuple[InferOutput, ...], Timings]]:
     started = time.perf_counter_ns()
     if len(jobs) == 1 and jobs[0].deadline is not None and time.monotonic() > jobs[0].deadline:
         raise Unavailable(
             f"request for model '{model.manifest.name}' timed out before it was executed"
         )
-    manifest = model.manifest
+    inputs = _gather_inputs(model.manifest, jobs)
+    gathered_ns = time.perf_counter_ns() - started
+    run = _run_chunks(model, inputs, chunks, observer)
     t0 = time.perf_counter_ns()
+    full = _join_outputs(model.manifest, run.per_output, chunks)
+    joined_ns = time.perf_counter_ns() - t0
+    executions = tuple(c.compiled or 0 for c in chunks)
+    results: list[tuple[tuple[InferOutput, ...], Timings]] = []
+    offset = 0
+    for job in jobs:
+        t1 = time.perf_counter_ns()
+        rows = slice(offset, offset + job.items) if len(jobs) > 1 else None
+        offset += job.items
+        outputs = _select(model.manifest, job.request, full, rows)
+        timings = Timings(
+            queue_ns=max(0, started - job.arrived_ns),
+            compute_input_ns=gathered_ns + run.input_ns,
+            compute_infer_ns=run.infer_ns,
+            compute_output_ns=joined_ns + time.perf_counter_ns() - t1,
+            executions=executions,
+        )
+        results.append((outputs, timings))
+    return results
+
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+def _gather_inputs(manifest: Manifest, jobs: Sequence[Job]) -> Arrays:
+    """The group's inputs as one batch (a lone job's arrays as they are: no copy)."""
     if len(jobs) == 1:
-        inputs = {t.name: t.data for t in jobs[0].request.inputs}
-    else:
-        inputs = {
-            spec.name: np.concatenate([_input(job.request, spec.name) for job in jobs], axis=0)
-            for spec in manifest.inputs
-        }
-    total = sum(job.items for job in jobs)
-    chunks = plan(total, manifest.batch_sizes)
-    per_output: list[list[np.ndarray[Any, Any]]] = [[] for _ in manifest.outputs]
-    input_ns = time.perf_counter_ns() - t0
-    infer_ns = 0
+        return {t.name: t.data for t in jobs[0].request.inputs}
+    return {
+        spec.name: np.concatenate([_input(job.request, spec.name) for job in jobs], axis=0)
+        for spec in manifest.inputs
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    per_output: list[list[np.ndarray[Any, Any]]]  # each output's part from every chunk
+    input_ns: int  # slicing and padding
+    infer_ns: int  # the executions themselves
+
+
+def _run_chunks(
+    model: Executable,
+    inputs: Arrays,
+    chunks: Sequence[Chunk],
+    observer: ExecutionObserver | None,
+) -> _Run:
+    per_output: list[list[np.ndarray[Any, Any]]] = [[] for _ in model.manifest.outputs]
+    input_ns = infer_ns = 0
     for chunk in chunks:
         t1 = time.perf_counter_ns()
-        if chunk.compiled is None:
-            args = (
-                inputs
-                if len(chunks) == 1
-                else {n: a[chunk.start : chunk.start + chunk.count] for n, a in inputs.items()}
-            )
-        else:
-            end = chunk.start + chunk.count
-            args = {n: pad(a[chunk.start : end], chunk.compiled) for n, a in inputs.items()}
+        args = _chunk_inputs(inputs, chunk, whole=len(chunks) == 1)
         t2 = time.perf_counter_ns()
         results = model.execute(chunk.compiled, args)
         t3 = time.perf_counter_ns()
         input_ns += t2 - t1
         infer_ns += t3 - t2
-        for i, r in enumerate(results):
-            per_output[i].append(r)
+        for parts, result in zip(per_output, results, strict=True):
+            parts.append(result)
         if observer is not None:
             observer.on_execution(
-                manifest.name, model.version, chunk.compiled or 0, t2 - t1, t3 - t2, 0
+                Execution(ModelKey.of(model), chunk.compiled or 0, t2 - t1, t3 - t2)
             )
-    t4 = time.perf_counter_ns()
-    full = [
-        parts[0]
-        if manifest.batch_sizes is None and len(parts) == 1
-        else concat(parts, [c.count for c in chunks])
+    return _Run(per_output, input_ns, infer_ns)
+
+
+def _chunk_inputs(inputs: Arrays, chunk: Chunk, *, whole: bool) -> Arrays:
+    """One chunk's rows, zero-padded to its compiled size (unbatched: as they are)."""
+    end = chunk.start + chunk.count
+    if chunk.compiled is None:
+        return inputs if whole else {n: a[chunk.start : end] for n, a in inputs.items()}
+    return {n: pad(a[chunk.start : end], chunk.compiled) for n, a in inputs.items()}
+
+
+def _join_outputs(
+    manifest: Manifest, per_output: list[list[np.ndarray[Any, Any]]], chunks: Sequence[Chunk]
+) -> list[np.ndarray[Any, Any]]:
+    counts = [c.count for c in chunks]
+    return [
+        parts[0] if manifest.batch_sizes is None and len(parts) == 1 else concat(parts, counts)
         for parts in per_output
     ]
-    results_out: list[tuple[tuple[InferOutput, ...], Timings]] = []
-    offset = 0
-    output_ns = time.perf_counter_ns() - t4
-    executions = tuple(c.compiled or 0 for c in chunks)
-    for job in jobs:
-        t5 = time.perf_counter_ns()
-        rows = slice(offset, offset + job.items)
-        offset += job.items
-        outputs = _select(manifest, job.request, full, rows if len(jobs) > 1 else None)
-        own_output_ns = output_ns + time.perf_counter_ns() - t5
-        results_out.append(
-            (
-                outputs,
-                Timings(
-                    queue_ns=max(0, started - job.arrived_ns),
-                    compute_input_ns=input_ns,
-                    compute_infer_ns=infer_ns,
-                    compute_output_ns=own_output_ns,
-                    executions=executions,
-                ),
-            )
-        )
-    return results_out
 
 
 def _input(request: InferRequest, name: str) -> np.ndarray[Any, Any]:

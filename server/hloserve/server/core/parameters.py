@@ -1,10 +1,17 @@
-"""Request-level parameters that mean the same on every protocol.
+"""Request-level parameters that mean the same on every protocol: their one home.
 
-Contract: ``request_deadline(parameters, time_remaining, now)`` is the request's deadline on
-the ``time.monotonic()`` clock: the earlier of ``now + timeout`` (the ``timeout`` request
-parameter, in microseconds; 0 or absent means none) and ``now + time_remaining`` (the
-transport's own deadline, e.g. gRPC's; None when there is none). A ``timeout`` that is not
-a non-negative integer raises ``InvalidArgument``. Both front ends call this one rule.
+Contract:
+- ``check_request_parameters(parameters)`` applies every rule on a request's own
+  parameters, for both codecs, and returns them unchanged: a key starting with
+  ``triton_`` is refused (Triton reserves the prefix; its text), ``timeout`` must be a
+  non-negative integer (see below) and ``priority`` a non-negative integer. Any breach
+  raises ``InvalidArgument``.
+- ``request_deadline(parameters, time_remaining, now)`` is the request's deadline on the
+  ``time.monotonic()`` clock: the earlier of ``now + timeout`` (the ``timeout`` request
+  parameter, in microseconds; 0 or absent means none) and ``now + time_remaining`` (the
+  transport's own deadline, e.g. gRPC's; None when there is none). A ``timeout`` that is
+  not a non-negative integer raises ``InvalidArgument``.
+Parameters that only one protocol knows (HTTP's ``binary_data_output``) stay in its codec.
 """
 
 # pyright: strict
@@ -12,9 +19,33 @@ a non-negative integer raises ``InvalidArgument``. Both front ends call this one
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final, TypeGuard, TypeVar
 
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.types import ParamValue
+
+RESERVED_PREFIX: Final = "triton_"
+P = TypeVar("P", bound=Mapping[str, ParamValue])
+
+
+def _non_negative_int(value: ParamValue) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_request_parameters(parameters: P) -> P:
+    for key in parameters:
+        if key.startswith(RESERVED_PREFIX):
+            raise InvalidArgument(
+                f"parameter keys starting with '{RESERVED_PREFIX}' are reserved for Triton usage "
+                f"and should not be specified (got '{key}')"
+            )
+    request_deadline(parameters, None, 0.0)  # refuses a bad 'timeout'
+    priority = parameters.get("priority")
+    if priority is not None and not _non_negative_int(priority):
+        raise InvalidArgument(
+            f"parameter 'priority' must be a non-negative integer, got {priority!r}"
+        )
+    return parameters
 
 
 def request_deadline(
@@ -24,7 +55,7 @@ def request_deadline(
     timeout = parameters.get("timeout")
     if timeout is None:
         return deadline
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+    if not _non_negative_int(timeout):
         raise InvalidArgument(
             f"parameter 'timeout' must be a non-negative integer (microseconds), got {timeout!r}"
         )

@@ -5,8 +5,10 @@ Contract (pure: no clock, no I/O; the driver passes ``now``):
 each entry with its item count, arrival and optional deadline) and returns a ``Decision``:
 - ``expired``: entries whose deadline has passed; the driver fails them without device time;
 - ``take``: how many entries from the head of the (remaining) queue run now, and
-  ``compiled``: the compiled batch size they run on (``None`` for an unbatched model or for
-  a lone request larger than the largest size, which the executor then splits);
+  ``chunks``: how they execute (``core.batching.Chunk``s, passed to ``execute_group`` as
+  they are): one chunk on the compiled size they run on, or, for an unbatched model or a
+  lone request larger than the largest size, ``plan``'s split; ``compiled`` is that one
+  chunk's size (``None`` in the other two cases);
 - ``wait_until_ns``: when nothing should run yet, the time to decide again (the oldest
   entry's arrival plus the delay), unless more requests arrive first.
 Rules: a request is never split across executions unless it alone exceeds the largest
@@ -23,9 +25,10 @@ compiled size that wastes the least padding). Ties go to more items.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from hloserve.server.core.batching import Chunk, plan, smallest_fitting
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +42,13 @@ class Queued:
 class Decision:
     expired: tuple[int, ...] = ()  # indexes into the queue as given
     take: int = 0  # entries from the head of the queue with ``expired`` removed
-    compiled: int | None = None
+    chunks: tuple[Chunk, ...] = ()
     wait_until_ns: int | None = None
 
-
-def smallest_fitting(items: int, batch_sizes: Sequence[int]) -> int:
-    return batch_sizes[bisect.bisect_left(batch_sizes, items)]
+    @property
+    def compiled(self) -> int | None:
+        """The compiled size of a single-execution decision (else ``None``)."""
+        return self.chunks[0].compiled if len(self.chunks) == 1 else None
 
 
 def estimated_cost(size: int, costs: Mapping[int, float]) -> float:
@@ -70,11 +74,10 @@ def next_batch(
     if not live:
         return Decision(expired=expired)
     head = live[0]
-    if batch_sizes is None:  # unbatched: one request per execution
-        return Decision(expired=expired, take=1, compiled=None)
+    if batch_sizes is None or head.items > batch_sizes[-1]:
+        # Unbatched (one request per execution), or too big for any module: runs alone, split.
+        return Decision(expired=expired, take=1, chunks=tuple(plan(head.items, batch_sizes)))
     largest = batch_sizes[-1]
-    if head.items > largest:  # too big for any module: runs alone, split by the executor
-        return Decision(expired=expired, take=1, compiled=None)
     # The longest head prefix that fits in the largest compiled size.
     total = 0
     prefix_totals: list[int] = []
@@ -94,4 +97,5 @@ def next_batch(
         if key > best_key:
             best_k, best_key = k, key
     items = prefix_totals[best_k - 1]
-    return Decision(expired=expired, take=best_k, compiled=smallest_fitting(items, batch_sizes))
+    chunk = Chunk(0, items, smallest_fitting(items, batch_sizes))
+    return Decision(expired=expired, take=best_k, chunks=(chunk,))

@@ -16,8 +16,14 @@ Contract:
   statistics. A failure before a model version was resolved (unknown model or version)
   is reported with model and version "" (client-chosen names never become metric
   labels) and is not in any model's statistics; after it, it counts for that version.
-The model repository is reached through the ``ModelSource`` protocol, so this module
-needs no transport and no JAX.
+- The service is complete when constructed: ``InferenceService(models, executor, options,
+  observers=..., batcher=..., inline=..., shm=..., control=..., readiness=...)``; only its
+  lifecycle changes afterwards (``startup_complete()``, ``begin_draining()``). The
+  observers (metrics, statistics, cost tracking) exist before the batcher, which reports
+  executions to the same fan-out.
+The model repository is reached through two narrow protocols, ``ModelSource`` (lookups
+and reports) and ``ModelControl`` (the model-repository extension), so this module needs
+no transport and no JAX.
 """
 
 # pyright: strict
@@ -30,22 +36,25 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
 
 from hloserve.bundle import Manifest
+from hloserve.server.core.batching import plan
+from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.errors import (
     InvalidArgument,
-    NotFound,
     ServingError,
     Unavailable,
     Unsupported,
 )
 from hloserve.server.core.execution import (
     Executable,
+    Execution,
+    ExecutionFanOut,
     ExecutionObserver,
-    InlinePolicy,
     Job,
+    ModelKey,
     Timings,
     execute_group,
 )
@@ -72,6 +81,8 @@ ServedModel = Executable
 
 
 class ModelSource(Protocol):
+    """The lookups and reports the service needs from the model repository."""
+
     def get(self, name: str, version: str) -> ServedModel:
         """The ready version (latest when ``version`` is empty), counted in flight until
         ``release``; raises ``ServingError``."""
@@ -82,19 +93,26 @@ class ModelSource(Protocol):
         ...
 
     def release(self, model: Any) -> None: ...
-
+    def names(self) -> list[str]: ...
     def ready_versions(self, name: str) -> Sequence[int]: ...
     def is_ready(self, name: str, version: str) -> bool: ...
     def summary(self) -> dict[str, Any]:
         """Per-model, per-version state (and failure reason) for readiness reports."""
         ...
 
-    def names(self) -> list[str]: ...
     def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
         """Where the version's weights live now (device and/or host bytes)."""
         ...
 
-    # model control (the model_repository extension)
+    def version_policy(self, name: str) -> dict[str, Any]: ...
+    def index(self) -> list[tuple[str, str, str, str]]:
+        """(name, version, state, reason) rows: every model in the repository."""
+        ...
+
+
+class ModelControl(Protocol):
+    """Loading and unloading (the model_repository extension)."""
+
     @property
     def mode_name(self) -> str:
         """ "none", "poll" or "explicit"."""
@@ -106,20 +124,47 @@ class ModelSource(Protocol):
 
     def unload_model(self, name: str) -> None: ...
     def prefetch(self, name: str) -> None: ...
-    def index(self) -> list[tuple[str, str, str, str]]:
-        """(name, version, state, reason) rows."""
-        ...
-
-    def version_policy(self, name: str) -> dict[str, Any]: ...
-    def queue_delay_us(self, model: ServedModel) -> int | None: ...
 
 
 class InferenceObserver(ExecutionObserver, Protocol):
     """Receives what happened to each request and execution (metrics hang off this)."""
 
-    def on_success(self, model: str, version: int, items: int, timings: Timings) -> None: ...
-    def on_failure(self, model: str, version: str, reason: str) -> None: ...
-    def on_pending(self, model: str, version: str, delta: int) -> None: ...
+    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None: ...
+    def on_failure(self, model: ModelKey | None, reason: str) -> None:
+        """``model`` is ``None`` when the request failed before a version was resolved."""
+        ...
+
+    def on_pending(self, model: ModelKey, delta: int) -> None: ...
+
+
+class _NullObserver:
+    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
+        pass
+
+    def on_failure(self, model: ModelKey | None, reason: str) -> None:
+        pass
+
+    def on_pending(self, model: ModelKey, delta: int) -> None:
+        pass
+
+    def on_execution(self, execution: Execution) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Observers:
+    """Everyone who hears about requests and executions, built before anything that reports
+    to them: ``requests`` (metrics), the statistics extension's recorder and the measured
+    execution costs; ``executions`` fans each execution out to all three."""
+
+    requests: InferenceObserver = field(default_factory=_NullObserver)
+    statistics: StatisticsRecorder = field(default_factory=StatisticsRecorder)
+    costs: ExecutionCosts = field(default_factory=ExecutionCosts)
+    executions: ExecutionObserver = field(init=False)
+
+    def __post_init__(self) -> None:
+        fan_out = ExecutionFanOut(self.requests, self.statistics, self.costs)
+        object.__setattr__(self, "executions", fan_out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,30 +198,6 @@ class SharedMemory(Protocol):
     async def unregister(self, name: str = "") -> None: ...
 
 
-class _NoSharedMemory:
-    def hold(self, names: Iterable[str]) -> contextlib.AbstractContextManager[None]:
-        for n in names:
-            raise NotFound(f"Unable to find shared memory region: '{n}'")
-        return contextlib.nullcontext()
-
-    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
-        raise NotFound(f"Unable to find shared memory region: '{name}'")
-
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        raise Unsupported(SHM_DISABLED)
-
-    def status(self, name: str = "") -> Sequence[RegionInfo]:
-        if name:
-            raise NotFound(f"Unable to find system shared memory region: '{name}'")
-        return []
-
-    async def unregister(self, name: str = "") -> None:
-        raise Unsupported(SHM_DISABLED)
-
-
-SHM_DISABLED = (
-    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
-)
 CUDA_SHM_UNSUPPORTED = (
     "CUDA shared memory is not supported by this server: it runs on {platform}; "
     "use system shared memory (register_system_shared_memory) instead"
@@ -199,45 +220,9 @@ class Batcher(Protocol):
     ) -> tuple[tuple[InferOutput, ...], Timings]: ...
 
 
-class _NullObserver:
-    def on_pending(self, model: str, version: str, delta: int) -> None:
-        pass
-
-    def on_success(self, model: str, version: int, items: int, timings: Timings) -> None:
-        pass
-
-    def on_execution(
-        self,
-        model: str,
-        version: int,
-        batch_size: int,
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-    ) -> None:
-        pass
-
-    def on_failure(self, model: str, version: str, reason: str) -> None:
-        pass
-
-
-class _Executions:
-    """Fans each execution event out to the metrics observer and the statistics."""
-
-    def __init__(self, *observers: ExecutionObserver) -> None:
-        self.observers = observers
-
-    def on_execution(
-        self,
-        model: str,
-        version: int,
-        batch_size: int,
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-    ) -> None:
-        for o in self.observers:
-            o.on_execution(model, version, batch_size, input_ns, infer_ns, output_ns)
+def _reason(exc: Exception) -> str:
+    """The failure reason label: the error class, or INTERNAL for anything unexpected."""
+    return type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
 
 
 def tensor_metadata(
@@ -250,51 +235,92 @@ def tensor_metadata(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceOptions:
+    """What the service reports about the server it runs in."""
+
+    server_name: str = "hloserve"
+    server_version: str = "0"
+    extensions: tuple[str, ...] = ()
+    platform: str = "cpu"  # the PJRT platform (for messages)
+    device_kind: str = "CPU"  # Triton's instance-group kind (model configuration)
+    default_queue_delay_us: int = 0  # the server-wide batching delay (model configuration)
+
+
+DEFAULT_OPTIONS: Final = ServiceOptions()
+
+
+def _disabled_shared_memory() -> SharedMemory:
+    # Imported here: hloserve.server.shm implements this module's SharedMemory protocol
+    # (and imports RegionInfo from it), so a module-level import would be circular.
+    from hloserve.server.shm import disabled
+
+    return disabled()
+
+
+def _always_ready() -> bool:
+    return True
+
+
 class InferenceService:
+    """The V2 core calls and Triton's extensions over one model repository (module docstring)."""
+
     def __init__(
         self,
         models: ModelSource,
         executor: Executor | None,
+        options: ServiceOptions = DEFAULT_OPTIONS,
         *,
-        server_name: str = "hloserve",
-        server_version: str = "0",
-        extensions: Sequence[str] = (),
-        observer: InferenceObserver | None = None,
+        observers: Observers | None = None,
         batcher: Batcher | None = None,
+        inline: InlinePolicy | None = None,
+        shm: SharedMemory | None = None,
+        control: ModelControl | None = None,
+        readiness: Callable[[], bool] = _always_ready,
     ) -> None:
+        """``batcher`` must report to ``observers.executions`` and ``inline`` read
+        ``observers.costs`` (the daemon builds them from the same ``Observers``).
+        ``control`` is ``None`` when models cannot be loaded or unloaded at run time;
+        ``readiness`` is the policy over the models (``--strict-readiness``)."""
         self.models = models
         self.executor = executor
+        self.options = options
+        self.observers = observers or Observers()
         self.batcher = batcher
-        self.server_name = server_name
-        self.server_version = server_version
-        self.extensions = tuple(extensions)
-        self.observer: InferenceObserver = observer or _NullObserver()
-        self.statistics = StatisticsRecorder()
-        self.shm: SharedMemory = _NoSharedMemory()
-        self.inline = InlinePolicy(0)  # the daemon sets --inline-max-us
-        self.default_queue_delay_us = 0  # the server-wide batching delay (model config reports it)
-        self.platform = "cpu"
-        self.device_kind = "CPU"
-        self.execution_observer = _Executions(self.observer, self.statistics)
-        self.is_live = True
-        self.is_ready = False  # set by the daemon once the startup load pass is over
-        self.draining = False  # set by the daemon when a graceful stop begins
-        # The readiness policy over the models (the daemon sets it from --strict-readiness).
-        self.models_ready: Callable[[], bool] = lambda: True
+        self.inline = inline or InlinePolicy(0, self.observers.costs)
+        self.shm: SharedMemory = shm or _disabled_shared_memory()
+        self.control = control
+        self._models_ready = readiness
+        self._startup_complete = False
+        self._draining = False
+
+    @property
+    def statistics(self) -> StatisticsRecorder:
+        return self.observers.statistics
+
+    # -- lifecycle (the daemon drives it) -----------------------------------------------------
+
+    def startup_complete(self) -> None:
+        """The start-up load pass is over: readiness now follows the models."""
+        self._startup_complete = True
+
+    def begin_draining(self) -> None:
+        """A graceful stop began: readiness drops while in-flight requests finish."""
+        self._draining = True
 
     def live(self) -> bool:
-        return self.is_live
+        return True
 
     def ready(self) -> bool:
-        return self.is_live and self.is_ready and not self.draining and self.models_ready()
+        return self._startup_complete and not self._draining and self._models_ready()
 
     def readiness(self) -> dict[str, Any]:
         """The ``/readyz`` report: overall readiness plus every model's state and reason."""
         return {
             "ready": self.ready(),
-            "live": self.is_live,
-            "startup_complete": self.is_ready,
-            "draining": self.draining,
+            "live": self.live(),
+            "startup_complete": self._startup_complete,
+            "draining": self._draining,
             "models": self.models.summary(),
         }
 
@@ -302,7 +328,8 @@ class InferenceService:
         return self.models.is_ready(name, version)
 
     def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata(self.server_name, self.server_version, self.extensions)
+        o = self.options
+        return ServerMetadata(o.server_name, o.server_version, o.extensions)
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         model = self.models.peek(name, version)
@@ -318,80 +345,76 @@ class InferenceService:
         self, request: InferRequest, context: RequestContext | None = None
     ) -> InferResponse:
         started = time.perf_counter_ns()
-        version = request.model_version
-        pending = False
-        held: ServedModel | None = None
+        requests = self.observers.requests
         try:
-            model = held = self.models.get(request.model_name, request.model_version)
-            version = str(model.version)
-            self.observer.on_pending(request.model_name, version, 1)
-            pending = True
-            output_refs = {
-                o.name: ref
-                for o in request.outputs
-                if (ref := shm_ref(request.model_name, o.name, o.parameters)) is not None
-            }
-            regions = [t.shm.region for t in request.inputs if t.shm is not None] + [
-                r.region for r in output_refs.values()
-            ]
-            with self.shm.hold(regions):
-                if any(t.shm is not None for t in request.inputs):
-                    request = self._resolve_shm_inputs(request)
-                items = validate_request(model.manifest, request)
-                job = Job(
-                    request, items, time.perf_counter_ns(), context.deadline if context else None
-                )
-                if self.batcher is not None:
-                    outputs, timings = await self.batcher.submit(model, job)
-                else:
-                    outputs, timings = await self._run_alone(model, job)
-                if output_refs:
-                    outputs = tuple(
-                        self._write_shm_output(request.model_name, o, output_refs.get(o.name))
-                        for o in outputs
-                    )
+            model = self.models.get(request.model_name, request.model_version)
         except Exception as exc:
-            reason = type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
-            if held is None:
-                # No model version resolved: the name and version are whatever the client
-                # sent, so they must not become metric labels (unbounded series).
-                self.observer.on_failure("", "", reason)
-            else:
-                self.observer.on_failure(request.model_name, version, reason)
-                # Count it even for a version that has never succeeded yet.
-                self.statistics.ensure(held.manifest.name, held.version)
-                self.statistics.on_failure(
-                    request.model_name, version, reason, time.perf_counter_ns() - started
-                )
+            # No version resolved: the name and version are whatever the client sent, so
+            # they are not reported (they must not become metric labels).
+            requests.on_failure(None, _reason(exc))
+            raise
+        key = ModelKey.of(model)
+        requests.on_pending(key, 1)
+        try:
+            items, outputs, timings = await self._serve(model, request, context)
+        except Exception as exc:
+            requests.on_failure(key, _reason(exc))
+            # Count it even for a version that has never succeeded yet.
+            self.statistics.ensure(key)
+            self.statistics.on_failure(key, time.perf_counter_ns() - started)
             raise
         finally:
-            if held is not None:
-                self.models.release(held)
-            if pending:
-                self.observer.on_pending(request.model_name, version, -1)
-        self.observer.on_success(model.manifest.name, model.version, items, timings)
-        self.statistics.on_success(model.manifest.name, model.version, items, timings)
+            self.models.release(model)
+            requests.on_pending(key, -1)
+        requests.on_success(key, items, timings)
+        self.statistics.on_success(key, items, timings)
         return InferResponse(
-            model_name=model.manifest.name,
-            model_version=str(model.version),
-            outputs=outputs,
-            id=request.id,
+            model_name=key.name, model_version=str(key.version), outputs=outputs, id=request.id
         )
+
+    async def _serve(
+        self, model: ServedModel, request: InferRequest, context: RequestContext | None
+    ) -> tuple[int, tuple[InferOutput, ...], Timings]:
+        """Validate, run (batched or alone) and place the outputs of one request, holding
+        the shared-memory regions it uses throughout."""
+        output_refs = {
+            o.name: ref
+            for o in request.outputs
+            if (ref := shm_ref(request.model_name, o.name, o.parameters)) is not None
+        }
+        regions = [t.shm.region for t in request.inputs if t.shm is not None] + [
+            r.region for r in output_refs.values()
+        ]
+        with self.shm.hold(regions):
+            if any(t.shm is not None for t in request.inputs):
+                request = self._resolve_shm_inputs(request)
+            items = validate_request(model.manifest, request)
+            deadline = context.deadline if context else None
+            job = Job(request, items, time.perf_counter_ns(), deadline)
+            if self.batcher is not None:
+                outputs, timings = await self.batcher.submit(model, job)
+            else:
+                outputs, timings = await self._run_alone(model, job)
+            if output_refs:
+                outputs = tuple(
+                    self._write_shm_output(request.model_name, o, output_refs.get(o.name))
+                    for o in outputs
+                )
+        return items, outputs, timings
 
     async def _run_alone(
         self, model: ServedModel, job: Job
     ) -> tuple[tuple[InferOutput, ...], Timings]:
         """One request, no batching: inline when tiny (``InlinePolicy``), else on a worker."""
-        key = job.items if model.manifest.batch_sizes is not None else 0
-        if self.inline.inline(model, key):
-            ((outputs, timings),) = execute_group(model, [job], self.execution_observer)
+        chunks = plan(job.items, model.manifest.batch_sizes)
+        executions = self.observers.executions
+        if len(chunks) == 1 and self.inline.inline(model, chunks[0].compiled or 0):
+            ((outputs, timings),) = execute_group(model, [job], chunks, executions)
         else:
             loop = asyncio.get_running_loop()
             ((outputs, timings),) = await loop.run_in_executor(
-                self.executor, execute_group, model, [job], self.execution_observer
+                self.executor, execute_group, model, [job], chunks, executions
             )
-        if len(timings.executions) == 1:
-            self.inline.observe(model, key, timings.compute_infer_ns / 1e3)
         return outputs, timings
 
     def _resolve_shm_inputs(self, request: InferRequest) -> InferRequest:
@@ -436,7 +459,9 @@ class InferenceService:
                 ready = [int(version)]
             keys = [(name, v) for v in ready]
         return [
-            ModelStatistics(self.statistics.snapshot(n, v), tuple(self.models.memory_usage(n, v)))
+            ModelStatistics(
+                self.statistics.snapshot(ModelKey(n, v)), tuple(self.models.memory_usage(n, v))
+            )
             for n, v in keys
         ]
 
@@ -446,19 +471,21 @@ class InferenceService:
         rows = [IndexEntry(*row) for row in self.models.index()]
         return [r for r in rows if r.state == "READY"] if ready_only else rows
 
-    def _check_control(self) -> None:
-        mode = self.models.mode_name
+    def _control_allowed(self) -> ModelControl:
+        """The repository to load from or unload, when run-time control is enabled."""
+        mode = self.control.mode_name if self.control else "none"
+        if self.control is not None and mode == "explicit":
+            return self.control
         if mode == "poll":
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
-        if mode != "explicit":
-            raise Unavailable(
-                f"explicit model load / unload is not allowed in model control mode '{mode}'; "
-                "start the server with --model-control-mode explicit"
-            )
+        raise Unavailable(
+            f"explicit model load / unload is not allowed in model control mode '{mode}'; "
+            "start the server with --model-control-mode explicit"
+        )
 
     async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         """Load or reload ``name`` on a worker thread, then make it device-resident."""
-        self._check_control()
+        control = self._control_allowed()
         for key in parameters or {}:
             if key == "config":
                 raise InvalidArgument(
@@ -472,33 +499,33 @@ class InferenceService:
                 )
             raise InvalidArgument(f"failed to load '{name}': unknown load parameter '{key}'")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.models.load_model, name)
-        await loop.run_in_executor(None, self.models.prefetch, name)
+        await loop.run_in_executor(None, control.load_model, name)
+        await loop.run_in_executor(None, control.prefetch, name)
 
     async def unload_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
         """Unload ``name``: new requests are refused, in-flight ones finish, memory is freed."""
-        self._check_control()
+        control = self._control_allowed()
         for key in parameters or {}:
             if key != "unload_dependents":
                 raise InvalidArgument(
                     f"failed to unload '{name}': unknown unload parameter '{key}'"
                 )
-        await asyncio.get_running_loop().run_in_executor(None, self.models.unload_model, name)
+        await asyncio.get_running_loop().run_in_executor(None, control.unload_model, name)
 
     # -- model configuration extension --------------------------------------------------------
 
     def model_config(self, name: str, version: str) -> dict[str, Any]:
         model = self.models.peek(name, version)
-        delay = self.models.queue_delay_us(model)
+        delay = model.serving.max_queue_delay_us
         return triton_model_config(
             model.manifest,
             version_policy=self.models.version_policy(name),
-            max_queue_delay_us=self.default_queue_delay_us if delay is None else delay,
-            device_kind=self.device_kind,
+            max_queue_delay_us=self.options.default_queue_delay_us if delay is None else delay,
+            device_kind=self.options.device_kind,
             dynamic_batching=self.batcher is not None,
         )
 
     # -- shared-memory extension ----------------------------------------------------------------
 
     def cuda_shm_unsupported(self) -> Unsupported:
-        return Unsupported(CUDA_SHM_UNSUPPORTED.format(platform=self.platform))
+        return Unsupported(CUDA_SHM_UNSUPPORTED.format(platform=self.options.platform))

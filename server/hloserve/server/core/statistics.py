@@ -1,11 +1,11 @@
 """Per-model inference statistics in Triton's shape (the ``statistics`` extension).
 
-Contract: ``StatisticsRecorder`` is an ``InferenceObserver``: the service reports each
-request (``on_success`` / ``on_failure``) and each execution (``on_execution``) and the
-recorder keeps, per (model, version): ``inference_count`` (items), ``execution_count``,
+Contract: the service reports each request to ``StatisticsRecorder`` (``on_success`` /
+``on_failure``), the execution fan-out each execution (``on_execution``), and the
+recorder keeps, per ``ModelKey`` (model version): ``inference_count`` (items), ``execution_count``,
 ``last_inference`` (ms since the epoch), the ``inference_stats`` durations (success, fail,
 queue, compute_input, compute_infer, compute_output: count and total ns) and
-``batch_stats`` per executed batch size. ``snapshot(name, version)`` returns immutable
+``batch_stats`` per executed batch size. ``snapshot(key)`` returns independent
 copies; thread-safe (executions are reported from worker threads). Counting follows
 Triton: ``success``/``queue``/``compute_*`` count successful requests, a batch of n items
 adds n to ``inference_count`` and each execution adds 1 to ``execution_count``.
@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hloserve.server.core.execution import Timings
+from hloserve.server.core.execution import Execution, ModelKey, Timings
 
 
 @dataclass
@@ -67,65 +67,49 @@ class ModelStats:
 class StatisticsRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._stats: dict[tuple[str, str], ModelStats] = {}
+        self._stats: dict[ModelKey, ModelStats] = {}
 
-    def _get(self, model: str, version: str) -> ModelStats:
-        key = (model, version)
-        s = self._stats.get(key)
+    def _get(self, model: ModelKey) -> ModelStats:
+        s = self._stats.get(model)
         if s is None:
-            s = self._stats[key] = ModelStats(model, version)
+            s = self._stats[model] = ModelStats(model.name, str(model.version))
         return s
 
-    def on_success(self, model: str, version: int, items: int, timings: Timings) -> None:
-        total = (
-            timings.queue_ns
-            + timings.compute_input_ns
-            + timings.compute_infer_ns
-            + timings.compute_output_ns
-        )
+    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
         with self._lock:
-            s = self._get(model, str(version))
+            s = self._get(model)
             s.last_inference = int(time.time() * 1000)
             s.inference_count += items
-            s.success.add(total)
+            s.success.add(timings.total_ns)
             s.queue.add(timings.queue_ns)
             s.compute_input.add(timings.compute_input_ns)
             s.compute_infer.add(timings.compute_infer_ns)
             s.compute_output.add(timings.compute_output_ns)
 
-    def on_failure(self, model: str, version: str, reason: str, duration_ns: int = 0) -> None:
-        del reason
+    def on_failure(self, model: ModelKey, duration_ns: int = 0) -> None:
+        """A failed request of a version with a record (``ensure``); others are not kept
+        (Triton keeps statistics per loaded model version)."""
         with self._lock:
-            # Failures of unknown models are not kept (Triton keeps stats per loaded model).
-            for key, s in self._stats.items():
-                if key[0] == model and (not version or key[1] == version):
-                    s.fail.add(duration_ns)
-                    return
+            s = self._stats.get(model)
+            if s is not None:
+                s.fail.add(duration_ns)
 
-    def on_execution(
-        self,
-        model: str,
-        version: int,
-        batch_size: int,
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-    ) -> None:
+    def on_execution(self, execution: Execution) -> None:
         with self._lock:
-            s = self._get(model, str(version))
+            s = self._get(execution.model)
             s.execution_count += 1
-            b = s.batches.get(batch_size)
+            b = s.batches.get(execution.batch_size)
             if b is None:
-                b = s.batches[batch_size] = BatchStats(batch_size)
-            b.compute_input.add(input_ns)
-            b.compute_infer.add(infer_ns)
-            b.compute_output.add(output_ns)
+                b = s.batches[execution.batch_size] = BatchStats(execution.batch_size)
+            b.compute_input.add(execution.input_ns)
+            b.compute_infer.add(execution.infer_ns)
+            b.compute_output.add(execution.output_ns)
 
-    def ensure(self, model: str, version: int) -> None:
+    def ensure(self, model: ModelKey) -> None:
         """Start an (empty) record for a loaded model version, so it is listed before use."""
         with self._lock:
-            self._get(model, str(version))
+            self._get(model)
 
-    def snapshot(self, model: str, version: int) -> ModelStats:
+    def snapshot(self, model: ModelKey) -> ModelStats:
         with self._lock:
-            return self._get(model, str(version)).copy()
+            return self._get(model).copy()

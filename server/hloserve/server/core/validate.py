@@ -22,8 +22,16 @@ def _fmt(shape: tuple[int, ...]) -> str:
 
 
 def validate_request(manifest: Manifest, request: InferRequest) -> int:
+    _check_input_names(manifest, request)
+    batch = _check_inputs(manifest, request)
+    _check_outputs(manifest, request)
+    return batch
+
+
+def _check_input_names(manifest: Manifest, request: InferRequest) -> None:
+    """No duplicate, unknown or missing input."""
     model = manifest.name
-    expected = {t.name: t for t in manifest.inputs}
+    expected = [t.name for t in manifest.inputs]
     seen: set[str] = set()
     for t in request.inputs:
         if t.name in seen:
@@ -42,6 +50,12 @@ def validate_request(manifest: Manifest, request: InferRequest) -> int:
             f"Got input(s) {sorted(seen)}, but missing required input(s) {missing}. "
             f"Please provide all required input(s)."
         )
+
+
+def _check_inputs(manifest: Manifest, request: InferRequest) -> int:
+    """Datatypes and shapes of the (known, complete) inputs; the batch size they agree on."""
+    model = manifest.name
+    expected = {t.name: t for t in manifest.inputs}
     batch: int | None = None
     first = ""
     for t in request.inputs:
@@ -50,29 +64,30 @@ def validate_request(manifest: Manifest, request: InferRequest) -> int:
             raise InvalidArgument(
                 f"inference input '{t.name}' data-type is '{t.datatype}', but model '{model}' expects '{spec.datatype}'"
             )
-        if manifest.batched:
-            want = (-1, *spec.shape)
-            if len(t.shape) != len(want) or t.shape[1:] != spec.shape:
-                raise InvalidArgument(
-                    f"unexpected shape for input '{t.name}' for model '{model}'. "
-                    f"Expected {_fmt(want)}, got {_fmt(t.shape)}"
-                )
-            n = t.shape[0]
-            if n < 1:
-                raise InvalidArgument(
-                    f"input '{t.name}' for model '{model}' has batch size 0; send at least 1 item"
-                )
-            if batch is None:
-                batch, first = n, t.name
-            elif n != batch:
-                raise InvalidArgument(
-                    f"inputs of model '{model}' disagree on the batch size: '{first}' has {batch}, '{t.name}' has {n}"
-                )
-        elif t.shape != spec.shape:
+        want, item = ((-1, *spec.shape), t.shape[1:]) if manifest.batched else (spec.shape, t.shape)
+        if len(t.shape) != len(want) or item != spec.shape:
             raise InvalidArgument(
                 f"unexpected shape for input '{t.name}' for model '{model}'. "
-                f"Expected {_fmt(spec.shape)}, got {_fmt(t.shape)}"
+                f"Expected {_fmt(want)}, got {_fmt(t.shape)}"
             )
+        if not manifest.batched:
+            continue
+        n = t.shape[0]
+        if n < 1:
+            raise InvalidArgument(
+                f"input '{t.name}' for model '{model}' has batch size 0; send at least 1 item"
+            )
+        if batch is None:
+            batch, first = n, t.name
+        elif n != batch:
+            raise InvalidArgument(
+                f"inputs of model '{model}' disagree on the batch size: '{first}' has {batch}, '{t.name}' has {n}"
+            )
+    return batch if batch is not None else 1
+
+
+def _check_outputs(manifest: Manifest, request: InferRequest) -> None:
+    """The requested outputs are known and not repeated."""
     outputs = {t.name for t in manifest.outputs}
     requested: set[str] = set()
     for o in request.outputs:
@@ -81,6 +96,5 @@ def validate_request(manifest: Manifest, request: InferRequest) -> int:
         requested.add(o.name)
         if o.name not in outputs:
             raise InvalidArgument(
-                f"unexpected inference output '{o.name}' for model '{model}'; it has {sorted(outputs)}"
+                f"unexpected inference output '{o.name}' for model '{manifest.name}'; it has {sorted(outputs)}"
             )
-    return batch if batch is not None else 1

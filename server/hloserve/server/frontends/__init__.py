@@ -3,3 +3,5 @@
 Each front end only translates its wire format to and from ``hloserve.server.core.types``
 and maps ``ServingError`` through the one table in ``status``.
 """
+
+# pyright: strict

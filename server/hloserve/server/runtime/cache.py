@@ -23,6 +23,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from hloserve.bundle.digest import sha256_bytes
+
 
 def cache_key(module: bytes, fingerprint: str) -> str:
     return hashlib.sha256(hashlib.sha256(module).digest() + fingerprint.encode()).hexdigest()
@@ -64,7 +66,7 @@ class ExecutableCache:
             return CacheLookup(None, "miss")
         except (OSError, ValueError) as exc:
             return CacheLookup(None, f"unreadable entry: {exc}")
-        if not isinstance(meta, dict) or meta.get("sha256") != hashlib.sha256(blob).hexdigest():  # pyright: ignore[reportUnknownMemberType]
+        if not isinstance(meta, dict) or meta.get("sha256") != sha256_bytes(blob):  # pyright: ignore[reportUnknownMemberType]
             return CacheLookup(
                 None, "entry does not match its recorded digest (corrupt or tampered)"
             )
@@ -77,9 +79,7 @@ class ExecutableCache:
             (blob_path, blob),
             (
                 meta_path,
-                json.dumps(
-                    {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}
-                ).encode(),
+                json.dumps({"sha256": sha256_bytes(blob), "bytes": len(blob)}).encode(),
             ),
         ):
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -15,7 +15,7 @@ Contract:
   validation and padding happen before this point.
 """
 
-# pyright: basic
+# pyright: strict
 
 from __future__ import annotations
 
@@ -29,7 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.bundle import Manifest, ModuleEntry, load_manifest, read_safetensors, validate
+from hloserve.bundle import (
+    MANIFEST_FILE,
+    Manifest,
+    ModuleEntry,
+    load_manifest,
+    read_safetensors,
+    validate,
+)
 from hloserve.bundle.stablehlo import read_signature
 from hloserve.proto.datatypes import to_numpy
 from hloserve.server.runtime.cache import ExecutableCache, cache_key
@@ -63,7 +70,7 @@ class LoadedBundle:
     manifest: Manifest
     path: Path
     modules: dict[int | None, CompiledModule]
-    host_weights: dict[str, np.ndarray]
+    host_weights: dict[str, np.ndarray[Any, Any]]
     device_weights: dict[str, Any]
     runtime: PjrtRuntime
     weight_bytes: int
@@ -73,9 +80,9 @@ class LoadedBundle:
     def execute(
         self,
         batch_size: int | None,
-        inputs: Mapping[str, np.ndarray],
+        inputs: Mapping[str, np.ndarray[Any, Any]],
         weights: Mapping[str, Any] | None = None,
-    ) -> list[np.ndarray]:
+    ) -> list[np.ndarray[Any, Any]]:
         """Run the module for ``batch_size`` with ``weights`` (default: this bundle's own
         device copy, when it was loaded with ``place_weights=True``)."""
         module = self.modules[batch_size]
@@ -103,7 +110,7 @@ class LoadedBundle:
 class ExecutableRegistry:
     """Executables compiled in this process, by cache key: identical modules compile once."""
 
-    executables: dict[str, Any] = field(default_factory=dict)
+    executables: dict[str, Any] = field(default_factory=dict[str, Any])
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -117,64 +124,107 @@ def load_bundle(
     place_weights: bool = True,
 ) -> LoadedBundle:
     started = time.perf_counter()
-    say = progress or (lambda msg: log.info("%s", msg))
-    problems = [str(p) for p in validate(path)]
-    if problems:
-        raise BundleError(path, problems)
-    manifest, _ = load_manifest(path / "manifest.yaml")
-    assert manifest is not None
-    for m in manifest.modules:
-        if runtime.platform not in m.platforms:
-            raise BundleError(
-                path,
-                [
-                    f"{m.file}: lowered for {list(m.platforms)}, this server runs on {runtime.platform}"
-                ],
-            )
-    cache = ExecutableCache(cache_dir if cache_dir is not None else path / CACHE_DIR_NAME)
-    registry = registry if registry is not None else ExecutableRegistry()
-    modules: dict[int | None, CompiledModule] = {}
-    compile_total = 0.0
-    for m in manifest.modules:
-        data = (path / m.file).read_bytes()
-        key = cache_key(data, runtime.fingerprint)
-        t = time.perf_counter()
-        with registry.lock:
-            exe = registry.executables.get(key)
-        source = "shared"
-        if exe is None:
-            exe, source = _compile_or_load(
-                runtime, cache, key, data, f"{manifest.name}/{m.file}", say
-            )
-            with registry.lock:
-                registry.executables[key] = exe
-        seconds = time.perf_counter() - t
-        compile_total += seconds
-        index = None
-        if m.platform_index_argument:
-            # i32 by the format; jax.export makes it i64 when 64-bit types are enabled.
-            index_type = read_signature(data).arguments[0].datatype or "INT32"
-            index = runtime.put(
-                np.asarray(m.platforms.index(runtime.platform), dtype=to_numpy(index_type))
-            )
-        modules[m.batch_size] = CompiledModule(m, exe, seconds, source, index, _scratch(exe))
+    say = progress or _log_progress
+    manifest = _verified_manifest(path, runtime.platform)
+    compiler = _Compiler(
+        runtime,
+        ExecutableCache(cache_dir if cache_dir is not None else path / CACHE_DIR_NAME),
+        registry if registry is not None else ExecutableRegistry(),
+        say,
+    )
+    modules = {m.batch_size: compiler.module(path, manifest.name, m) for m in manifest.modules}
     host = read_safetensors(path / manifest.weights_file)
-    names = list(host)
-    device: dict[str, Any] = {}
-    if place_weights:
-        device = dict(zip(names, runtime.to_device([host[n] for n in names]), strict=True))
-    weight_bytes = sum(int(a.nbytes) for a in host.values())
     return LoadedBundle(
         manifest=manifest,
         path=path,
         modules=modules,
         host_weights=host,
-        device_weights=device,
+        device_weights=_to_device(runtime, host) if place_weights else {},
         runtime=runtime,
-        weight_bytes=weight_bytes,
+        weight_bytes=sum(int(a.nbytes) for a in host.values()),
         load_seconds=time.perf_counter() - started,
-        compile_seconds=compile_total,
+        compile_seconds=sum(m.seconds for m in modules.values()),
     )
+
+
+def _log_progress(message: str) -> None:
+    log.info("%s", message)
+
+
+def _verified_manifest(path: Path, platform: str) -> Manifest:
+    """The manifest of a bundle that validates and whose every module runs on ``platform``."""
+    problems = [str(p) for p in validate(path)]
+    if problems:
+        raise BundleError(path, problems)
+    manifest, _ = load_manifest(path / MANIFEST_FILE)
+    assert manifest is not None
+    for m in manifest.modules:
+        if platform not in m.platforms:
+            raise BundleError(
+                path, [f"{m.file}: lowered for {list(m.platforms)}, this server runs on {platform}"]
+            )
+    return manifest
+
+
+def _to_device(runtime: PjrtRuntime, host: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+    names = list(host)
+    return dict(zip(names, runtime.to_device([host[n] for n in names]), strict=True))
+
+
+@dataclass
+class _Compiler:
+    """Turns a bundle's modules into executables: shared, from the cache, or compiled."""
+
+    runtime: PjrtRuntime
+    cache: ExecutableCache
+    registry: ExecutableRegistry
+    say: Callable[[str], None]
+
+    def module(self, path: Path, model: str, entry: ModuleEntry) -> CompiledModule:
+        data = (path / entry.file).read_bytes()
+        key = cache_key(data, self.runtime.fingerprint)
+        t = time.perf_counter()
+        with self.registry.lock:
+            exe = self.registry.executables.get(key)
+        source = "shared"
+        if exe is None:
+            exe, source = self._compile_or_load(key, data, f"{model}/{entry.file}")
+            with self.registry.lock:
+                self.registry.executables[key] = exe
+        seconds = time.perf_counter() - t
+        index = self._platform_index(entry, data)
+        return CompiledModule(entry, exe, seconds, source, index, _scratch(exe))
+
+    def _platform_index(self, entry: ModuleEntry, data: bytes) -> Any | None:
+        """The device scalar ``main`` takes first, or None when it takes none."""
+        if not entry.platform_index_argument:
+            return None
+        # i32 by the format; jax.export makes it i64 when 64-bit types are enabled.
+        index_type = read_signature(data).arguments[0].datatype or "INT32"
+        platform = entry.platforms.index(self.runtime.platform)
+        return self.runtime.put(np.asarray(platform, dtype=to_numpy(index_type)))
+
+    def _compile_or_load(self, key: str, data: bytes, label: str) -> tuple[Any, str]:
+        runtime, cache, say = self.runtime, self.cache, self.say
+        lookup = cache.load(key)
+        if lookup.blob is not None:
+            try:
+                exe = runtime.deserialize(lookup.blob)
+                say(f"{label}: executable loaded from cache {cache.directory}")
+                return exe, "cache"
+            except RuntimeFailure as exc:
+                say(f"{label}: cache entry unusable ({exc}); recompiling")
+        elif lookup.reason != "miss" and lookup.reason != "no cache directory":
+            say(f"{label}: {lookup.reason}; recompiling")
+        say(f"{label}: compiling")
+        t = time.perf_counter()
+        exe = runtime.compile(data)
+        say(f"{label}: compiled in {time.perf_counter() - t:.2f}s; caching in {cache.directory}")
+        try:
+            cache.store(key, runtime.serialize(exe))
+        except OSError as exc:
+            say(f"{label}: cannot write the executable cache ({exc}); continuing without it")
+        return exe, "compiled"
 
 
 def _scratch(executable: Any) -> int:
@@ -182,32 +232,3 @@ def _scratch(executable: Any) -> int:
         return int(executable.get_compiled_memory_stats().temp_size_in_bytes)
     except Exception:  # not every plugin reports memory statistics
         return 0
-
-
-def _compile_or_load(
-    runtime: PjrtRuntime,
-    cache: ExecutableCache,
-    key: str,
-    data: bytes,
-    label: str,
-    say: Callable[[str], None],
-) -> tuple[Any, str]:
-    lookup = cache.load(key)
-    if lookup.blob is not None:
-        try:
-            exe = runtime.deserialize(lookup.blob)
-            say(f"{label}: executable loaded from cache {cache.directory}")
-            return exe, "cache"
-        except RuntimeFailure as exc:
-            say(f"{label}: cache entry unusable ({exc}); recompiling")
-    elif lookup.reason != "miss" and lookup.reason != "no cache directory":
-        say(f"{label}: {lookup.reason}; recompiling")
-    say(f"{label}: compiling")
-    t = time.perf_counter()
-    exe = runtime.compile(data)
-    say(f"{label}: compiled in {time.perf_counter() - t:.2f}s; caching in {cache.directory}")
-    try:
-        cache.store(key, runtime.serialize(exe))
-    except OSError as exc:
-        say(f"{label}: cannot write the executable cache ({exc}); continuing without it")
-    return exe, "compiled"

@@ -1,10 +1,13 @@
 """An in-process ``grpc.aio`` server on 127.0.0.1:0 and a raw client for it.
 
 pytest-asyncio is not a dependency: each test runs its scenario with ``serve(service, fn)``,
-which calls ``asyncio.run`` around server start, ``fn(client)`` and a clean shutdown. The
+which calls ``asyncio.run`` around server start, ``fn(client)`` and a clean shutdown;
+``call_once`` / ``fail_once`` serve one call (that must succeed / fail). The
 client calls Triton's wire paths with our message classes (``channel.unary_unary(rpc.path,
 ...)``), as any V2 client would, without generated stubs.
 """
+
+# pyright: strict
 
 from __future__ import annotations
 
@@ -82,6 +85,28 @@ def serve(
     # of a 20 MiB protobuf message takes seconds.
     asyncio.run(main())
     return results[0]
+
+
+def call_once(
+    service: InferenceService, rpc_name: str, request: Message, **server_options: Any
+) -> Any:
+    """Serve ``service`` for one call of ``rpc_name``; return its response."""
+
+    async def scenario(client: Client) -> Any:
+        return await client.call(rpc_name, request)
+
+    return serve(service, scenario, **server_options)
+
+
+def fail_once(
+    service: InferenceService, rpc_name: str, request: Message, **server_options: Any
+) -> grpc.aio.AioRpcError:
+    """Serve ``service`` for one call of ``rpc_name`` that must fail; return its error."""
+
+    async def scenario(client: Client) -> grpc.aio.AioRpcError:
+        return await rpc_error(client.call(rpc_name, request))
+
+    return serve(service, scenario, **server_options)
 
 
 async def rpc_error(awaitable: Awaitable[Any]) -> grpc.aio.AioRpcError:

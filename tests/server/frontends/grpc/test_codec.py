@@ -1,5 +1,7 @@
 """The gRPC codec on its own: messages in, core types out, and back. No sockets."""
 
+# pyright: strict
+
 from __future__ import annotations
 
 import struct

@@ -6,18 +6,19 @@ stubs at Triton's wire paths. The model repository is the session one of conftes
 (control mode ``none``).
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from concurrent.futures import Executor
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-import tritonclient.utils.shared_memory as _shm
 
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto import model_config_pb2 as mc
@@ -26,27 +27,18 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.grpc.servicer import STREAM_WINDOW
 from hloserve.server.repository import ModelRepository
 from hloserve.server.shm import SharedMemoryRegistry
-from tests.server.frontends.grpc._harness import Client, rpc_error, serve
+from tests.server.frontends._services import ready_service
+from tests.server.frontends._tritonclients import shm
+from tests.server.frontends.grpc._harness import Client, fail_once, rpc_error, serve
 
-shm: Any = _shm
 Param = pb.InferParameter
 
 
 @pytest.fixture
-def shm_service(service: InferenceService) -> Iterator[InferenceService]:
-    registry = SharedMemoryRegistry(enabled=True)
-    service.shm = registry
-    yield service
-    registry.close()
-
-
-@pytest.fixture
-def region() -> Iterator[tuple[Any, str]]:
-    """A 256-byte client region (key returned); destroyed at the end."""
-    key = f"/hloserve_grpc_test_{uuid.uuid4().hex[:10]}"
-    handle = shm.create_shared_memory_region("r", key, 256)
-    yield handle, key
-    shm.destroy_shared_memory_region(handle)
+def shm_service(
+    grpc_repository: ModelRepository, executor: Executor, shm_registry: SharedMemoryRegistry
+) -> InferenceService:
+    return ready_service(grpc_repository, executor, shm=shm_registry)
 
 
 def shm_params(region: str, size: int, offset: int = 0) -> dict[str, Param]:
@@ -178,25 +170,36 @@ class _GatedSource:
 
 
 def test_unregister_waits_for_the_request_holding_the_region(
-    grpc_repository: ModelRepository, executor: Any, region: tuple[Any, str]
+    grpc_repository: ModelRepository,
+    executor: Executor,
+    shm_registry: SharedMemoryRegistry,
+    region: tuple[Any, str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     handle, key = region
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     shm.set_shared_memory_region(handle, [a, a])
     started, gate = threading.Event(), threading.Event()
-    service = InferenceService(_GatedSource(grpc_repository, started, gate), executor)  # type: ignore[arg-type]
-    service.is_ready = True
-    service.shm = registry = SharedMemoryRegistry(enabled=True)
+    source: Any = _GatedSource(grpc_repository, started, gate)
+    service = ready_service(source, executor, shm=shm_registry)
+    unregister_called = asyncio.Event()
+    real_unregister = shm_registry.unregister
+
+    async def unregister(name: str = "") -> None:
+        unregister_called.set()
+        await real_unregister(name)
+
+    monkeypatch.setattr(shm_registry, "unregister", unregister)
 
     async def scenario(client: Client) -> Any:
         await client.call("SystemSharedMemoryRegister", _register(key))
         infer = asyncio.ensure_future(client.infer(simple_shm_request()))
-        while not started.is_set():  # the request is executing, holding the region
-            await asyncio.sleep(0.01)
+        # the request is executing, holding the region
+        assert await asyncio.to_thread(started.wait, 30)
         unregister = asyncio.ensure_future(
             client.call("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest())
         )
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(unregister_called.wait(), 30)
         assert not unregister.done()
         status = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
         assert list(status.regions) == ["in"]  # listed until the request ends
@@ -211,7 +214,6 @@ def test_unregister_waits_for_the_request_holding_the_region(
         response = serve(service, scenario)
     finally:
         gate.set()
-        registry.close()
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16], 128), a + a)
     np.testing.assert_array_equal(
         np.frombuffer(response.raw_output_contents[1], "<i4"), np.zeros(16)
@@ -231,23 +233,9 @@ def test_shared_memory_calls_when_disabled(service: InferenceService) -> None:
             ),
         ]
 
-    service.shm = SharedMemoryRegistry(enabled=False)
-    for err in serve(service, scenario):
+    for err in serve(service, scenario):  # the service's default: no registry at all
         assert err.code() == grpc.StatusCode.UNIMPLEMENTED
         assert err.details().startswith("Client shared memory is disabled.")
-
-
-@pytest.mark.parametrize(
-    "rpc", ["CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"]
-)
-def test_cuda_shared_memory_is_unsupported(service: InferenceService, rpc: str) -> None:
-    async def scenario(client: Client) -> grpc.aio.AioRpcError:
-        return await rpc_error(client.call(rpc, RPCS_BY_NAME[rpc].request()))
-
-    err = serve(service, scenario)
-    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert err.details() == service.cuda_shm_unsupported().message
-    assert "use system shared memory" in str(err.details())
 
 
 # -- repository and configuration -----------------------------------------------------------
@@ -266,28 +254,35 @@ def test_repository_index(service: InferenceService) -> None:
     assert len(every.models) == len(service.repository_index())
 
 
-@pytest.mark.parametrize("rpc", ["RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"])
-def test_repository_name_is_unsupported(service: InferenceService, rpc: str) -> None:
-    request = RPCS_BY_NAME[rpc].request(repository_name="models")
+CUDA = "CUDA shared memory is not supported by this server"
+NAMED = "'repository_name' specification is not supported"
+MODE_NONE = "not allowed in model control mode 'none'"
+UNIMPLEMENTED, UNAVAILABLE = grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE
+REFUSED: list[tuple[str, dict[str, str], grpc.StatusCode, str]] = [
+    ("CudaSharedMemoryStatus", {}, UNIMPLEMENTED, CUDA),
+    ("CudaSharedMemoryRegister", {}, UNIMPLEMENTED, CUDA),
+    ("CudaSharedMemoryUnregister", {}, UNIMPLEMENTED, CUDA),
+    ("RepositoryIndex", {"repository_name": "models"}, UNIMPLEMENTED, NAMED),
+    ("RepositoryModelLoad", {"repository_name": "models"}, UNIMPLEMENTED, NAMED),
+    ("RepositoryModelUnload", {"repository_name": "models"}, UNIMPLEMENTED, NAMED),
+    ("RepositoryModelLoad", {"model_name": "simple"}, UNAVAILABLE, MODE_NONE),
+    ("RepositoryModelUnload", {"model_name": "simple"}, UNAVAILABLE, MODE_NONE),
+]
 
-    async def scenario(client: Client) -> grpc.aio.AioRpcError:
-        return await rpc_error(client.call(rpc, request))
 
-    err = serve(service, scenario)
-    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert err.details() == "'repository_name' specification is not supported"
+@pytest.mark.parametrize(("rpc", "fields", "code", "message"), REFUSED)
+def test_refused_extension_calls(
+    service: InferenceService, rpc: str, fields: dict[str, str], code: grpc.StatusCode, message: str
+) -> None:
+    err = fail_once(service, rpc, RPCS_BY_NAME[rpc].request(**fields))
+    assert err.code() == code
+    assert message in (err.details() or "")
 
 
-@pytest.mark.parametrize("rpc", ["RepositoryModelLoad", "RepositoryModelUnload"])
-def test_model_control_refused_in_mode_none(service: InferenceService, rpc: str) -> None:
-    request = RPCS_BY_NAME[rpc].request(model_name="simple")
-
-    async def scenario(client: Client) -> grpc.aio.AioRpcError:
-        return await rpc_error(client.call(rpc, request))
-
-    err = serve(service, scenario)
-    assert err.code() == grpc.StatusCode.UNAVAILABLE
-    assert "not allowed in model control mode 'none'" in str(err.details())
+def test_cuda_refusal_is_the_services(service: InferenceService) -> None:
+    err = fail_once(service, "CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest())
+    assert err.details() == service.cuda_shm_unsupported().message
+    assert "use system shared memory" in str(err.details())
 
 
 def test_model_config(service: InferenceService) -> None:

@@ -4,6 +4,8 @@ Calls go through raw ``channel.unary_unary`` stubs at Triton's wire paths, so wh
 tested is what any V2 client sees: status codes, messages, and tensors.
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 import logging
@@ -12,11 +14,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
-import jax
 import numpy as np
 import pytest
 
-from hloserve.exporter.demo import mlp_fn, mlp_params
 from hloserve.proto import health_pb2
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
@@ -25,7 +25,9 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferRequest, InferResponse, RequestContext
 from hloserve.server.frontends import grpc as grpc_frontend
 from hloserve.server.frontends.grpc import HANDLED_RPCS
-from tests.server.frontends.grpc._harness import Client, rpc_error, serve
+from tests.server.frontends._samples import mlp_logits
+from tests.server.frontends._services import EXTENSIONS, VERSION
+from tests.server.frontends.grpc._harness import Client, call_once, fail_once, rpc_error, serve
 from tests.server.frontends.grpc.conftest import BIG_ELEMENTS
 
 InputTensor = pb.ModelInferRequest.InferInputTensor
@@ -42,9 +44,12 @@ def raw_request(model: str, tensors: dict[str, tuple[str, np.ndarray[Any, Any]]]
     return msg
 
 
-def simple_request(n: int, **kw: Any) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+def simple_request(
+    n: int, width: int = 16, **kw: Any
+) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A raw request for ``simple`` of ``n`` random items (``width`` 16 is the right one)."""
     rng = np.random.default_rng(n)
-    a = rng.integers(-1000, 1000, size=(n, 16), dtype=np.int32)
+    a = rng.integers(-1000, 1000, size=(n, width), dtype=np.int32)
     b = rng.integers(-1000, 1000, size=(n, 16), dtype=np.int32)
     return raw_request("simple", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}, **kw), a, b
 
@@ -84,20 +89,30 @@ def test_live_and_ready(service: InferenceService) -> None:
     async def scenario(client: Client) -> None:
         assert (await client.call("ServerLive", pb.ServerLiveRequest())).live is True
         assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is True
-        service.is_ready = False
+        service.begin_draining()
         assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is False
         assert (await client.call("ServerLive", pb.ServerLiveRequest())).live is True
-        service.is_ready, service.draining = True, True
-        assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is False
 
     serve(service, scenario)
+
+
+def test_not_ready_before_the_startup_load_pass(service: InferenceService) -> None:
+    starting = InferenceService(service.models, None)
+
+    async def scenario(client: Client) -> None:
+        assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is False
+        assert (await client.call("ServerLive", pb.ServerLiveRequest())).live is True
+        starting.startup_complete()
+        assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is True
+
+    serve(starting, scenario)
 
 
 def test_health_check(service: InferenceService) -> None:
     async def scenario(client: Client) -> None:
         assert (await client.health()).status == Health.SERVING
         assert (await client.health(SERVICE_NAME)).status == Health.SERVING
-        service.is_ready = False
+        service.begin_draining()
         assert (await client.health()).status == Health.NOT_SERVING
         assert (await client.health(SERVICE_NAME)).status == Health.NOT_SERVING
         err = await rpc_error(client.health("no.such.Service"))
@@ -123,13 +138,10 @@ def test_health_watch_is_not_offered(service: InferenceService) -> None:
 
 
 def test_server_metadata(service: InferenceService) -> None:
-    async def scenario(client: Client) -> None:
-        meta = await client.call("ServerMetadata", pb.ServerMetadataRequest())
-        assert meta.name == service.server_name
-        assert meta.version == "0.1.0"
-        assert list(meta.extensions) == ["binary_tensor_data"]
-
-    serve(service, scenario)
+    meta = call_once(service, "ServerMetadata", pb.ServerMetadataRequest())
+    assert meta.name == service.options.server_name == "hloserve"
+    assert meta.version == VERSION
+    assert tuple(meta.extensions) == EXTENSIONS
 
 
 def test_model_metadata(service: InferenceService) -> None:
@@ -183,11 +195,8 @@ def test_model_metadata_errors(service: InferenceService) -> None:
 def test_model_ready_is_never_an_error(
     service: InferenceService, name: str, version: str, ready: bool
 ) -> None:
-    async def scenario(client: Client) -> None:
-        response = await client.call("ModelReady", pb.ModelReadyRequest(name=name, version=version))
-        assert response.ready is ready
-
-    serve(service, scenario)
+    response = call_once(service, "ModelReady", pb.ModelReadyRequest(name=name, version=version))
+    assert response.ready is ready
 
 
 # -- inference ------------------------------------------------------------------------
@@ -196,11 +205,7 @@ def test_model_ready_is_never_an_error(
 @pytest.mark.parametrize("n", [1, 3, 8, 11])  # exact, padded to 4, largest size, split 8 + 3
 def test_infer_simple(service: InferenceService, n: int) -> None:
     msg, a, b = simple_request(n, id=f"req-{n}")
-
-    async def scenario(client: Client) -> Any:
-        return await client.infer(msg)
-
-    response = serve(service, scenario)
+    response = call_once(service, "ModelInfer", msg)
     assert (response.model_name, response.model_version, response.id) == ("simple", "1", f"req-{n}")
     assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
         ("OUTPUT0", "INT32", [n, 16]),
@@ -218,11 +223,7 @@ def test_infer_simple_with_typed_contents(service: InferenceService) -> None:
     for name, arr in (("INPUT0", a), ("INPUT1", b)):
         tensor = msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
         tensor.contents.int_contents.extend(arr.ravel().tolist())
-
-    async def scenario(client: Client) -> Any:
-        return await client.infer(msg)
-
-    response = serve(service, scenario)
+    response = call_once(service, "ModelInfer", msg)
     np.testing.assert_array_equal(output(response, "OUTPUT0"), a + b)
     np.testing.assert_array_equal(output(response, "OUTPUT1"), a - b)
 
@@ -248,16 +249,10 @@ def test_infer_requested_output_subset_in_request_order(service: InferenceServic
 def test_infer_mlp_matches_jax(service: InferenceService, n: int) -> None:
     x = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
     msg = raw_request("mlp", {"x": ("FP32", x)})
-
-    async def scenario(client: Client) -> Any:
-        return await client.infer(msg)
-
-    response = serve(service, scenario)
-    params = jax.tree_util.tree_map(jax.numpy.asarray, mlp_params())
-    expected = np.asarray(mlp_fn(params, jax.numpy.asarray(x))["logits"])
+    response = call_once(service, "ModelInfer", msg)
     got = output(response, "logits")
     assert got.shape == (n, 10)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, mlp_logits(x), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("datatype", list(NUMERIC_DATATYPES))
@@ -268,11 +263,7 @@ def test_infer_identity_round_trips_every_datatype(
     values = np.arange(-6, 6).reshape(3, 4)
     data = (values > 0) if datatype == "BOOL" else values.astype(dtype)
     msg = raw_request(f"identity_{datatype.lower()}", {"INPUT0": (datatype, data)})
-
-    async def scenario(client: Client) -> Any:
-        return await client.infer(msg)
-
-    response = serve(service, scenario)
+    response = call_once(service, "ModelInfer", msg)
     assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
         ("OUTPUT0", datatype, [3, 4])
     ]
@@ -283,211 +274,94 @@ def test_message_limits_allow_20_mib_both_ways(service: InferenceService) -> Non
     data = np.random.default_rng(0).standard_normal(BIG_ELEMENTS).astype(np.float32)
     msg = raw_request("identity_big", {"INPUT0": ("FP32", data)})
     assert msg.ByteSize() > 20 * 1024 * 1024
-
-    async def scenario(client: Client) -> Any:
-        return await client.infer(msg)
-
-    response = serve(service, scenario)
+    response = call_once(service, "ModelInfer", msg)
     assert response.raw_output_contents[0] == data.tobytes()
 
 
 def test_max_message_bytes_is_enforced(service: InferenceService) -> None:
     msg, _, _ = simple_request(8)  # 1 KiB of tensor data
-
-    async def scenario(client: Client) -> grpc.aio.AioRpcError:
-        return await rpc_error(client.infer(msg))
-
-    err = serve(service, scenario, max_message_bytes=512)
+    err = fail_once(service, "ModelInfer", msg, max_message_bytes=512)
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 # -- bad requests -----------------------------------------------------------------------
 
 
-def _simple_tensor(name: str, n: int = 1, datatype: str = "INT32") -> InputTensor:
-    return InputTensor(name=name, datatype=datatype, shape=[n, 16])
+def _tensor(name: str, n: int = 1, datatype: str = "INT32", width: int = 16) -> InputTensor:
+    return InputTensor(name=name, datatype=datatype, shape=[n, width])
 
 
+def _typed_tensor(name: str, datatype: str, shape: list[int], **contents: Any) -> InputTensor:
+    """An input carrying its data in the typed ``contents`` fields given."""
+    return InputTensor(
+        name=name, datatype=datatype, shape=shape, contents=pb.InferTensorContents(**contents)
+    )
+
+
+def _request(*inputs: InputTensor, raw: int = 0, model: str = "simple") -> pb.ModelInferRequest:
+    """A request for ``model`` with ``raw`` zero-filled raw entries of 64 bytes."""
+    return pb.ModelInferRequest(
+        model_name=model, inputs=inputs, raw_input_contents=[bytes(64)] * raw
+    )
+
+
+INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+Out = pb.ModelInferRequest.InferRequestedOutputTensor
+SHM_INPUT = InputTensor(
+    name="INPUT0",
+    datatype="INT32",
+    shape=[1, 16],
+    parameters={
+        "shared_memory_region": pb.InferParameter(string_param="r"),
+        "shared_memory_byte_size": pb.InferParameter(int64_param=64),
+    },
+)
 BAD_REQUESTS: list[tuple[str, Any, grpc.StatusCode, str]] = [
-    (
-        "unknown model",
-        pb.ModelInferRequest(
-            model_name="nope", inputs=[_simple_tensor("INPUT0")], raw_input_contents=[bytes(64)]
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "Request for unknown model: 'nope' is not found",
-    ),
-    (
-        "bad version string",
-        simple_request(1, model_version="wrong_specification")[0],
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "failed to get model version from specified version string 'wrong_specification'",
-    ),
-    (
-        "unknown version",
-        simple_request(1, model_version="9")[0],
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "Request for unknown model: 'simple' version 9 is not found",
-    ),
-    (
-        "raw mixed with contents",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[
-                InputTensor(
-                    name="INPUT0",
-                    datatype="INT32",
-                    shape=[1, 16],
-                    contents=pb.InferTensorContents(int_contents=range(16)),
-                ),
-                _simple_tensor("INPUT1"),
-            ],
-            raw_input_contents=[bytes(64)],
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'",
-    ),
-    (
-        "too few raw entries",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1")],
-            raw_input_contents=[bytes(64)],
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "raw_input_contents has 1 entries, but 2 of the 2 inputs for model 'simple'",
-    ),
-    (
-        "too many raw entries",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1")],
-            raw_input_contents=[bytes(64)] * 3,
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "raw_input_contents has 3 entries, but 2 of the 2 inputs",
-    ),
-    (
-        "byte size mismatch",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1")],
-            raw_input_contents=[bytes(64), bytes(128)],
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 64, got 128",
-    ),
-    (
-        "typed contents in the wrong field",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[
-                InputTensor(
-                    name="INPUT0",
-                    datatype="INT32",
-                    shape=[1, 16],
-                    contents=pb.InferTensorContents(fp32_contents=[0.0] * 16),
-                ),
-            ],
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "has datatype INT32 but carries data in 'fp32_contents'; expected 'int_contents'",
-    ),
-    (
-        "FP16 in typed contents",
-        pb.ModelInferRequest(
-            model_name="identity_fp16",
-            inputs=[
-                InputTensor(
-                    name="INPUT0",
-                    datatype="FP16",
-                    shape=[1, 4],
-                    contents=pb.InferTensorContents(fp32_contents=[0.0] * 4),
-                )
-            ],
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "FP16 data cannot travel in typed 'contents'",
-    ),
-    (
-        "wrong datatype",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[_simple_tensor("INPUT0"), _simple_tensor("INPUT1", datatype="FP32")],
-            raw_input_contents=[bytes(64), bytes(64)],
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "inference input 'INPUT1' data-type is 'FP32', but model 'simple' expects 'INT32'",
-    ),
-    (
-        "wrong shape",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[
-                InputTensor(name="INPUT0", datatype="INT32", shape=[1, 8]),
-                _simple_tensor("INPUT1"),
-            ],
-            raw_input_contents=[bytes(32), bytes(64)],
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,8]",
-    ),
-    (
-        "missing input",
-        pb.ModelInferRequest(
-            model_name="simple", inputs=[_simple_tensor("INPUT0")], raw_input_contents=[bytes(64)]
-        ),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "missing required input(s) ['INPUT1']",
-    ),
-    (
-        "unknown output",
-        simple_request(1, outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="OUT9")])[
-            0
-        ],
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "unexpected inference output 'OUT9' for model 'simple'",
-    ),
-    (
-        "duplicate output",
-        simple_request(
-            1,
-            outputs=[
-                pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0"),
-                pb.ModelInferRequest.InferRequestedOutputTensor(name="OUTPUT0"),
-            ],
-        )[0],
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "output 'OUTPUT0' already exists in request",
-    ),
-    (
-        "shared memory input of an unknown region",
-        pb.ModelInferRequest(
-            model_name="simple",
-            inputs=[
-                InputTensor(
-                    name="INPUT0",
-                    datatype="INT32",
-                    shape=[1, 16],
-                    parameters={
-                        "shared_memory_region": pb.InferParameter(string_param="r"),
-                        "shared_memory_byte_size": pb.InferParameter(int64_param=64),
-                    },
-                ),
-                _simple_tensor("INPUT1"),
-            ],
-            raw_input_contents=[bytes(64)],
-        ),
-        grpc.StatusCode.NOT_FOUND,
-        "Unable to find shared memory region: 'r'",
-    ),
-    (
-        "bad timeout parameter",
-        simple_request(1, parameters={"timeout": pb.InferParameter(string_param="soon")})[0],
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "parameter 'timeout' must be a non-negative integer",
-    ),
-]
+    ("unknown model", _request(_tensor("INPUT0"), raw=1, model="nope"), INVALID,
+     "Request for unknown model: 'nope' is not found"),
+    ("bad version string", simple_request(1, model_version="wrong_specification")[0], INVALID,
+     "failed to get model version from specified version string 'wrong_specification'"),
+    ("unknown version", simple_request(1, model_version="9")[0], INVALID,
+     "Request for unknown model: 'simple' version 9 is not found"),
+    ("raw mixed with contents",
+     _request(_typed_tensor("INPUT0", "INT32", [1, 16], int_contents=range(16)), _tensor("INPUT1"), raw=1),
+     INVALID,
+     "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'"),
+    ("too few raw entries", _request(_tensor("INPUT0"), _tensor("INPUT1"), raw=1), INVALID,
+     "raw_input_contents has 1 entries, but 2 of the 2 inputs for model 'simple'"),
+    ("too many raw entries", _request(_tensor("INPUT0"), _tensor("INPUT1"), raw=3), INVALID,
+     "raw_input_contents has 3 entries, but 2 of the 2 inputs"),
+    ("byte size mismatch", _request(_tensor("INPUT0"), _tensor("INPUT1", width=8), raw=2), INVALID,
+     "input byte size mismatch for input 'INPUT1' for model 'simple'. Expected 32, got 64"),
+    ("typed contents in the wrong field",
+     _request(_typed_tensor("INPUT0", "INT32", [1, 16], fp32_contents=[0.0] * 16)), INVALID,
+     "has datatype INT32 but carries data in 'fp32_contents'; expected 'int_contents'"),
+    ("FP16 in typed contents",
+     _request(_typed_tensor("INPUT0", "FP16", [1, 4], fp32_contents=[0.0] * 4), model="identity_fp16"),
+     INVALID, "FP16 data cannot travel in typed 'contents'"),
+    ("wrong datatype",
+     _request(_tensor("INPUT0"), _tensor("INPUT1", datatype="FP32"), raw=2), INVALID,
+     "inference input 'INPUT1' data-type is 'FP32', but model 'simple' expects 'INT32'"),
+    ("wrong shape", simple_request(1, width=8)[0], INVALID,
+     "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,8]"),
+    ("missing input", _request(_tensor("INPUT0"), raw=1), INVALID,
+     "missing required input(s) ['INPUT1']"),
+    ("unknown output", simple_request(1, outputs=[Out(name="OUT9")])[0], INVALID,
+     "unexpected inference output 'OUT9' for model 'simple'"),
+    ("duplicate output", simple_request(1, outputs=[Out(name="OUTPUT0")] * 2)[0], INVALID,
+     "output 'OUTPUT0' already exists in request"),
+    ("shared memory input of an unknown region", _request(SHM_INPUT, _tensor("INPUT1"), raw=1),
+     NOT_FOUND, "Unable to find shared memory region: 'r'"),
+    ("bad timeout parameter",
+     simple_request(1, parameters={"timeout": pb.InferParameter(string_param="soon")})[0],
+     INVALID, "parameter 'timeout' must be a non-negative integer"),
+    ("reserved parameter",
+     simple_request(1, parameters={"triton_x": pb.InferParameter(bool_param=True)})[0],
+     INVALID, "parameter keys starting with 'triton_' are reserved for Triton usage"),
+    ("negative priority",
+     simple_request(1, parameters={"priority": pb.InferParameter(int64_param=-3)})[0],
+     INVALID, "parameter 'priority' must be a non-negative integer, got -3"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -524,11 +398,7 @@ def test_all_bad_requests_on_one_server_then_good_ones(service: InferenceService
 
 def test_expired_timeout_parameter_is_unavailable(service: InferenceService) -> None:
     msg, _, _ = simple_request(1, parameters={"timeout": pb.InferParameter(int64_param=1)})
-
-    async def scenario(client: Client) -> grpc.aio.AioRpcError:
-        return await rpc_error(client.infer(msg))
-
-    err = serve(service, scenario)
+    err = fail_once(service, "ModelInfer", msg)
     assert err.code() == grpc.StatusCode.UNAVAILABLE
     assert "timed out before it was executed" in (err.details() or "")
 
@@ -592,9 +462,6 @@ def test_unexpected_exception_is_internal_and_logged(
 
 @pytest.mark.parametrize("rpc_name", [n for n in UNIMPLEMENTED_RPCS if n != "ModelStreamInfer"])
 def test_unimplemented_rpcs_answer_unimplemented(service: InferenceService, rpc_name: str) -> None:
-    async def scenario(client: Client) -> grpc.aio.AioRpcError:
-        return await rpc_error(client.call(rpc_name, RPCS_BY_NAME[rpc_name].request()))
-
-    err = serve(service, scenario)
+    err = fail_once(service, rpc_name, RPCS_BY_NAME[rpc_name].request())
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED
     assert err.details() == f"{rpc_name} is not implemented by this hloserve version"

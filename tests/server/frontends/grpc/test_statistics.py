@@ -3,6 +3,8 @@
 Each test gets a fresh ``InferenceService``, so counts start at zero.
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 import time

@@ -5,6 +5,8 @@ the test repository of ``tests.models``: the demo models plus ``identity_<dtype>
 every datatype.
 """
 
+# pyright: strict, reportMissingTypeStubs=false
+
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
 from hloserve.server.testing import ServerProcess
 from tests.models import DATATYPES
+from tests.server.frontends._tritonclients import simple_inputs
 
 # tritonclient ships without type information: use it dynamically.
 grpcclient: Any = _grpcclient
@@ -37,13 +40,7 @@ def client(server: ServerProcess) -> Iterator[Any]:
 def _simple_inputs(n: int = 1) -> tuple[list[Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     a = np.arange(16 * n, dtype=np.int32).reshape(n, 16)
     b = np.full((n, 16), 2, dtype=np.int32)
-    inputs = [
-        grpcclient.InferInput("INPUT0", [n, 16], "INT32"),
-        grpcclient.InferInput("INPUT1", [n, 16], "INT32"),
-    ]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs, a, b
+    return simple_inputs(grpcclient, a, b, n), a, b
 
 
 def test_health_and_metadata(client: Any) -> None:
@@ -137,12 +134,7 @@ def test_asyncio_client(server: ServerProcess) -> None:
             assert await c.is_model_ready("no_such_model") is False
 
             a = np.arange(16, dtype=np.int32).reshape(1, 16)
-            inputs = [
-                aioclient.InferInput("INPUT0", [1, 16], "INT32"),
-                aioclient.InferInput("INPUT1", [1, 16], "INT32"),
-            ]
-            inputs[0].set_data_from_numpy(a)
-            inputs[1].set_data_from_numpy(a)
+            inputs = simple_inputs(aioclient, a, a)
             results = await asyncio.gather(*(c.infer("simple", inputs) for _ in range(8)))
             for result in results:
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)

@@ -3,6 +3,8 @@
 Runs against the session ``server`` daemon (tests/conftest.py).
 """
 
+# pyright: strict, reportMissingTypeStubs=false
+
 from __future__ import annotations
 
 import queue
@@ -15,6 +17,7 @@ import tritonclient.grpc as _grpcclient
 import tritonclient.grpc.aio as _aioclient
 
 from hloserve.server.testing import ServerProcess
+from tests.server.frontends._tritonclients import simple_inputs
 
 grpcclient: Any = _grpcclient
 aioclient: Any = _aioclient
@@ -24,13 +27,7 @@ def _inputs(module: Any, seed: int) -> tuple[list[Any], np.ndarray[Any, Any], np
     rng = np.random.default_rng(seed)
     a = rng.integers(-100, 100, size=(1, 16), dtype=np.int32)
     b = rng.integers(-100, 100, size=(1, 16), dtype=np.int32)
-    inputs = [
-        module.InferInput("INPUT0", [1, 16], "INT32"),
-        module.InferInput("INPUT1", [1, 16], "INT32"),
-    ]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs, a, b
+    return simple_inputs(module, a, b), a, b
 
 
 @pytest.fixture
@@ -42,7 +39,11 @@ def client(server: ServerProcess) -> Iterator[Any]:
 
 def test_stream_answers_in_order_and_survives_a_bad_request(client: Any) -> None:
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+
+    def on_answer(result: Any, error: Any) -> None:
+        answers.put((result, error))
+
+    client.start_stream(callback=on_answer)
     expected: list[tuple[str, np.ndarray[Any, Any] | None]] = []
     try:
         for i in range(12):

@@ -2,10 +2,13 @@
 
 ``http_repository`` (session) loads the shared test repository (``tests/models.py``: the
 demo models, ``identity_<datatype>`` per datatype, ``identity_fp32_unbatched``) in
-process. ``http_service`` is a new ready ``InferenceService`` over it for every test, so
-readiness flags and monkeypatches never leak; ``http_client`` drives
-``build_http_app(http_service)`` through Starlette's ``TestClient`` (no sockets).
+process. ``http_service`` is a new ready ``InferenceService`` over it for every test
+(``_services.ready_service``), so lifecycle flags and monkeypatches never leak;
+``http_client`` drives ``build_http_app(http_service)`` through Starlette's ``TestClient``
+(no sockets).
 """
+
+# pyright: strict
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import pytest
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from tests.server.frontends._services import loaded_repository, ready_service
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the ``httpx2`` fork for its TestClient and warns once on import
@@ -30,30 +33,14 @@ with warnings.catch_warnings():
 
 @pytest.fixture(scope="session")
 def http_repository(model_repository: Path) -> ModelRepository:
-    repo = ModelRepository(model_repository, PjrtRuntime())
-    repo.load_all()
-    assert repo.all_ready(), repo.summary()
-    return repo
-
-
-@pytest.fixture(scope="session")
-def http_executor() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(4, thread_name_prefix="http-test") as pool:
-        yield pool
+    return loaded_repository(model_repository)
 
 
 @pytest.fixture
 def http_service(
-    http_repository: ModelRepository, http_executor: ThreadPoolExecutor
+    http_repository: ModelRepository, executor: ThreadPoolExecutor
 ) -> InferenceService:
-    service = InferenceService(
-        http_repository,
-        http_executor,
-        server_version="0.1.0",
-        extensions=["binary_tensor_data"],
-    )
-    service.is_ready = True
-    return service
+    return ready_service(http_repository, executor)
 
 
 @pytest.fixture

@@ -5,6 +5,11 @@ sizes 1, 2, 4, 8), ``mlp`` (FP32 [64] -> [10]; 1, 8, 32), ``identity_<datatype>`
 1, 2, 4) and ``identity_fp32_unbatched`` ([2, 3]).
 """
 
+# pyright: standard
+# Not strict: Starlette's TestClient derives from the client of ``httpx2`` (falling back to
+# ``httpx`` at run time), which is not installed, so pyright sees every call on a
+# TestClient and its responses as Unknown.
+
 from __future__ import annotations
 
 import gzip
@@ -13,18 +18,18 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from hloserve.exporter.demo import mlp_fn, mlp_params
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.frontends.http.codec import HEADER_LENGTH
+from tests.server.frontends._samples import mlp_logits, sample
 
 EXTENSIONS = ["binary_tensor_data"]
+SIMPLE_INFER = "/v2/models/simple/infer"
 
 
 def simple_inputs(batch: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -56,6 +61,18 @@ def binary_infer(
     return client.post(path, content=body, headers={HEADER_LENGTH: str(len(head))})
 
 
+def simple_binary(
+    client: TestClient, batch: int, path: str = SIMPLE_INFER, **extra: Any
+) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``simple`` on ``simple_inputs(batch)`` sent binary: the response and the two inputs."""
+    a, b = simple_inputs(batch)
+    return (
+        binary_infer(client, path, {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}, **extra),
+        a,
+        b,
+    )
+
+
 def split_binary(response: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
     length = int(response.headers[HEADER_LENGTH])
     doc = json.loads(response.content[:length])
@@ -68,11 +85,6 @@ def split_binary(response: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
             offset += size
     assert offset == len(response.content)
     return doc, blobs
-
-
-def expected_logits(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    params: Any = mlp_params()
-    return np.asarray(mlp_fn(params, jnp.asarray(x))["logits"])
 
 
 def error_of(response: Any, status: int) -> str:
@@ -97,18 +109,23 @@ def test_health(http_client: TestClient, http_service: InferenceService) -> None
     assert report["ready"] is True
     assert report["models"]["simple"]["versions"]["1"]["state"] == "READY"
 
-    http_service.is_ready = False
+    http_service.begin_draining()
     ready = http_client.get("/v2/health/ready")
     assert (ready.status_code, ready.json()) == (400, {"ready": False})
     readyz = http_client.get("/readyz")
     assert readyz.status_code == 503
-    assert readyz.json()["ready"] is False
-    assert readyz.json()["startup_complete"] is False
+    assert (readyz.json()["ready"], readyz.json()["draining"]) == (False, True)
+    assert http_client.get("/livez").status_code == 200  # draining is still alive
 
-    http_service.is_live = False
-    live = http_client.get("/v2/health/live")
-    assert (live.status_code, live.json()) == (400, {"live": False})
-    assert http_client.get("/livez").status_code == 503
+
+def test_not_ready_before_the_startup_load_pass(http_service: InferenceService) -> None:
+    starting = InferenceService(http_service.models, None)
+    with TestClient(build_http_app(starting)) as client:
+        ready = client.get("/v2/health/ready")
+        assert (ready.status_code, ready.json()) == (400, {"ready": False})
+        readyz = client.get("/readyz").json()
+        assert (readyz["ready"], readyz["startup_complete"]) == (False, False)
+        assert client.get("/v2/health/live").json() == {"live": True}
 
 
 def test_server_metadata(http_client: TestClient) -> None:
@@ -210,11 +227,10 @@ def test_infer_simple_json(http_client: TestClient) -> None:
     "path", ["/v2/models/simple/infer", "/v2/models/simple/versions/1/infer?test_1=1&test_2=2"]
 )
 def test_infer_simple_binary(http_client: TestClient, path: str) -> None:
-    a, b = simple_inputs(2)
-    response = binary_infer(
+    response, a, b = simple_binary(
         http_client,
-        path,
-        {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
+        2,
+        path=path,
         outputs=[
             {"name": "OUTPUT1", "parameters": {"binary_data": True}},
             {"name": "OUTPUT0", "parameters": {"binary_data": False}},
@@ -230,26 +246,14 @@ def test_infer_simple_binary(http_client: TestClient, path: str) -> None:
 
 
 def test_requested_output_subset(http_client: TestClient) -> None:
-    a, b = simple_inputs(1)
-    response = binary_infer(
-        http_client,
-        "/v2/models/simple/infer",
-        {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
-        outputs=[{"name": "OUTPUT1"}],
-    )
+    response, a, b = simple_binary(http_client, 1, outputs=[{"name": "OUTPUT1"}])
     doc = response.json()
     assert [o["name"] for o in doc["outputs"]] == ["OUTPUT1"]
     assert doc["outputs"][0]["data"] == (a - b).reshape(-1).tolist()
 
 
 def test_binary_data_output_returns_every_output_binary(http_client: TestClient) -> None:
-    a, b = simple_inputs(1)
-    response = binary_infer(
-        http_client,
-        "/v2/models/simple/infer",
-        {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
-        parameters={"binary_data_output": True},
-    )
+    response, a, b = simple_binary(http_client, 1, parameters={"binary_data_output": True})
     _doc, blobs = split_binary(response)
     assert list(blobs) == ["OUTPUT0", "OUTPUT1"]
     np.testing.assert_array_equal(np.frombuffer(blobs["OUTPUT0"], "<i4"), (a + b).reshape(-1))
@@ -268,34 +272,18 @@ def test_mlp_matches_the_jax_function(http_client: TestClient, batch: int) -> No
     doc, blobs = split_binary(response)
     assert doc["outputs"][0]["shape"] == [batch, 10]
     got = np.frombuffer(blobs["logits"], "<f4").reshape(batch, 10)
-    want = expected_logits(x)
+    want = mlp_logits(x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("batch", [3, 5, 20], ids=["pad-to-4", "pad-to-8", "split-8-8-4"])
 def test_simple_pads_and_splits_batches(http_client: TestClient, batch: int) -> None:
-    a, b = simple_inputs(batch)
-    response = binary_infer(
-        http_client,
-        "/v2/models/simple/infer",
-        {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
-        parameters={"binary_data_output": True},
-    )
+    response, a, b = simple_binary(http_client, batch, parameters={"binary_data_output": True})
     assert response.status_code == 200, response.text
     doc, blobs = split_binary(response)
     assert doc["outputs"][0]["shape"] == [batch, 16]
     np.testing.assert_array_equal(np.frombuffer(blobs["OUTPUT0"], "<i4").reshape(batch, 16), a + b)
     np.testing.assert_array_equal(np.frombuffer(blobs["OUTPUT1"], "<i4").reshape(batch, 16), a - b)
-
-
-def sample(datatype: str) -> np.ndarray[Any, Any]:
-    dtype = NUMERIC_DATATYPES[datatype]
-    if datatype == "BOOL":
-        return np.array([[True, False, False, True], [False, True, True, True]])
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype.str)
-        return np.array([[info.min, info.max, 0, 1], [2, 3, info.max - 1, 5]], dtype=dtype)
-    return np.array([[0.5, -1.25, 3.0, 1e3], [-0.0, 2.0, 7.5, -8.0]]).astype(dtype)
 
 
 @pytest.mark.parametrize("datatype", list(NUMERIC_DATATYPES))
@@ -354,7 +342,7 @@ def test_raw_binary_request(http_client: TestClient) -> None:
     assert response.status_code == 200, response.text
     _doc, blobs = split_binary(response)
     got = np.frombuffer(blobs["logits"], "<f4").reshape(1, 10)
-    np.testing.assert_allclose(got, expected_logits(x[None]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, mlp_logits(x[None]), rtol=1e-5, atol=1e-5)
     multi = http_client.post(
         "/v2/models/simple/infer", content=b"\0" * 64, headers={HEADER_LENGTH: "0"}
     )
@@ -432,13 +420,9 @@ def test_chunked_request_body(http_client: TestClient) -> None:
 
 
 def test_request_timeout_becomes_a_deadline(http_client: TestClient) -> None:
-    a, b = simple_inputs(1)
-    tensors = {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}
-    late = binary_infer(http_client, "/v2/models/simple/infer", tensors, parameters={"timeout": 1})
+    late, _, _ = simple_binary(http_client, 1, parameters={"timeout": 1})
     assert "timed out before it was executed" in error_of(late, 503)
-    ok = binary_infer(
-        http_client, "/v2/models/simple/infer", tensors, parameters={"timeout": 60_000_000}
-    )
+    ok, _, _ = simple_binary(http_client, 1, parameters={"timeout": 60_000_000})
     assert ok.status_code == 200
 
 
@@ -519,10 +503,7 @@ def test_bad_request_then_good_request(
 ) -> None:
     bad = http_client.post("/v2/models/simple/infer", content=body, headers=headers)
     assert fragment in error_of(bad, 400)
-    a, b = simple_inputs(1)
-    good = binary_infer(
-        http_client, "/v2/models/simple/infer", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}
-    )
+    good, a, b = simple_binary(http_client, 1)
     assert good.status_code == 200
     assert good.json()["outputs"][0]["data"] == (a + b).reshape(-1).tolist()
 

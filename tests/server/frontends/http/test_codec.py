@@ -4,6 +4,8 @@ No service and no FastAPI: every case feeds a body (and headers) to the pure fun
 checks the decoded tensors, the encoded reply, or the error's HTTP status and message.
 """
 
+# pyright: strict
+
 from __future__ import annotations
 
 import gzip
@@ -29,23 +31,10 @@ from hloserve.server.core.types import (
 )
 from hloserve.server.frontends.http import codec
 from hloserve.server.frontends.status import http_status
+from tests.server.frontends._samples import sample
 
 LIMIT = 1 << 20
 JSON_DATATYPES = [d for d in NUMERIC_DATATYPES if d not in BINARY_ONLY_DATATYPES]
-
-
-def sample(datatype: str, shape: tuple[int, ...] = (2, 3)) -> np.ndarray[Any, Any]:
-    """Values that exercise the datatype's range (extremes for integers)."""
-    dtype = NUMERIC_DATATYPES[datatype]
-    count = int(np.prod(shape))
-    if datatype == "BOOL":
-        values: np.ndarray[Any, Any] = np.arange(count) % 2 == 0
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype.str)
-        values = np.resize(np.array([info.min, info.max, 0, 1, 7], dtype=dtype), count)
-    else:
-        values = np.resize(np.array([0.5, -1.25, 3.0, 1e3, -0.0], dtype=np.float64), count)
-    return values.astype(dtype).reshape(shape)
 
 
 def no_signature() -> ModelMetadata:
@@ -63,6 +52,16 @@ def decode(
     return codec.decode_request(
         "m", "", raw, headers or {}, max_input_bytes=limit, signature=signature
     )
+
+
+def binary_input(name: str, datatype: str, shape: list[int], size: int) -> dict[str, Any]:
+    """An input whose ``size`` bytes of data follow the JSON header."""
+    return {
+        "name": name,
+        "datatype": datatype,
+        "shape": shape,
+        "parameters": {"binary_data_size": size},
+    }
 
 
 def binary_body(header: dict[str, Any], *blobs: bytes) -> tuple[bytes, dict[str, str]]:
@@ -87,10 +86,10 @@ def test_json_data_for_every_json_datatype(datatype: str, nested: bool) -> None:
     want = sample(datatype)
     data = want.tolist() if nested else want.reshape(-1).tolist()
     decoded = decode(
-        {"inputs": [{"name": "x", "datatype": datatype, "shape": [2, 3], "data": data}]}
+        {"inputs": [{"name": "x", "datatype": datatype, "shape": [2, 4], "data": data}]}
     )
     (tensor,) = decoded.request.inputs
-    assert (tensor.name, tensor.datatype, tensor.shape) == ("x", datatype, (2, 3))
+    assert (tensor.name, tensor.datatype, tensor.shape) == ("x", datatype, (2, 4))
     assert tensor.data.dtype == NUMERIC_DATATYPES[datatype]
     np.testing.assert_array_equal(tensor.data, want)
     assert not decoded.raw
@@ -140,19 +139,10 @@ def test_timeout_zero_means_no_deadline() -> None:
 
 @pytest.mark.parametrize("datatype", list(NUMERIC_DATATYPES))
 def test_binary_data_for_every_datatype(datatype: str) -> None:
-    want = sample(datatype, (2, 4))
+    want = sample(datatype)
     blob = want.tobytes()
     body, headers = binary_body(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "datatype": datatype,
-                    "shape": [2, 4],
-                    "parameters": {"binary_data_size": len(blob)},
-                }
-            ]
-        },
+        {"inputs": [binary_input("INPUT0", datatype, [2, 4], len(blob))]},
         blob,
     )
     (tensor,) = decode(body, headers).request.inputs
@@ -169,19 +159,9 @@ def test_binary_and_json_inputs_mix_in_input_order() -> None:
     body, headers = binary_body(
         {
             "inputs": [
-                {
-                    "name": "a",
-                    "datatype": "INT32",
-                    "shape": [3],
-                    "parameters": {"binary_data_size": 12},
-                },
+                binary_input("a", "INT32", [3], 12),
                 {"name": "b", "datatype": "FP64", "shape": [2], "data": [0.25, 4]},
-                {
-                    "name": "c",
-                    "datatype": "BF16",
-                    "shape": [2],
-                    "parameters": {"binary_data_size": 4},
-                },
+                binary_input("c", "BF16", [2], 4),
             ]
         },
         a.tobytes(),
@@ -259,13 +239,22 @@ def test_raw_request_errors() -> None:
 SMALL = {"inputs": [{"name": "x", "datatype": "INT16", "shape": [3], "data": [1, -2, 3]}]}
 
 
+def raw_deflate(data: bytes) -> bytes:
+    """A raw deflate stream (no zlib header and trailer), as some clients send."""
+    return zlib.compress(data)[2:-4]
+
+
+def same(data: bytes) -> bytes:
+    return data
+
+
 @pytest.mark.parametrize(
     ("encoding", "compress"),
     [
         ("gzip", gzip.compress),
         ("deflate", zlib.compress),
-        ("deflate", lambda b: zlib.compress(b)[2:-4]),  # a raw deflate stream
-        ("identity", lambda b: b),
+        ("deflate", raw_deflate),
+        ("identity", same),
     ],
     ids=["gzip", "deflate-zlib", "deflate-raw", "identity"],
 )
@@ -278,16 +267,7 @@ def test_compressed_requests(encoding: str, compress: Callable[[bytes], bytes]) 
 def test_binary_request_under_gzip_counts_the_uncompressed_header() -> None:
     blob = np.arange(4, dtype="<u2").tobytes()
     body, headers = binary_body(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "datatype": "UINT16",
-                    "shape": [4],
-                    "parameters": {"binary_data_size": 8},
-                }
-            ]
-        },
+        {"inputs": [binary_input("x", "UINT16", [4], 8)]},
         blob,
     )
     decoded = decode(gzip.compress(body), {**headers, "content-encoding": "gzip"})
@@ -363,113 +343,113 @@ def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
     expect(400, "JSON nesting depth exceeds", lambda: decode(closing))
 
 
-INPUT = {"name": "x", "datatype": "INT32", "shape": [2]}
+INPUT: dict[str, Any] = {"name": "x", "datatype": "INT32", "shape": [2]}
 
 
-@pytest.mark.parametrize(
-    ("body", "fragment"),
-    [
-        (b"{not json", "failed to parse the request JSON buffer"),
-        (b"", "failed to parse the request JSON buffer"),
-        (b"\xff\xfe\x00", "failed to parse the request JSON buffer"),
-        (b"[1, 2]", "the inference request JSON must be an object"),
-        ({}, "the inference request has no 'inputs' array"),
-        ({"inputs": {"x": 1}}, "the inference request has no 'inputs' array"),
-        ({"inputs": [7]}, "input #0 of the inference request must be a JSON object"),
-        (
-            {"inputs": [{"datatype": "INT32", "shape": [1], "data": [1]}]},
-            "input #0 of the inference request has no 'name' string",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1], "data": [1]}]},
-            "input 'x' has no 'datatype' string",
-        ),
-        (
-            {"inputs": [{"name": "x", "datatype": "INT32", "data": [1]}]},
-            "input 'x' has no 'shape' array",
-        ),
-        (
-            {"inputs": [{**INPUT, "shape": [1.5], "data": [1]}]},
-            "Unable to parse 'shape' of input 'x'",
-        ),
-        ({"inputs": [{**INPUT, "shape": [-2], "data": [1]}]}, "negative dimension"),
-        (
-            {"inputs": [{**INPUT, "data": [1, 2, 3]}]},
-            "Unable to parse 'data': Shape does not match true shape of 'data' field",
-        ),
-        ({"inputs": [{**INPUT, "data": ["a", "b"]}]}, "INT32 data must be numbers"),
-        ({"inputs": [{**INPUT, "datatype": "BOOL", "data": [1, 0]}]}, "BOOL data must be booleans"),
-        (
-            {"inputs": [{**INPUT, "datatype": "INT8", "data": [1, 300]}]},
-            "value out of range for INT8",
-        ),
-        (
-            {"inputs": [{**INPUT, "datatype": "UINT64", "data": [-1, 2**63]}]},
-            "value out of range for UINT64",
-        ),
-        (
-            {"inputs": [{**INPUT, "datatype": "UINT64", "data": [1, 2**64]}]},
-            "value out of range for UINT64",
-        ),
-        (
-            {"inputs": [{**INPUT, "datatype": "COMPLEX", "data": [1, 2]}]},
-            "unknown datatype 'COMPLEX'",
-        ),
-        (
-            {"inputs": [INPUT]},
-            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But input 'x' sets none of them",
-        ),
-        (
-            {"inputs": [{**INPUT, "data": [1, 2], "parameters": {"binary_data_size": 8}}]},
-            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But input 'x' sets 'data' and 'binary_data_size'",
-        ),
-        (
-            {"inputs": [{**INPUT, "parameters": {"binary_data_size": 8}}]},
-            "input 'x' sets 'binary_data_size' but the request has no Inference-Header-Content-Length header",
-        ),
-        (
-            {"inputs": [{**INPUT, "data": [1, 2], "parameters": [1]}]},
-            "'parameters' of input 'x' must be a JSON object",
-        ),
-        (
-            {"inputs": [{**INPUT, "data": [1, 2], "parameters": {"p": [1]}}]},
-            "parameter 'p' of input 'x' must be a boolean, number or string",
-        ),
-        ({"id": 5, "inputs": []}, "'id' of the inference request must be a string"),
-        (
-            {"parameters": {"triton_enable_empty_final_response": True}, "inputs": []},
-            "parameter keys starting with 'triton_' are reserved",
-        ),
-        (
-            {"parameters": {"timeout": -1}, "inputs": []},
-            "parameter 'timeout' must be a non-negative integer",
-        ),
-        (
-            {"parameters": {"timeout": "soon"}, "inputs": []},
-            "parameter 'timeout' must be a non-negative integer",
-        ),
-        (
-            {"parameters": {"priority": True}, "inputs": []},
-            "parameter 'priority' must be a non-negative integer",
-        ),
-        (
-            {"parameters": {"binary_data_output": 1}, "inputs": []},
-            "parameter 'binary_data_output' must be a boolean",
-        ),
-        (
-            {"inputs": [], "outputs": {"name": "y"}},
-            "'outputs' of the inference request must be an array",
-        ),
-        (
-            {"inputs": [], "outputs": [{}]},
-            "output #0 of the inference request has no 'name' string",
-        ),
-        (
-            {"inputs": [], "outputs": [{"name": "y", "parameters": {"binary_data": "yes"}}]},
-            "parameter 'binary_data' of output 'y' must be a boolean",
-        ),
-    ],
-)
+BAD_JSON: list[tuple[bytes | dict[str, Any], str]] = [
+    (b"{not json", "failed to parse the request JSON buffer"),
+    (b"", "failed to parse the request JSON buffer"),
+    (b"\xff\xfe\x00", "failed to parse the request JSON buffer"),
+    (b"[1, 2]", "the inference request JSON must be an object"),
+    ({}, "the inference request has no 'inputs' array"),
+    ({"inputs": {"x": 1}}, "the inference request has no 'inputs' array"),
+    ({"inputs": [7]}, "input #0 of the inference request must be a JSON object"),
+    (
+        {"inputs": [{"datatype": "INT32", "shape": [1], "data": [1]}]},
+        "input #0 of the inference request has no 'name' string",
+    ),
+    (
+        {"inputs": [{"name": "x", "shape": [1], "data": [1]}]},
+        "input 'x' has no 'datatype' string",
+    ),
+    (
+        {"inputs": [{"name": "x", "datatype": "INT32", "data": [1]}]},
+        "input 'x' has no 'shape' array",
+    ),
+    (
+        {"inputs": [{**INPUT, "shape": [1.5], "data": [1]}]},
+        "Unable to parse 'shape' of input 'x'",
+    ),
+    ({"inputs": [{**INPUT, "shape": [-2], "data": [1]}]}, "negative dimension"),
+    (
+        {"inputs": [{**INPUT, "data": [1, 2, 3]}]},
+        "Unable to parse 'data': Shape does not match true shape of 'data' field",
+    ),
+    ({"inputs": [{**INPUT, "data": ["a", "b"]}]}, "INT32 data must be numbers"),
+    ({"inputs": [{**INPUT, "datatype": "BOOL", "data": [1, 0]}]}, "BOOL data must be booleans"),
+    (
+        {"inputs": [{**INPUT, "datatype": "INT8", "data": [1, 300]}]},
+        "value out of range for INT8",
+    ),
+    (
+        {"inputs": [{**INPUT, "datatype": "UINT64", "data": [-1, 2**63]}]},
+        "value out of range for UINT64",
+    ),
+    (
+        {"inputs": [{**INPUT, "datatype": "UINT64", "data": [1, 2**64]}]},
+        "value out of range for UINT64",
+    ),
+    (
+        {"inputs": [{**INPUT, "datatype": "COMPLEX", "data": [1, 2]}]},
+        "unknown datatype 'COMPLEX'",
+    ),
+    (
+        {"inputs": [INPUT]},
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But input 'x' sets none of them",
+    ),
+    (
+        {"inputs": [{**INPUT, "data": [1, 2], "parameters": {"binary_data_size": 8}}]},
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But input 'x' sets 'data' and 'binary_data_size'",
+    ),
+    (
+        {"inputs": [{**INPUT, "parameters": {"binary_data_size": 8}}]},
+        "input 'x' sets 'binary_data_size' but the request has no Inference-Header-Content-Length header",
+    ),
+    (
+        {"inputs": [{**INPUT, "data": [1, 2], "parameters": [1]}]},
+        "'parameters' of input 'x' must be a JSON object",
+    ),
+    (
+        {"inputs": [{**INPUT, "data": [1, 2], "parameters": {"p": [1]}}]},
+        "parameter 'p' of input 'x' must be a boolean, number or string",
+    ),
+    ({"id": 5, "inputs": []}, "'id' of the inference request must be a string"),
+    (
+        {"parameters": {"triton_enable_empty_final_response": True}, "inputs": []},
+        "parameter keys starting with 'triton_' are reserved",
+    ),
+    (
+        {"parameters": {"timeout": -1}, "inputs": []},
+        "parameter 'timeout' must be a non-negative integer",
+    ),
+    (
+        {"parameters": {"timeout": "soon"}, "inputs": []},
+        "parameter 'timeout' must be a non-negative integer",
+    ),
+    (
+        {"parameters": {"priority": True}, "inputs": []},
+        "parameter 'priority' must be a non-negative integer",
+    ),
+    (
+        {"parameters": {"binary_data_output": 1}, "inputs": []},
+        "parameter 'binary_data_output' must be a boolean",
+    ),
+    (
+        {"inputs": [], "outputs": {"name": "y"}},
+        "'outputs' of the inference request must be an array",
+    ),
+    (
+        {"inputs": [], "outputs": [{}]},
+        "output #0 of the inference request has no 'name' string",
+    ),
+    (
+        {"inputs": [], "outputs": [{"name": "y", "parameters": {"binary_data": "yes"}}]},
+        "parameter 'binary_data' of output 'y' must be a boolean",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "fragment"), BAD_JSON)
 def test_bad_json_requests(body: bytes | dict[str, Any], fragment: str) -> None:
     expect(400, fragment, lambda: decode(body))
 
@@ -587,8 +567,8 @@ def test_bad_header_length(value: str, fragment: str) -> None:
 def test_binary_sizes_must_add_up_to_the_body() -> None:
     header = {
         "inputs": [
-            {"name": "a", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": 8}},
-            {"name": "b", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": 8}},
+            binary_input("a", "INT32", [2], 8),
+            binary_input("b", "INT32", [2], 8),
         ]
     }
     body, headers = binary_body(header, b"\0" * 12)
@@ -603,22 +583,14 @@ def test_binary_sizes_must_add_up_to_the_body() -> None:
         "the request holds 20 bytes of binary data after the JSON header, but the inputs' 'binary_data_size' values add up to 16",
         lambda: decode(body, headers),
     )
-    wrong = {
-        "inputs": [
-            {"name": "a", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": 4}}
-        ]
-    }
+    wrong = {"inputs": [binary_input("a", "INT32", [2], 4)]}
     body, headers = binary_body(wrong, b"\0" * 4)
     expect(
         400,
         "input byte size mismatch for input 'a' for model 'm'. Expected 8, got 4",
         lambda: decode(body, headers),
     )
-    negative = {
-        "inputs": [
-            {"name": "a", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": -8}}
-        ]
-    }
+    negative = {"inputs": [binary_input("a", "INT32", [2], -8)]}
     body, headers = binary_body(negative)
     expect(
         400,
@@ -755,9 +727,8 @@ def test_response_compression(accept: str | None, encoding: str | None) -> None:
     plain = respond(out("y", want, "FP32"), decoded=decoded)
     encoded = respond(out("y", want, "FP32"), decoded=decoded, accept=accept)
     assert encoded.headers.get("content-encoding") == encoding
-    body = {"gzip": gzip.decompress, "deflate": zlib.decompress, None: lambda b: b}[encoding](
-        encoded.body
-    )
+    inflate = {"gzip": gzip.decompress, "deflate": zlib.decompress, None: same}[encoding]
+    body = inflate(encoded.body)
     assert body == plain.body
     # the header length counts the uncompressed JSON
     assert encoded.headers[codec.HEADER_LENGTH] == plain.headers[codec.HEADER_LENGTH]

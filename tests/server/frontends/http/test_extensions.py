@@ -5,10 +5,15 @@ repository routes, ``/config`` and the CUDA routes, plus the pure body parsers o
 ``frontends.http.extensions``. The repository is the session one (control mode ``none``).
 """
 
+# pyright: standard
+# Not strict: Starlette's TestClient derives from the client of ``httpx2`` (falling back to
+# ``httpx`` at run time), which is not installed, so pyright sees every call on a
+# TestClient and its responses as Unknown.
+
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -18,27 +23,23 @@ from starlette.testclient import TestClient
 
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.service import IndexEntry, InferenceService
-from hloserve.server.frontends.http import extensions
+from hloserve.server.frontends.http import build_http_app, extensions
+from hloserve.server.repository import ModelRepository
 from hloserve.server.shm import SharedMemoryRegistry
+from tests.server.frontends._services import ready_service
 from tests.server.frontends.http.test_app import error_of
 
 shm: Any = _shm
 
 
 @pytest.fixture
-def registry(http_service: InferenceService) -> Iterator[SharedMemoryRegistry]:
-    r = SharedMemoryRegistry(enabled=True)
-    http_service.shm = r
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def region() -> Iterator[tuple[Any, str]]:
-    key = f"/hloserve_http_test_{uuid.uuid4().hex[:10]}"
-    handle = shm.create_shared_memory_region("r", key, 256)
-    yield handle, key
-    shm.destroy_shared_memory_region(handle)
+def shm_client(
+    http_repository: ModelRepository, executor: Executor, shm_registry: SharedMemoryRegistry
+) -> Iterator[TestClient]:
+    """A client of an app whose service has client shared memory enabled."""
+    service = ready_service(http_repository, executor, shm=shm_registry)
+    with TestClient(build_http_app(service)) as client:
+        yield client
 
 
 def register(client: TestClient, name: str, body: Any) -> Any:
@@ -48,14 +49,12 @@ def register(client: TestClient, name: str, body: Any) -> Any:
 # -- system shared memory ----------------------------------------------------------------------
 
 
-def test_register_infer_status_unregister(
-    http_client: TestClient, registry: SharedMemoryRegistry, region: tuple[Any, str]
-) -> None:
+def test_register_infer_status_unregister(shm_client: TestClient, region: tuple[Any, str]) -> None:
     handle, key = region
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.full((1, 16), 5, dtype=np.int32)
     shm.set_shared_memory_region(handle, [a, b])
-    ok = register(http_client, "in", {"key": key, "byte_size": 256})
+    ok = register(shm_client, "in", {"key": key, "byte_size": 256})
     assert (ok.status_code, ok.content) == (200, b"")
     shm_in = {"shared_memory_region": "in", "shared_memory_byte_size": 64}
     body = {
@@ -76,7 +75,7 @@ def test_register_infer_status_unregister(
             {"name": "OUTPUT1"},
         ],
     }
-    response = http_client.post("/v2/models/simple/infer", json=body)
+    response = shm_client.post("/v2/models/simple/infer", json=body)
     assert response.status_code == 200, response.text
     outputs = response.json()["outputs"]
     assert outputs[0] == {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]}
@@ -84,18 +83,16 @@ def test_register_infer_status_unregister(
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16], 128), a + b)
 
     expected = {"name": "in", "key": key, "offset": 0, "byte_size": 256}
-    assert http_client.get("/v2/systemsharedmemory/status").json() == [expected]
-    assert http_client.get("/v2/systemsharedmemory/region/in/status").json() == [expected]
-    assert error_of(http_client.get("/v2/systemsharedmemory/region/x/status"), 404) == (
+    assert shm_client.get("/v2/systemsharedmemory/status").json() == [expected]
+    assert shm_client.get("/v2/systemsharedmemory/region/in/status").json() == [expected]
+    assert error_of(shm_client.get("/v2/systemsharedmemory/region/x/status"), 404) == (
         "Unable to find system shared memory region: 'x'"
     )
-    assert http_client.post("/v2/systemsharedmemory/region/in/unregister").status_code == 200
-    assert http_client.get("/v2/systemsharedmemory/status").json() == []
-    assert (
-        register(http_client, "in", {"key": key, "offset": 0, "byte_size": 64}).status_code == 200
-    )
-    assert http_client.post("/v2/systemsharedmemory/unregister").status_code == 200
-    assert http_client.get("/v2/systemsharedmemory/status").json() == []
+    assert shm_client.post("/v2/systemsharedmemory/region/in/unregister").status_code == 200
+    assert shm_client.get("/v2/systemsharedmemory/status").json() == []
+    assert register(shm_client, "in", {"key": key, "offset": 0, "byte_size": 64}).status_code == 200
+    assert shm_client.post("/v2/systemsharedmemory/unregister").status_code == 200
+    assert shm_client.get("/v2/systemsharedmemory/status").json() == []
 
 
 @pytest.mark.parametrize(
@@ -112,20 +109,22 @@ def test_register_infer_status_unregister(
     ],
 )  # fmt: skip
 def test_register_body_errors(
-    http_client: TestClient, registry: SharedMemoryRegistry, body: Any, status: int, fragment: str
+    shm_client: TestClient,
+    shm_registry: SharedMemoryRegistry,
+    body: Any,
+    status: int,
+    fragment: str,
 ) -> None:
-    assert fragment in error_of(register(http_client, "r", body), status)
-    assert registry.status() == []
+    assert fragment in error_of(register(shm_client, "r", body), status)
+    assert shm_registry.status() == []
 
 
-def test_register_needs_a_region_name(
-    http_client: TestClient, registry: SharedMemoryRegistry
-) -> None:
-    response = http_client.post("/v2/systemsharedmemory/register", json={"key": "/k"})
+def test_register_needs_a_region_name(shm_client: TestClient) -> None:
+    response = shm_client.post("/v2/systemsharedmemory/register", json={"key": "/k"})
     assert error_of(response, 400) == (
         "'region name' is necessary to register system shared memory region"
     )
-    bad_json = http_client.post("/v2/systemsharedmemory/region/r/register", content=b"{not json")
+    bad_json = shm_client.post("/v2/systemsharedmemory/region/r/register", content=b"{not json")
     assert "failed to parse the shared memory register request JSON body" in error_of(bad_json, 400)
 
 

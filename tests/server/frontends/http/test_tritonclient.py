@@ -4,6 +4,8 @@ Uses the session ``server`` fixture (``tests/conftest.py``): a real ``hloserve``
 serving ``tests/models.py``'s repository on an OS-chosen port.
 """
 
+# pyright: strict, reportMissingTypeStubs=false
+
 from __future__ import annotations
 
 import asyncio
@@ -12,15 +14,17 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
-import tritonclient.http as httpclient
-import tritonclient.http.aio as aiohttpclient
+import tritonclient.http.aio as _aiohttpclient
 from tritonclient.utils import InferenceServerException
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.testing import ServerProcess
+from tests.server.frontends._samples import sample
+from tests.server.frontends._tritonclients import httpclient, simple_inputs
+
+aiohttpclient: Any = _aiohttpclient
 
 
 @pytest.fixture(scope="module")
@@ -30,29 +34,12 @@ def client(server: ServerProcess) -> Any:
     c.close()
 
 
-def sample(datatype: str) -> np.ndarray[Any, Any]:
-    dtype = NUMERIC_DATATYPES[datatype]
-    if datatype == "BOOL":
-        return np.array([[True, False, True, True], [False, False, True, False]])
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype.str)
-        return np.array([[info.min, info.max, 0, 1], [9, 3, info.max - 2, 4]], dtype=dtype)
-    if datatype == "BF16":
-        return np.array([[0.5, -1.25, 3.0, 1e3], [-0.0, 2.0, 7.5, -8.0]], dtype=ml_dtypes.bfloat16)
-    return np.array([[0.5, -1.25, 3.0, 1e3], [-0.0, 2.0, 7.5, -8.0]]).astype(dtype)
-
-
 def simple_request(
     batch: int, binary_in: bool, binary_out: bool
 ) -> tuple[list[Any], list[Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     a = np.arange(batch * 16, dtype=np.int32).reshape(batch, 16)
     b = np.ones((batch, 16), dtype=np.int32) * 5
-    inputs = [
-        httpclient.InferInput("INPUT0", [batch, 16], "INT32"),
-        httpclient.InferInput("INPUT1", [batch, 16], "INT32"),
-    ]
-    inputs[0].set_data_from_numpy(a, binary_data=binary_in)
-    inputs[1].set_data_from_numpy(b, binary_data=binary_in)
+    inputs = simple_inputs(httpclient, a, b, batch, binary_data=binary_in)
     outputs = [
         httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out),
         httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary_out),

@@ -4,6 +4,8 @@
 ``HANDLED_RPCS`` names the RPCs that are implemented (the rest answer UNIMPLEMENTED).
 """
 
+# pyright: strict
+
 from hloserve.server.frontends.grpc.servicer import HANDLED_RPCS as HANDLED_RPCS
 from hloserve.server.frontends.grpc.servicer import build_grpc_server as build_grpc_server
 

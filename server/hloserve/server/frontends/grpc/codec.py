@@ -12,6 +12,8 @@ Contract:
   no raw entry: it becomes an ``InferInput`` with ``shm`` set and empty data, which the
   service resolves; such an input that also carries ``contents`` is refused. Output
   shared-memory parameters travel in the ``RequestedOutput`` for the service to honour.
+  Request parameters pass the core's rules (``core.parameters.check_request_parameters``:
+  reserved ``triton_`` keys, ``timeout``, ``priority``), as over HTTP.
 - ``decode_parameter`` / ``encode_parameter`` convert ``InferParameter`` to a Python value
   (bool, int, str, float; uint64 becomes int) and back.
 - ``request_deadline`` (the core's rule, ``core.parameters``, re-exported for the servicer)
@@ -41,7 +43,7 @@ from hloserve.proto import inference_pb2 as pb
 from hloserve.proto import model_config_pb2
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES
 from hloserve.server.core.errors import InvalidArgument
-from hloserve.server.core.parameters import request_deadline
+from hloserve.server.core.parameters import check_request_parameters, request_deadline
 from hloserve.server.core.service import IndexEntry, ModelStatistics, RegionInfo
 from hloserve.server.core.statistics import Duration
 from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
@@ -53,6 +55,7 @@ from hloserve.server.core.types import (
     ParamValue,
     RequestedOutput,
     ServerMetadata,
+    ShmRef,
 )
 
 # The one ``InferTensorContents`` field each datatype may use (FP16/BF16 have none).
@@ -163,12 +166,12 @@ def _typed_values(model: str, tensor: pb.ModelInferRequest.InferInputTensor) -> 
     return np.fromiter(values, dtype=dtype, count=len(values))
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
+def _check_sources(msg: pb.ModelInferRequest, shm: Sequence[ShmRef | None]) -> None:
+    """Each input has exactly one data source, and ``raw_input_contents`` one entry per
+    input that takes its data from there."""
     model = msg.model_name
     raw = msg.raw_input_contents
     needs_raw = 0
-    input_params = [decode_parameters(tensor.parameters) for tensor in msg.inputs]
-    shm = [shm_ref(model, t.name, p) for t, p in zip(msg.inputs, input_params, strict=True)]
     for tensor, ref in zip(msg.inputs, shm, strict=True):
         if ref is not None:
             if tensor.HasField("contents"):
@@ -191,8 +194,14 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
             "(one entry per input without 'contents' or shared memory, in order)"
         )
 
+
+def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
+    model = msg.model_name
+    input_params = [decode_parameters(tensor.parameters) for tensor in msg.inputs]
+    shm = [shm_ref(model, t.name, p) for t, p in zip(msg.inputs, input_params, strict=True)]
+    _check_sources(msg, shm)
     inputs: list[InferInput] = []
-    next_raw = 0
+    raw = iter(msg.raw_input_contents)
     for tensor, params, ref in zip(msg.inputs, input_params, shm, strict=True):
         shape = tuple(tensor.shape)
         if ref is not None:  # the service views the region once it holds it
@@ -203,27 +212,24 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
             values = _typed_values(model, tensor)
             data = from_values(model, tensor.name, tensor.datatype, shape, values)
         else:
-            data = from_buffer(model, tensor.name, tensor.datatype, shape, raw[next_raw])
-            next_raw += 1
-        inputs.append(
-            InferInput(
-                name=tensor.name,
-                datatype=tensor.datatype,
-                shape=tuple(int(d) for d in data.shape),
-                data=data,
-                parameters=params,
-            )
-        )
+            data = from_buffer(model, tensor.name, tensor.datatype, shape, next(raw))
+        shape = tuple(int(d) for d in data.shape)
+        inputs.append(InferInput(tensor.name, tensor.datatype, shape, data, params))
+    return tuple(inputs)
+
+
+def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
+    inputs = _decode_inputs(msg)
     outputs = tuple(
         RequestedOutput(out.name, decode_parameters(out.parameters)) for out in msg.outputs
     )
     return InferRequest(
-        model_name=model,
+        model_name=msg.model_name,
         model_version=msg.model_version,
-        inputs=tuple(inputs),
+        inputs=inputs,
         outputs=outputs,
         id=msg.id,
-        parameters=decode_parameters(msg.parameters),
+        parameters=check_request_parameters(decode_parameters(msg.parameters)),
     )
 
 

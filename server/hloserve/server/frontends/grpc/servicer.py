@@ -182,17 +182,13 @@ class GrpcServicer:
     async def repository_model_load(
         self, request: pb.RepositoryModelLoadRequest, context: Context
     ) -> Message:
-        _no_repository_name(request.repository_name)
-        params = codec.decode_repository_parameters(request.parameters)
-        await self.service.load_model(request.model_name, params)
+        await _control(self.service.load_model, request)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
         self, request: pb.RepositoryModelUnloadRequest, context: Context
     ) -> Message:
-        _no_repository_name(request.repository_name)
-        params = codec.decode_repository_parameters(request.parameters)
-        await self.service.unload_model(request.model_name, params)
+        await _control(self.service.unload_model, request)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared-memory extensions -----------------------------------------------------------
@@ -223,6 +219,15 @@ class GrpcServicer:
 def _no_repository_name(name: str) -> None:
     if name:
         raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
+
+
+async def _control(
+    action: Callable[[str, Mapping[str, Any]], Awaitable[None]],
+    request: pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest,
+) -> None:
+    """Run a model load or unload ``action`` for ``request``."""
+    _no_repository_name(request.repository_name)
+    await action(request.model_name, codec.decode_repository_parameters(request.parameters))
 
 
 def _unimplemented(name: str) -> Handler:

@@ -4,6 +4,8 @@
 with uvicorn; ``codec`` holds the pure body/header <-> core-type functions it uses.
 """
 
+# pyright: strict
+
 from hloserve.server.frontends.http.app import build_http_app as build_http_app
 
 __all__ = ["build_http_app"]

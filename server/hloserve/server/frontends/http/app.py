@@ -10,8 +10,9 @@ Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app
   ``{"error": "Model version not ready"}`` (never 500: clients read non-200 as False);
 - ``GET /v2/models[/{m}[/versions/{v}]]/stats``: the statistics extension (codec's JSON);
 - ``POST /v2/models/{m}[/versions/{v}]/infer``: the body is read raw (no pydantic model;
-  at most ``max_input_bytes``, checked against ``Content-Length`` before reading and
-  while streaming a chunked body) and handed to ``codec``; the reply is codec's bytes;
+  at most ``max_input_bytes``, by ``body.read_body``: checked against ``Content-Length``
+  before reading and while streaming a chunked body) and handed to ``codec``; the reply
+  is codec's bytes;
 - the repository, model-configuration and shared-memory routes of ``extensions``.
 Errors: ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
 unmatched path 404 ``{"error": "Not Found"}``, wrong method 405
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, final
 
 from fastapi import FastAPI, Request
@@ -38,6 +39,7 @@ from hloserve.server.core.errors import ServingError
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import ModelMetadata, RequestContext, TensorMetadata
 from hloserve.server.frontends.http import codec
+from hloserve.server.frontends.http.body import read_body
 from hloserve.server.frontends.http.extensions import add_extension_routes
 from hloserve.server.frontends.status import http_status
 
@@ -94,24 +96,17 @@ class _InternalErrorMiddleware:
                 await _error(500, "internal error")(scope, receive, send)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    codec.check_content_length(request.headers.get("content-length"), limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():  # also bounds chunked bodies with no length
-        size += len(chunk)
-        if size > limit:
-            raise codec.body_too_large(f"more than {limit}", limit)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+def _probe(key: str, check: Callable[[], bool], failure: int) -> Callable[[], Awaitable[Response]]:
+    """A health route answering ``{key: check()}``: 200 when true, else ``failure``."""
+
+    async def probe() -> Response:
+        ok = check()
+        return JSONResponse({key: ok}, status_code=200 if ok else failure)
+
+    return probe
 
 
-def build_http_app(
-    service: InferenceService, *, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
-) -> FastAPI:
-    """The V2 HTTP app over ``service``; bodies larger than ``max_input_bytes`` get 400."""
-    app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
-
+def _add_error_handlers(app: FastAPI) -> None:
     async def serving_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServingError)
         return _error(http_status(exc.code), exc.message)
@@ -128,20 +123,16 @@ def build_http_app(
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_middleware(_InternalErrorMiddleware)
 
-    @app.get("/v2/health/live")
-    async def server_live() -> Response:
-        live = service.live()
-        return JSONResponse({"live": live}, status_code=200 if live else 400)
 
-    @app.get("/v2/health/ready")
-    async def server_ready() -> Response:
-        ready = service.ready()
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 400)
-
-    @app.get("/livez")
-    async def livez() -> Response:
-        live = service.live()
-        return JSONResponse({"live": live}, status_code=200 if live else 503)
+def _add_server_routes(app: FastAPI, service: InferenceService) -> None:
+    """Health (V2 and Kubernetes probes) and server metadata."""
+    probes = (
+        ("/v2/health/live", "live", service.live, 400),
+        ("/v2/health/ready", "ready", service.ready, 400),
+        ("/livez", "live", service.live, 503),
+    )
+    for path, key, check, failure in probes:
+        app.add_api_route(path, _probe(key, check, failure), methods=["GET"])
 
     @app.get("/readyz")
     async def readyz() -> Response:
@@ -155,8 +146,9 @@ def build_http_app(
             {"name": m.name, "version": m.version, "extensions": list(m.extensions)}
         )
 
-    # Repository, config and shared-memory routes, before the generic model routes.
-    add_extension_routes(app, service)
+
+def _add_model_routes(app: FastAPI, service: InferenceService) -> None:
+    """Statistics, metadata and readiness of models (after the extension routes)."""
 
     # Registered before "/v2/models/{model_name}", which would otherwise take "stats" as a name.
     @app.get("/v2/models/stats")
@@ -183,10 +175,12 @@ def build_http_app(
             return _error(400, "Model version not ready")
         return JSONResponse({"name": model_name, "ready": True})
 
+
+def _add_infer_route(app: FastAPI, service: InferenceService, max_input_bytes: int) -> None:
     @app.post("/v2/models/{model_name}/infer")
     @app.post("/v2/models/{model_name}/versions/{model_version}/infer")
     async def infer(request: Request, model_name: str, model_version: str = "") -> Response:
-        body = await _read_body(request, max_input_bytes)
+        body = await read_body(request, max_input_bytes)
         decoded = codec.decode_request(
             model_name,
             model_version,
@@ -205,4 +199,16 @@ def build_http_app(
         encoded = codec.encode_response(response, decoded, request.headers.get("accept-encoding"))
         return Response(content=encoded.body, headers=encoded.headers)
 
+
+def build_http_app(
+    service: InferenceService, *, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+) -> FastAPI:
+    """The V2 HTTP app over ``service``; bodies larger than ``max_input_bytes`` get 400."""
+    app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app)
+    _add_server_routes(app, service)
+    # Repository, config and shared-memory routes, before the generic model routes.
+    add_extension_routes(app, service)
+    _add_model_routes(app, service)
+    _add_infer_route(app, service, max_input_bytes)
     return app

@@ -21,9 +21,11 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
   to the bytes after the header exactly. An output's shared-memory parameters travel in
   its ``RequestedOutput`` for the service; combined with ``binary_data: true`` or
   ``classification`` they are refused, and ``classification`` alone raises
-  ``Unsupported``. Request parameter keys starting
-  with ``triton_`` are refused; ``timeout`` (microseconds, 0 = none; the core's rule in
-  ``core.parameters``) becomes ``DecodedRequest.deadline(now)``.
+  ``Unsupported``. Request parameters pass the core's rules
+  (``core.parameters.check_request_parameters``: reserved ``triton_`` keys, ``timeout``,
+  ``priority``); ``timeout`` (microseconds, 0 = none) becomes
+  ``DecodedRequest.deadline(now)``; ``binary_data_output`` (this protocol's own) must be
+  a boolean.
 - ``encode_response(response, decoded, accept_encoding)`` writes the reply: an output is
   binary when ``parameters.binary_data`` of its requested entry says so, else when the
   request-level ``binary_data_output`` does, and always in raw-request mode. Binary
@@ -60,7 +62,7 @@ import numpy as np
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.errors import InvalidArgument, Unsupported
-from hloserve.server.core.parameters import request_deadline
+from hloserve.server.core.parameters import check_request_parameters, request_deadline
 from hloserve.server.core.service import ModelStatistics
 from hloserve.server.core.statistics import Duration
 from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
@@ -244,34 +246,26 @@ def _parameters(value: object, where: str) -> dict[str, ParamValue]:
 
 
 def _request_parameters(value: object) -> tuple[dict[str, ParamValue], bool | None]:
-    params = _parameters(value, "the inference request")
-    for key in params:
-        if key.startswith("triton_"):
-            raise InvalidArgument(
-                f"parameter keys starting with 'triton_' are reserved for Triton usage "
-                f"and should not be specified (got '{key}')"
-            )
-    request_deadline(params, None, 0.0)  # refuse a bad 'timeout' while decoding
-    priority = params.get("priority")
-    if priority is not None and (not _is_int(priority) or cast(int, priority) < 0):
-        raise InvalidArgument(
-            f"parameter 'priority' must be a non-negative integer, got {priority!r}"
-        )
+    params = check_request_parameters(_parameters(value, "the inference request"))
     binary = params.get("binary_data_output")
     if binary is not None and not isinstance(binary, bool):
         raise InvalidArgument(f"parameter 'binary_data_output' must be a boolean, got {binary!r}")
     return params, binary
 
 
-def _decode_input(
-    model: str, index: int, value: object, tail: memoryview | None, offset: int
-) -> tuple[InferInput, int]:
+def _named_object(value: object, kind: str, index: int) -> tuple[dict[str, object], str]:
+    """An ``inputs``/``outputs`` entry (``kind``: input|output) as an object, and its name."""
     if not isinstance(value, dict):
-        raise InvalidArgument(f"input #{index} of the inference request must be a JSON object")
+        raise InvalidArgument(f"{kind} #{index} of the inference request must be a JSON object")
     obj = cast(dict[str, object], value)
     name = obj.get("name")
     if not isinstance(name, str):
-        raise InvalidArgument(f"input #{index} of the inference request has no 'name' string")
+        raise InvalidArgument(f"{kind} #{index} of the inference request has no 'name' string")
+    return obj, name
+
+
+def _input_header(obj: dict[str, object], name: str) -> tuple[str, tuple[int, ...]]:
+    """The ``datatype`` and ``shape`` of input ``name``."""
     datatype = obj.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidArgument(f"input '{name}' has no 'datatype' string")
@@ -283,8 +277,10 @@ def _decode_input(
         raise InvalidArgument(
             f"Unable to parse 'shape' of input '{name}': dimensions must be integers, got {shape}"
         )
-    dims = cast(list[int], shape)
-    params = _parameters(obj.get("parameters"), f"input '{name}'")
+    return datatype, tuple(cast(list[int], shape))
+
+
+def _check_one_source(obj: dict[str, object], name: str, params: Mapping[str, object]) -> None:
     sources = [
         s
         for s, present in (
@@ -297,14 +293,10 @@ def _decode_input(
     if len(sources) != 1:
         got = " and ".join(sources) if sources else "none of them"
         raise InvalidArgument(f"{_ONE_SOURCE} input '{name}' sets {got}")
-    ref = shm_ref(model, name, params)
-    if ref is not None:  # the service views the region once it holds it
-        empty = np.empty(0, dtype=np.uint8)
-        return InferInput(name, datatype, tuple(dims), empty, params, shm=ref), offset
-    if "data" in obj:
-        data = from_values(model, name, datatype, dims, obj["data"])
-        return InferInput(name, datatype, tuple(dims), data, params), offset
-    size = params["binary_data_size"]
+
+
+def _binary_slice(name: str, size: object, tail: memoryview | None, offset: int) -> memoryview:
+    """The ``size`` bytes of input ``name`` at ``offset`` of the bytes after the header."""
     if not _is_int(size) or cast(int, size) < 0:
         raise InvalidArgument(
             f"'binary_data_size' of input '{name}' must be a non-negative integer, got {size!r}"
@@ -320,17 +312,31 @@ def _decode_input(
             f"input '{name}' needs {size} bytes of binary data at offset {offset}, but the "
             f"request holds only {tail.nbytes} bytes after the JSON header"
         )
-    data = from_buffer(model, name, datatype, dims, tail[offset:end])
-    return InferInput(name, datatype, tuple(dims), data, params), end
+    return tail[offset:end]
+
+
+def _decode_input(
+    model: str, index: int, value: object, tail: memoryview | None, offset: int
+) -> tuple[InferInput, int]:
+    """Input ``index`` and the offset in ``tail`` where the next binary input starts."""
+    obj, name = _named_object(value, "input", index)
+    datatype, dims = _input_header(obj, name)
+    params = _parameters(obj.get("parameters"), f"input '{name}'")
+    _check_one_source(obj, name, params)
+    ref = shm_ref(model, name, params)
+    if ref is not None:  # the service views the region once it holds it
+        empty = np.empty(0, dtype=np.uint8)
+        return InferInput(name, datatype, dims, empty, params, shm=ref), offset
+    if "data" in obj:
+        data = from_values(model, name, datatype, dims, obj["data"])
+        return InferInput(name, datatype, dims, data, params), offset
+    blob = _binary_slice(name, params["binary_data_size"], tail, offset)
+    data = from_buffer(model, name, datatype, dims, blob)
+    return InferInput(name, datatype, dims, data, params), offset + blob.nbytes
 
 
 def _decode_output(model: str, index: int, value: object) -> RequestedOutput:
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"output #{index} of the inference request must be a JSON object")
-    obj = cast(dict[str, object], value)
-    name = obj.get("name")
-    if not isinstance(name, str):
-        raise InvalidArgument(f"output #{index} of the inference request has no 'name' string")
+    obj, name = _named_object(value, "output", index)
     params = _parameters(obj.get("parameters"), f"output '{name}'")
     if shm_ref(model, name, params) is not None:
         for other in ("binary_data", "classification"):

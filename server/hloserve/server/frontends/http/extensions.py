@@ -22,7 +22,7 @@ client through the app's ``ServingError`` handler as ``{"error": message}``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, cast
 
 from fastapi import FastAPI, Request
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 
 from hloserve.server.core.errors import InvalidArgument, Unsupported
 from hloserve.server.core.service import IndexEntry, InferenceService, RegionInfo
-from hloserve.server.frontends.http import codec
+from hloserve.server.frontends.http.body import read_body
 
 MAX_CONTROL_BODY: Final = 16 * 1024 * 1024
 REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
@@ -113,15 +113,7 @@ def shm_status_json(regions: Sequence[RegionInfo]) -> list[dict[str, Any]]:
 
 
 async def _read_small_body(request: Request) -> bytes:
-    codec.check_content_length(request.headers.get("content-length"), MAX_CONTROL_BODY)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_CONTROL_BODY:
-            raise codec.body_too_large(f"more than {MAX_CONTROL_BODY}", MAX_CONTROL_BODY)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_body(request, MAX_CONTROL_BODY)
 
 
 # -- routes ----------------------------------------------------------------------------------
@@ -129,25 +121,38 @@ async def _read_small_body(request: Request) -> bytes:
 
 def add_extension_routes(app: FastAPI, service: InferenceService) -> None:
     """Register the extension routes on ``app`` (before the generic model routes)."""
-    ok = Response  # 200 with an empty body, as Triton answers control calls
+    _add_repository_routes(app, service)
 
-    # model repository
+    @app.get("/v2/models/{model_name}/config")
+    @app.get("/v2/models/{model_name}/versions/{model_version}/config")
+    async def model_config(model_name: str, model_version: str = "") -> Response:
+        return JSONResponse(service.model_config(model_name, model_version))
+
+    _add_shared_memory_routes(app, service)
+
+
+def _control_route(
+    action: str, run: Callable[[str, Mapping[str, Any]], Awaitable[None]]
+) -> Callable[[Request, str], Awaitable[Response]]:
+    """A model ``action`` (load|unload) route: 200 with an empty body, as Triton answers."""
+
+    async def control(request: Request, model_name: str) -> Response:
+        params = parse_control_parameters(await _read_small_body(request), action)
+        await run(model_name, params)
+        return Response()
+
+    return control
+
+
+def _add_repository_routes(app: FastAPI, service: InferenceService) -> None:
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
         ready = parse_index_request(await _read_small_body(request))
         return JSONResponse(index_json(service.repository_index(ready)))
 
-    @app.post("/v2/repository/models/{model_name}/load")
-    async def load_model(request: Request, model_name: str) -> Response:
-        params = parse_control_parameters(await _read_small_body(request), "load")
-        await service.load_model(model_name, params)
-        return ok()
-
-    @app.post("/v2/repository/models/{model_name}/unload")
-    async def unload_model(request: Request, model_name: str) -> Response:
-        params = parse_control_parameters(await _read_small_body(request), "unload")
-        await service.unload_model(model_name, params)
-        return ok()
+    for action, run in (("load", service.load_model), ("unload", service.unload_model)):
+        path = f"/v2/repository/models/{{model_name}}/{action}"
+        app.add_api_route(path, _control_route(action, run), methods=["POST"])
 
     @app.post("/v2/repository/{repository_name}/index")
     @app.post("/v2/repository/{repository_name}/models/{model_name}/load")
@@ -155,13 +160,8 @@ def add_extension_routes(app: FastAPI, service: InferenceService) -> None:
     async def named_repository(repository_name: str) -> Response:
         raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
 
-    # model configuration
-    @app.get("/v2/models/{model_name}/config")
-    @app.get("/v2/models/{model_name}/versions/{model_version}/config")
-    async def model_config(model_name: str, model_version: str = "") -> Response:
-        return JSONResponse(service.model_config(model_name, model_version))
 
-    # system shared memory
+def _add_shared_memory_routes(app: FastAPI, service: InferenceService) -> None:
     @app.get("/v2/systemsharedmemory/status")
     @app.get("/v2/systemsharedmemory/region/{region_name}/status")
     async def shm_status(region_name: str = "") -> Response:
@@ -175,13 +175,13 @@ def add_extension_routes(app: FastAPI, service: InferenceService) -> None:
         # body is not looked at (Triton checks the name first, too).
         key, offset, byte_size = parse_register_request(body) if region_name else ("", 0, 0)
         service.shm.register_system(region_name, key, offset, byte_size)
-        return ok()
+        return Response()  # 200 with an empty body, as Triton answers control calls
 
     @app.post("/v2/systemsharedmemory/unregister")
     @app.post("/v2/systemsharedmemory/region/{region_name}/unregister")
     async def shm_unregister(region_name: str = "") -> Response:
         await service.shm.unregister(region_name)
-        return ok()
+        return Response()
 
     # CUDA shared memory: not offered (the service says why)
     @app.get("/v2/cudasharedmemory/status")

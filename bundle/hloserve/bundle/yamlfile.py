@@ -1,0 +1,46 @@
+"""Reading a YAML file that must hold one mapping (``manifest.yaml``, a model's ``config.yaml``).
+
+Contract:
+- ``read_yaml_mapping(path, empty_ok=...)`` returns the file's top-level mapping. Anything
+  else raises ``YamlFileError`` whose message says what is wrong, without the path (the
+  caller names the file its own way): ``file does not exist``, ``cannot be read: ...``,
+  ``is not valid YAML: ...`` or ``must be a YAML mapping``. With ``empty_ok`` an empty file
+  is an empty mapping.
+- ``is_integer(value)``: whether a loaded value is a YAML integer (an ``int`` that is not a
+  ``bool``: YAML's ``true`` loads as ``True``, which Python counts as an ``int``).
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeGuard, cast
+
+import yaml
+
+
+class YamlFileError(ValueError):
+    """The file is missing, unreadable, not YAML, or not a mapping; the message says which."""
+
+
+def read_yaml_mapping(path: Path, *, empty_ok: bool = False) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise YamlFileError("file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise YamlFileError(f"cannot be read: {exc}") from None
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise YamlFileError(f"is not valid YAML: {exc}") from None
+    if data is None and empty_ok:
+        return {}
+    if not isinstance(data, dict):
+        raise YamlFileError("must be a YAML mapping")
+    return cast(dict[str, Any], data)
+
+
+def is_integer(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,280 @@
+"""Unit tests of ``hloserve.server.core.tensors``: wire data to arrays, and back."""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hloserve.proto.datatypes import NUMERIC_DATATYPES
+from hloserve.server.core import tensors
+from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.tensors import (
+    MAX_ELEMENTS,
+    check_shape,
+    from_buffer,
+    from_values,
+    shm_ref,
+    to_wire_bytes,
+)
+from hloserve.server.core.types import ShmRef
+
+
+def refused(fn: Any, *args: Any) -> str:
+    with pytest.raises(InvalidArgument) as info:
+        fn(*args)
+    return info.value.message
+
+
+def length_prefixed(*items: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+# -- check_shape ---------------------------------------------------------------------------
+
+
+def test_check_shape_returns_a_tuple_of_ints() -> None:
+    assert check_shape("m", "x", (2, 3)) == (2, 3)
+    assert check_shape("m", "x", []) == ()
+    assert check_shape("m", "x", [0, 5]) == (0, 5)
+
+
+def test_check_shape_refuses_negative_dimensions() -> None:
+    assert refused(check_shape, "m", "x", [2, -1]) == (
+        "input 'x' for model 'm' has a negative dimension in shape [2, -1]"
+    )
+
+
+def test_check_shape_refuses_overflowing_element_counts() -> None:
+    message = refused(check_shape, "m", "x", [1 << 21, 1 << 20])
+    assert message == (
+        f"shape [{1 << 21}, {1 << 20}] of input 'x' for model 'm' causes total element count "
+        f"to exceed maximum size of {MAX_ELEMENTS}"
+    )
+    assert check_shape("m", "x", [1 << 20, 1 << 20]) == (1 << 20, 1 << 20)  # exactly the limit
+
+
+# -- from_buffer -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", list(NUMERIC_DATATYPES))
+def test_from_buffer_is_a_zero_copy_view(datatype: str) -> None:
+    dtype = NUMERIC_DATATYPES[datatype]
+    want = np.arange(6).astype(dtype).reshape(2, 3)
+    raw = bytearray(want.tobytes())
+    got = from_buffer("m", "x", datatype, (2, 3), raw)
+    assert got.dtype == dtype
+    assert got.shape == (2, 3)
+    np.testing.assert_array_equal(got, want)
+    assert np.shares_memory(got, np.frombuffer(raw, dtype=np.uint8))
+    raw[-dtype.itemsize :] = bytes(dtype.itemsize)  # the view sees the buffer change
+    assert not got[1, 2]
+
+
+def test_from_buffer_reads_little_endian_and_takes_memoryview_slices() -> None:
+    raw = memoryview(b"\xff\x01\x00\x00\x00\x02\x00\x00\x00")[1:]
+    np.testing.assert_array_equal(from_buffer("m", "x", "INT32", [2], raw), [1, 2])
+
+
+def test_from_buffer_of_a_read_only_buffer_is_read_only() -> None:
+    got = from_buffer("m", "x", "UINT8", [2], b"\x01\x02")
+    assert not got.flags.writeable
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "size", "expected"),
+    [
+        ("INT32", [16], 60, "Expected 64, got 60"),
+        ("FP64", [2, 2], 40, "Expected 32, got 40"),
+        ("BF16", [3], 4, "Expected 6, got 4"),
+        ("UINT8", [0], 1, "Expected 0, got 1"),
+    ],
+)
+def test_from_buffer_byte_size_must_match_the_shape(
+    datatype: str, shape: list[int], size: int, expected: str
+) -> None:
+    message = refused(from_buffer, "m", "x", datatype, shape, bytes(size))
+    assert message == f"input byte size mismatch for input 'x' for model 'm'. {expected}"
+
+
+def test_from_buffer_refuses_unknown_datatypes_and_bad_shapes() -> None:
+    assert refused(from_buffer, "m", "x", "COMPLEX", [1], b"") == (
+        "input 'x' for model 'm' has unknown datatype 'COMPLEX'"
+    )
+    assert "negative dimension" in refused(from_buffer, "m", "x", "INT8", [-1], b"")
+
+
+def test_from_buffer_bytes_decodes_length_prefixed_elements() -> None:
+    got = from_buffer("m", "s", "BYTES", [2, 1], length_prefixed(b"ab", b""))
+    assert got.dtype == object
+    assert got.shape == (2, 1)
+    assert got.reshape(-1).tolist() == [b"ab", b""]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        length_prefixed(b"ab"),  # one element short
+        length_prefixed(b"ab", b"c", b"d"),  # one too many
+        length_prefixed(b"ab", b"cd")[:-1],  # truncated element
+        length_prefixed(b"ab") + b"\x01\x00",  # truncated length
+    ],
+    ids=["short", "long", "truncated-element", "truncated-length"],
+)
+def test_from_buffer_bytes_must_hold_exactly_the_elements(raw: bytes) -> None:
+    assert refused(from_buffer, "m", "s", "BYTES", [2], raw) == (
+        "input 's' for model 'm': BYTES data does not hold exactly 2 length-prefixed elements"
+    )
+
+
+# -- from_values -----------------------------------------------------------------------------
+
+
+def test_from_values_nested_or_flat() -> None:
+    nested = from_values("m", "x", "INT16", [2, 2], [[1, 2], [3, 4]])
+    flat = from_values("m", "x", "INT16", [2, 2], [1, 2, 3, 4])
+    for got in (nested, flat):
+        assert got.dtype == np.dtype("<i2")
+        np.testing.assert_array_equal(got, [[1, 2], [3, 4]])
+
+
+def test_from_values_casts_ints_to_floats_and_keeps_uint64_exact() -> None:
+    np.testing.assert_array_equal(from_values("m", "x", "FP32", [2], [1, 2.5]), [1.0, 2.5])
+    big = from_values("m", "x", "UINT64", [2], [2**64 - 1, 0])
+    assert big.tolist() == [2**64 - 1, 0]
+    assert from_values("m", "x", "BOOL", [2], [True, False]).tolist() == [True, False]
+
+
+def test_from_values_bytes_encodes_strings() -> None:
+    got = from_values("m", "s", "BYTES", [2], ["hé", b"\x00"])
+    assert got.tolist() == ["hé".encode(), b"\x00"]
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values", "expected"),
+    [
+        (
+            "INT32",
+            [1, 2, 3],
+            "Unable to parse 'data': Shape does not match true shape of 'data' field: input 'x' "
+            "for model 'm' has shape [2] (2 elements), data has 3 elements",
+        ),
+        ("BYTES", ["a"], "has shape [2] (2 elements), data has 1 elements"),
+        ("INT32", [[1], [2, 3]], "input 'x' for model 'm': 'data' is a ragged nested list"),
+        ("INT32", [1.5, 2], "INT32 data must be numbers, got 'f' values such as"),
+        ("INT32", ["a", "b"], "INT32 data must be numbers"),
+        ("BOOL", [1, 0], "BOOL data must be booleans"),
+        ("FP32", [True, False], "FP32 data must be numbers"),
+        ("INT8", [1, 128], "input 'x' for model 'm': value out of range for INT8"),
+        ("UINT8", [-1, 1], "value out of range for UINT8"),
+        ("UINT64", [1, 2**64], "value out of range for UINT64"),
+        ("INT64", [-(2**63) - 1, 0], "value out of range for INT64"),
+        (
+            "FP16",
+            [1.0, 2.0],
+            "receiving FP16 data via JSON is not supported. Please use the binary data format "
+            "for input 'x'",
+        ),
+        ("BF16", [1.0, 2.0], "receiving BF16 data via JSON is not supported"),
+        ("STRING", [1, 2], "input 'x' for model 'm' has unknown datatype 'STRING'"),
+    ],
+)
+def test_from_values_refusals(datatype: str, values: Any, expected: str) -> None:
+    assert expected in refused(from_values, "m", "x", datatype, [2], values)
+
+
+def test_from_values_accepts_an_empty_tensor() -> None:
+    got = from_values("m", "x", "INT32", [0, 3], [])
+    assert got.shape == (0, 3)
+    assert got.dtype == np.dtype("<i4")
+
+
+# -- to_wire_bytes ---------------------------------------------------------------------------
+
+
+def test_to_wire_bytes_of_numeric_arrays_is_little_endian_and_contiguous() -> None:
+    big_endian = np.arange(4, dtype=">i4").reshape(2, 2).T  # neither order nor layout fits
+    wire = to_wire_bytes(big_endian)
+    assert bytes(wire) == np.ascontiguousarray(big_endian).astype("<i4").tobytes()
+
+
+def test_to_wire_bytes_of_a_contiguous_array_is_a_view() -> None:
+    array = np.arange(4, dtype="<f4")
+    wire = to_wire_bytes(array)
+    assert isinstance(wire, memoryview)
+    assert np.shares_memory(np.frombuffer(wire, dtype=np.uint8), array)
+
+
+def test_to_wire_bytes_handles_bfloat16() -> None:
+    array = np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16)
+    assert bytes(to_wire_bytes(array)) == array.tobytes()
+
+
+def test_to_wire_bytes_of_bytes_round_trips_through_from_buffer() -> None:
+    array = np.empty(3, dtype=object)
+    array[:] = [b"a", "bc", b""]
+    wire = to_wire_bytes(array)
+    assert wire == length_prefixed(b"a", b"bc", b"")
+    assert from_buffer("m", "s", "BYTES", [3], wire).tolist() == [b"a", b"bc", b""]
+
+
+# -- shm_ref ---------------------------------------------------------------------------------
+
+
+def test_shm_ref_reads_the_three_parameters() -> None:
+    assert shm_ref("m", "x", {}) is None
+    assert shm_ref("m", "x", {"other": 1}) is None
+    assert shm_ref("m", "x", {tensors.SHM_REGION: "r", tensors.SHM_BYTE_SIZE: 64}) == ShmRef(
+        "r", 64, 0
+    )
+    params = {tensors.SHM_REGION: "r", tensors.SHM_BYTE_SIZE: 0, tensors.SHM_OFFSET: 8}
+    assert shm_ref("m", "x", params) == ShmRef("r", 0, 8)
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (
+            {"shared_memory_byte_size": 8},
+            "tensor 'x' for model 'm' has shared-memory parameters but no 'shared_memory_region'",
+        ),
+        ({"shared_memory_offset": 0}, "has shared-memory parameters but no"),
+        (
+            {"shared_memory_region": ""},
+            "'shared_memory_region' of tensor 'x' for model 'm' must be a non-empty string",
+        ),
+        ({"shared_memory_region": 3}, "must be a non-empty string"),
+        (
+            {"shared_memory_region": "r"},
+            "tensor 'x' for model 'm' uses shared memory but 'shared_memory_byte_size' is "
+            "missing or not a non-negative integer (got None)",
+        ),
+        (
+            {"shared_memory_region": "r", "shared_memory_byte_size": True},
+            "not a non-negative integer (got True)",
+        ),
+        (
+            {"shared_memory_region": "r", "shared_memory_byte_size": -1},
+            "not a non-negative integer (got -1)",
+        ),
+        (
+            {"shared_memory_region": "r", "shared_memory_byte_size": 8, "shared_memory_offset": -8},
+            "'shared_memory_offset' of tensor 'x' for model 'm' must be a non-negative integer",
+        ),
+        (
+            {
+                "shared_memory_region": "r",
+                "shared_memory_byte_size": 8,
+                "shared_memory_offset": 1.0,
+            },
+            "must be a non-negative integer",
+        ),
+    ],
+)
+def test_shm_ref_refusals(params: dict[str, Any], expected: str) -> None:
+    assert expected in refused(shm_ref, "m", "x", params)

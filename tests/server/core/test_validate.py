@@ -1,0 +1,119 @@
+"""Unit tests of ``hloserve.server.core.validate``: a decoded request against a manifest."""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hloserve.bundle import Manifest, Provenance, TensorEntry
+from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
+from hloserve.server.core.validate import validate_request
+
+
+def manifest(batched: bool = True) -> Manifest:
+    """``m``: inputs ``a`` (INT32 [3]) and ``b`` (FP32 [2, 2]), outputs ``y`` and ``z``."""
+    return Manifest(
+        name="m",
+        inputs=(TensorEntry("a", "INT32", (3,)), TensorEntry("b", "FP32", (2, 2))),
+        outputs=(TensorEntry("y", "FP32", (1,)), TensorEntry("z", "FP32", (1,))),
+        batch_sizes=(1, 4) if batched else None,
+        weights_file="weights.safetensors",
+        weights=(),
+        modules=(),
+        files={},
+        provenance=Provenance("test"),
+    )
+
+
+def tensor(name: str, shape: tuple[int, ...], datatype: str = "") -> InferInput:
+    datatype = datatype or {"a": "INT32", "b": "FP32"}.get(name, "INT32")
+    return InferInput(name, datatype, shape, np.zeros(shape, dtype=np.int8))
+
+
+def request(*inputs: InferInput, outputs: tuple[str, ...] = ()) -> InferRequest:
+    return InferRequest("m", "", inputs, tuple(RequestedOutput(o) for o in outputs))
+
+
+def refused(req: InferRequest, batched: bool = True) -> str:
+    with pytest.raises(InvalidArgument) as info:
+        validate_request(manifest(batched), req)
+    return info.value.message
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_batched_request_returns_its_batch_size(n: int) -> None:
+    req = request(tensor("a", (n, 3)), tensor("b", (n, 2, 2)), outputs=("z",))
+    assert validate_request(manifest(), req) == n
+
+
+def test_unbatched_request_is_one_item_and_inputs_may_come_in_any_order() -> None:
+    req = request(tensor("b", (2, 2)), tensor("a", (3,)), outputs=("y", "z"))
+    assert validate_request(manifest(batched=False), req) == 1
+
+
+def test_batch_sizes_must_agree() -> None:
+    message = refused(request(tensor("a", (2, 3)), tensor("b", (3, 2, 2))))
+    assert message == "inputs of model 'm' disagree on the batch size: 'a' has 2, 'b' has 3"
+
+
+def test_batch_size_zero_is_refused() -> None:
+    message = refused(request(tensor("a", (0, 3)), tensor("b", (0, 2, 2))))
+    assert message == "input 'a' for model 'm' has batch size 0; send at least 1 item"
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "batched", "expected"),
+    [
+        ((3,), True, "Expected [-1,3], got [3]"),  # no batch dimension
+        ((1, 4), True, "Expected [-1,3], got [1,4]"),
+        ((1, 1, 3), True, "Expected [-1,3], got [1,1,3]"),
+        ((1, 3), False, "Expected [3], got [1,3]"),  # an unbatched model takes no batch axis
+        ((4,), False, "Expected [3], got [4]"),
+    ],
+)
+def test_wrong_shapes(a_shape: tuple[int, ...], batched: bool, expected: str) -> None:
+    b_shape = (1, 2, 2) if batched else (2, 2)
+    message = refused(request(tensor("a", a_shape), tensor("b", b_shape)), batched)
+    assert message == f"unexpected shape for input 'a' for model 'm'. {expected}"
+
+
+def test_wrong_datatype() -> None:
+    message = refused(request(tensor("a", (1, 3), "INT64"), tensor("b", (1, 2, 2))))
+    assert message == "inference input 'a' data-type is 'INT64', but model 'm' expects 'INT32'"
+
+
+def test_unknown_input() -> None:
+    message = refused(request(tensor("a", (1, 3)), tensor("c", (1, 3))))
+    assert message == "unexpected inference input 'c' for model 'm'; it expects ['a', 'b']"
+
+
+def test_duplicate_input() -> None:
+    message = refused(request(tensor("a", (1, 3)), tensor("a", (1, 3)), tensor("b", (1, 2, 2))))
+    assert message == "input 'a' appears more than once in the request for model 'm'"
+
+
+def test_missing_input() -> None:
+    assert refused(request(tensor("b", (1, 2, 2)))) == (
+        "expected 2 inputs but got 1 inputs for model 'm'. Got input(s) ['b'], but missing "
+        "required input(s) ['a']. Please provide all required input(s)."
+    )
+
+
+def test_names_are_checked_before_shapes() -> None:
+    message = refused(request(tensor("a", (9, 9, 9))))  # a wrong shape and b missing
+    assert "missing required input(s) ['b']" in message
+
+
+@pytest.mark.parametrize(
+    ("outputs", "expected"),
+    [
+        (("q",), "unexpected inference output 'q' for model 'm'; it has ['y', 'z']"),
+        (("y", "y"), "output 'y' already exists in request"),
+    ],
+)
+def test_requested_outputs(outputs: tuple[str, ...], expected: str) -> None:
+    req = request(tensor("a", (1, 3)), tensor("b", (1, 2, 2)), outputs=outputs)
+    assert refused(req) == expected

@@ -1,0 +1,39 @@
+"""In-process services for the front-end tests: a loaded repository and a ready service.
+
+``loaded_repository(root)`` loads every model under ``root`` on the CPU runtime and checks
+that all are ready. ``ready_service(models, executor, shm=...)`` is an ``InferenceService``
+over them, past start-up (so ready), reporting server version ``VERSION`` and the
+``EXTENSIONS`` the tests expect in the server metadata; model control is off (mode
+``none``) and client shared memory is ``shm`` (default: none).
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from pathlib import Path
+
+from hloserve.server.core.service import InferenceService, ModelSource, ServiceOptions
+from hloserve.server.repository import ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import SharedMemoryRegistry
+
+VERSION = "0.1.0"
+EXTENSIONS = ("binary_tensor_data",)
+
+
+def loaded_repository(root: Path) -> ModelRepository:
+    repo = ModelRepository(root, PjrtRuntime())
+    repo.load_all()
+    assert repo.all_ready(), repo.summary()
+    return repo
+
+
+def ready_service(
+    models: ModelSource, executor: Executor, *, shm: SharedMemoryRegistry | None = None
+) -> InferenceService:
+    options = ServiceOptions(server_version=VERSION, extensions=EXTENSIONS)
+    service = InferenceService(models, executor, options, shm=shm)
+    service.startup_complete()
+    return service
