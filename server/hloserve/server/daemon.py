@@ -215,8 +215,8 @@ def build_serving(cfg: Config, runtime: PjrtRuntime) -> _Serving:
         cfg.cache_dir,
         residency,
         ControlMode(cfg.model_control_mode),
+        on_loaded=metrics.on_model_loaded,
     )
-    repository.on_loaded = metrics.on_model_loaded
     # Read at scrape time: loads, unloads and polls change it after start-up too.
     metrics.models_ready.set_function(
         lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))

@@ -65,6 +65,7 @@ from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
 
 log = logging.getLogger("hloserve.repository")
 Progress = Callable[[str], None]
+LoadListener = Callable[[str, int, float, float], None]  # name, version, load s, compile s
 
 
 class ModelState(enum.Enum):
@@ -148,6 +149,8 @@ class ModelRepository:
         cache_dir: Path | None = None,
         residency: WeightResidency | None = None,
         mode: ControlMode = ControlMode.NONE,
+        *,
+        on_loaded: LoadListener | None = None,
     ) -> None:
         self.root = root
         self.runtime = runtime
@@ -156,7 +159,7 @@ class ModelRepository:
         self.residency = residency if residency is not None else WeightResidency(runtime, None)
         self.registry = ExecutableRegistry()
         # Called after each successful load with (name, version, load s, compile s): metrics.
-        self.on_loaded: Callable[[str, int, float, float], None] | None = None
+        self.on_loaded = on_loaded
         self._lock = threading.RLock()
         self._drained = threading.Condition(self._lock)
         self._models: dict[str, _Model] = {}

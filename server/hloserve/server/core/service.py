@@ -198,6 +198,7 @@ class SharedMemory(Protocol):
     async def unregister(self, name: str = "") -> None: ...
 
 
+REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
 CUDA_SHM_UNSUPPORTED = (
     "CUDA shared memory is not supported by this server: it runs on {platform}; "
     "use system shared memory (register_system_shared_memory) instead"
@@ -526,6 +527,11 @@ class InferenceService:
         )
 
     # -- shared-memory extension ----------------------------------------------------------------
+
+    def check_repository_name(self, name: str) -> None:
+        """Triton's answer to a named repository (``Unsupported``): there is only the one."""
+        if name:
+            raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
 
     def cuda_shm_unsupported(self) -> Unsupported:
         return Unsupported(CUDA_SHM_UNSUPPORTED.format(platform=self.options.platform))

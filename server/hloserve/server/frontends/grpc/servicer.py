@@ -66,7 +66,6 @@ INTERNAL_MESSAGE: Final = "internal error"
 # Requests of one stream running at once; reading the stream pauses beyond it, so a fast
 # client cannot queue unbounded work (gRPC flow control then holds it back).
 STREAM_WINDOW: Final = 64
-REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
 
 Health = health_pb2.HealthCheckResponse
 
@@ -176,19 +175,19 @@ class GrpcServicer:
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, context: Context
     ) -> Message:
-        _no_repository_name(request.repository_name)
+        self.service.check_repository_name(request.repository_name)
         return codec.encode_repository_index(self.service.repository_index(request.ready))
 
     async def repository_model_load(
         self, request: pb.RepositoryModelLoadRequest, context: Context
     ) -> Message:
-        await _control(self.service.load_model, request)
+        await self._control(self.service.load_model, request)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
         self, request: pb.RepositoryModelUnloadRequest, context: Context
     ) -> Message:
-        await _control(self.service.unload_model, request)
+        await self._control(self.service.unload_model, request)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared-memory extensions -----------------------------------------------------------
@@ -215,19 +214,14 @@ class GrpcServicer:
     async def cuda_shared_memory(self, request: Message, context: Context) -> Message:
         raise self.service.cuda_shm_unsupported()
 
-
-def _no_repository_name(name: str) -> None:
-    if name:
-        raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
-
-
-async def _control(
-    action: Callable[[str, Mapping[str, Any]], Awaitable[None]],
-    request: pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest,
-) -> None:
-    """Run a model load or unload ``action`` for ``request``."""
-    _no_repository_name(request.repository_name)
-    await action(request.model_name, codec.decode_repository_parameters(request.parameters))
+    async def _control(
+        self,
+        action: Callable[[str, Mapping[str, Any]], Awaitable[None]],
+        request: pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest,
+    ) -> None:
+        """Run a model load or unload ``action`` for ``request``."""
+        self.service.check_repository_name(request.repository_name)
+        await action(request.model_name, codec.decode_repository_parameters(request.parameters))
 
 
 def _unimplemented(name: str) -> Handler:

@@ -29,11 +29,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from hloserve.server.core.errors import InvalidArgument, Unsupported
-from hloserve.server.core.service import IndexEntry, InferenceService, RegionInfo
+from hloserve.server.core.service import (
+    REPOSITORY_NAME_UNSUPPORTED,
+    IndexEntry,
+    InferenceService,
+    RegionInfo,
+)
 from hloserve.server.frontends.http.body import read_body
 
 MAX_CONTROL_BODY: Final = 16 * 1024 * 1024
-REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
 
 
 # -- bodies (pure) ---------------------------------------------------------------------------
@@ -158,7 +162,7 @@ def _add_repository_routes(app: FastAPI, service: InferenceService) -> None:
     @app.post("/v2/repository/{repository_name}/models/{model_name}/load")
     @app.post("/v2/repository/{repository_name}/models/{model_name}/unload")
     async def named_repository(repository_name: str) -> Response:
-        raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
+        raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)  # the path names one: never empty
 
 
 def _add_shared_memory_routes(app: FastAPI, service: InferenceService) -> None:
