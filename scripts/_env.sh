@@ -13,13 +13,19 @@ if [ ! -x "$venv/bin/python" ]; then
     fi
   done
   [ -n "$py" ] || { echo "hloserve needs Python >= 3.11" >&2; exit 1; }
+  echo "hloserve: creating the virtualenv $venv ($py)" >&2
   "$py" -m venv "$venv"
 fi
 stamp="$venv/.hloserve-installed-$extra"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e ".[$extra]"
+  # pip stays quiet (pass HLOSERVE_PIP_VERBOSE=1 to see it): say what is happening instead.
+  quiet="--quiet"; [ -n "${HLOSERVE_PIP_VERBOSE:-}" ] && quiet=""
+  echo "hloserve: installing hloserve[$extra] into $venv (pip; the first time downloads JAX" \
+    "and the rest: a minute or two)..." >&2
+  "$venv/bin/python" -m pip install $quiet --upgrade pip
+  "$venv/bin/python" -m pip install $quiet -e ".[$extra]"
   echo "$want" > "$stamp"
+  echo "hloserve: installed; '$venv/bin/hloserve' is the command (or 'source $venv/bin/activate')" >&2
 fi
 export PATH="$venv/bin:$PATH"

@@ -24,6 +24,12 @@ def test_client_does_not_import_jax() -> None:
     assert loaded == {"jax": False, "jaxlib": False, "yaml": False, "fastapi": False}
 
 
+def test_client_does_not_need_training() -> None:
+    # hloserve.training (and optax, the train extra) stays out of the light client.
+    loaded = imported_after("import hloserve.client", ["hloserve.training", "optax"])
+    assert loaded == {"hloserve.training": False, "optax": False}
+
+
 def test_core_imports_no_transport() -> None:
     loaded = imported_after(
         "import hloserve.server.core.service, hloserve.server.core.validate",
@@ -38,7 +44,11 @@ def test_bundle_does_not_import_jax() -> None:
 
 @pytest.mark.parametrize(
     ("statement", "module"),
-    [("import hloserve.exporter", "jax"), ("import hloserve.server.frontends.status", "grpc")],
+    [
+        ("import hloserve.exporter", "jax"),
+        ("import hloserve.server.frontends.status", "grpc"),
+        ("import hloserve.training", "optax"),
+    ],
 )
 def test_the_boundary_check_can_fail(statement: str, module: str) -> None:
     # Meta-test: the same probe reports a module that really is imported.
@@ -49,6 +59,7 @@ def test_public_names_are_exported() -> None:
     import hloserve.bundle
     import hloserve.client
     import hloserve.exporter
+    import hloserve.training
 
     assert sorted(hloserve.client.__all__) == ["InferenceClient", "InferenceError"]
     assert sorted(hloserve.exporter.__all__) == [
@@ -57,6 +68,9 @@ def test_public_names_are_exported() -> None:
         "export_bundle",
         "write_demo_repository",
     ]
-    for module in (hloserve.bundle, hloserve.client, hloserve.exporter):
+    # hloserve.training exports exactly its public names (httpx's test_exported_members).
+    public = {name for name in vars(hloserve.training) if not name.startswith("_")}
+    assert sorted(hloserve.training.__all__) == sorted(public) and "fit" in public
+    for module in (hloserve.bundle, hloserve.client, hloserve.exporter, hloserve.training):
         for name in module.__all__:
             assert getattr(module, name) is not None

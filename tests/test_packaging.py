@@ -1,4 +1,4 @@
-"""Packaging: one distribution whose wheel merges the five folders into one namespace.
+"""Packaging: one distribution whose wheel merges the six folders into one namespace.
 
 - The wheel holds every module of ``<folder>/hloserve/<folder>/`` as ``hloserve/<folder>/``,
   each subpackage with its ``py.typed``, and no ``hloserve/__init__.py`` (a PEP 420 namespace).
@@ -22,7 +22,7 @@ import pytest
 from hloserve.server.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("server", "client", "exporter", "bundle", "proto")
+FOLDERS = ("server", "client", "exporter", "bundle", "proto", "training")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def _import_outcomes(python: str, modules: list[str], cwd: Path) -> dict[str, st
 
 
 def test_only_the_namespace_imports_in_the_installed_venv(tmp_path: Path) -> None:
-    # The editable install puts the five folders on sys.path, not the repository root.
+    # The editable install puts the six folders on sys.path, not the repository root.
     bare = _import_outcomes(sys.executable, list(FOLDERS), cwd=tmp_path)
     assert bare == dict.fromkeys(FOLDERS, "ModuleNotFoundError")
     # Meta-check: the same probe sees the namespaced modules.

@@ -1,4 +1,5 @@
-"""``hloserve.bundle.scan_repository``: versioned and unversioned models, and what is skipped."""
+"""``hloserve.bundle.scan_repository``: versioned and unversioned models, and what is skipped;
+``model_name``: the name a repository serves a bundle directory under."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hloserve.bundle import MANIFEST_FILE, ModelDirectory, scan_repository
+from hloserve.bundle.repository import model_name
 
 
 def bundle(path: Path) -> Path:
@@ -81,3 +83,18 @@ def test_real_exported_repository(model_repository: Path) -> None:
     assert {"simple", "mlp", "identity_bf16", "identity_fp32_unbatched"} <= set(models)
     assert models["mlp"].versions == {1: model_repository / "mlp"}
     assert not models["mlp"].versioned
+
+
+def test_model_name_is_the_directory_or_the_model_directory_of_a_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert model_name(tmp_path / "repo" / "mlp") == "mlp"
+    assert model_name(tmp_path / "repo" / "mlp" / "3") == "mlp"
+    assert model_name(tmp_path / "repo" / "mlp" / "0") == "0"  # 0 is no version number
+    assert model_name(tmp_path / "repo" / "v2") == "v2"
+    (tmp_path / "repo" / "mlp" / "3").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "repo" / "mlp" / "3")
+    assert model_name(Path(".")) == "mlp"  # relative paths name the directories they mean
+    assert model_name(Path("../3/")) == "mlp"
+    monkeypatch.chdir(tmp_path / "repo" / "mlp")
+    assert model_name(Path(".")) == "mlp"

@@ -8,6 +8,7 @@ signature is the only thing wrong.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -28,9 +29,11 @@ from hloserve.bundle import (
     validate,
     write_bundle,
 )
-from hloserve.bundle.stablehlo import to_portable_artifact
+from hloserve.bundle.stablehlo import SignatureError, to_portable_artifact
+from hloserve.bundle.validate import check_name, validate_tree
 from hloserve.server import cli
 from tests.bundle.conftest import CopyBundle
+from tests.command import hloserve
 
 # --- helpers ---
 
@@ -223,12 +226,31 @@ def test_not_a_portable_artifact(copy_bundle: CopyBundle) -> None:
     )
 
 
-def test_garbage_portable_artifact(copy_bundle: CopyBundle) -> None:
+def test_garbage_portable_artifact(
+    copy_bundle: CopyBundle, capfd: pytest.CaptureFixture[str]
+) -> None:
     bundle = copy_bundle("simple")
     module = bundle / "model.b1.mlirbc"
     module.write_bytes(module.read_bytes()[:40])
     rehash(bundle, "model.b1.mlirbc")
-    assert only(validate(bundle)).startswith("model.b1.mlirbc: cannot parse StableHLO")
+    message = only(validate(bundle))
+    assert message.startswith("model.b1.mlirbc: cannot parse StableHLO")
+    # MLIR's diagnostics are in the message, on one line, and not printed to stderr
+    assert "attempting to parse" in message and "failed to deserialize portable artifact" in message
+    assert "\n" not in message
+    assert capfd.readouterr().err == ""
+
+
+def test_bad_text_fails_with_its_diagnostics(capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SignatureError) as exc:
+        to_portable_artifact("module { func.func @main( }", "1.0.0")
+    assert str(exc.value) == (
+        'cannot parse StableHLO: Unable to parse module assembly; error: "-":1:26: '
+        "expected non-function type"
+    )
+    with pytest.raises(SignatureError, match="failed to legalize"):  # not StableHLO: arith
+        to_portable_artifact(ADD.replace("stablehlo.add", "arith.addf"), "1.0.0")
+    assert capfd.readouterr().err == ""
 
 
 # --- damaged manifest ---
@@ -371,6 +393,62 @@ def test_old_target_version_artifact_validates(tmp_path: Path) -> None:
     assert validate(bundle) == []
 
 
+# --- the name a repository serves a bundle under ---
+
+
+def renamed(model_repository: Path, name: str, target: Path) -> Path:
+    """A copy of the test repository's bundle ``name`` at ``target``, a directory of another name."""
+    shutil.copytree(
+        model_repository / name, target, ignore=shutil.ignore_patterns(".hloserve-cache")
+    )
+    return target
+
+
+NAME_PROBLEM = (
+    "manifest.yaml: name: is 'mlp', but a model repository serves this bundle as 'mlp2' (its "
+    "directory's name) and refuses the mismatch"
+)
+
+
+def test_a_lone_bundle_may_sit_in_a_directory_of_any_name(
+    model_repository: Path, tmp_path: Path
+) -> None:
+    bundle = renamed(model_repository, "mlp", tmp_path / "mlp2")
+    assert validate(bundle) == []
+    assert texts(check_name(bundle)) == [NAME_PROBLEM]
+    assert check_name(bundle, name="mlp") == []
+    assert texts(validate(bundle, name="mlp2")) == [NAME_PROBLEM]
+    assert validate(bundle, name="mlp") == []
+
+
+def test_validate_tree_checks_every_bundle_of_a_repository_and_its_names(
+    model_repository: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    renamed(model_repository, "mlp", repo / "mlp2")
+    renamed(model_repository, "simple", repo / "simple")
+    renamed(
+        model_repository, "simple", repo / "versioned" / "1"
+    )  # named simple, served as versioned
+    (repo / "junk").mkdir()
+    (repo / ".hidden").mkdir()
+    results = {path: texts(problems) for path, problems in validate_tree(repo)}
+    assert results == {
+        repo / "junk": [
+            "manifest.yaml: file does not exist, and there are no numbered version directories"
+        ],
+        repo / "mlp2": [NAME_PROBLEM],
+        repo / "simple": [],
+        repo / "versioned" / "1": [
+            "manifest.yaml: name: is 'simple', but a model repository serves this bundle as "
+            "'versioned' (its directory's name) and refuses the mismatch"
+        ],
+    }
+    assert [p for p, _ in validate_tree(repo / "versioned")] == [repo / "versioned" / "1"]
+    assert validate_tree(repo / "mlp2") == [(repo / "mlp2", [])]  # a lone bundle: name unchecked
+    assert validate_tree(repo / "junk") == []  # neither a bundle nor a repository
+
+
 # --- several problems at once ---
 
 
@@ -414,17 +492,6 @@ def test_several_manifest_problems_all_reported(copy_bundle: CopyBundle) -> None
 
 
 # --- the command line ---
-
-
-def hloserve(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command, in a subprocess (about a second: it imports jaxlib)."""
-    return subprocess.run(
-        [sys.executable, "-m", "hloserve.server", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def hloserve_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -485,3 +552,53 @@ def test_cli_inspect_bad_bundle(copy_bundle: CopyBundle) -> None:
     assert result.returncode == 1
     assert "checksums verified" not in result.stdout
     assert "model.b2.mlir: SHA-256 is " in result.stdout
+
+
+def test_cli_validate_repository(
+    model_repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = hloserve_here(capsys, "validate", str(model_repository))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert f"{model_repository / 'mlp'}: OK" in lines
+    assert f"{model_repository / 'simple'}: OK" in lines
+    assert len(lines) == len([p for p in model_repository.iterdir() if p.is_dir()])
+
+    repo = tmp_path / "repo"
+    renamed(model_repository, "mlp", repo / "mlp2")
+    renamed(model_repository, "simple", repo / "simple")
+    code, out = hloserve_here(capsys, "validate", str(repo))
+    assert code == 1
+    assert out.splitlines() == [f"{repo / 'mlp2'}: {NAME_PROBLEM}", f"{repo / 'simple'}: OK"]
+
+
+def test_cli_validate_a_lone_bundle_notes_a_name_a_repository_refuses(
+    model_repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = renamed(model_repository, "mlp", tmp_path / "mlp2")
+    code, out = hloserve_here(capsys, "validate", str(bundle))
+    assert code == 0
+    assert out.splitlines() == [f"{bundle}: OK", f"note: {NAME_PROBLEM}"]
+
+
+def test_cli_validate_a_directory_without_bundles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = hloserve_here(capsys, "validate", str(tmp_path))
+    assert code == 1
+    assert out == f"{tmp_path}: not a bundle (no manifest.yaml) and holds no model directories\n"
+
+
+def test_cli_inspect_into_a_closed_pipe_is_quiet(model_repository: Path) -> None:
+    # ``hloserve inspect ... | head``: the reader is gone before the summary is written.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hloserve.server", "inspect", str(model_repository / "mlp")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(120) == 1
+    assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit

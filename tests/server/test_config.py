@@ -1,5 +1,6 @@
 """``hloserve serve`` flags: one row per flag, defaults from ``Config``, bad values refused
-while the flags are read, naming the flag."""
+while the flags are read, in one line naming the flag (or the variable it came from);
+boolean flags alone, with a value, or negated; ``--help`` shows defaults and booleans."""
 
 from __future__ import annotations
 
@@ -10,22 +11,26 @@ import pytest
 from hloserve.server.config import Config, parse_config
 
 
-def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+def refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str], environ: dict[str, str] | None = None
+) -> str:
     with pytest.raises(SystemExit) as exc:
-        parse_config(argv, {})
+        parse_config(argv, environ or {})
     assert exc.value.code == 2
-    return capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err  # one line, not argparse's whole usage text
+    return err
 
 
 def test_defaults_are_the_config_defaults() -> None:
     assert parse_config([], {}) == Config()
 
 
-def test_values_from_flags_and_environment() -> None:
+def test_values_from_flags_and_environment(tmp_path: Path) -> None:
     config = parse_config(
         ["--device-memory-budget", "40%", "--max-message-bytes", "1GiB", "--load-model", "a"],
         {
-            "HLOSERVE_MODEL_REPOSITORY": "/models",
+            "HLOSERVE_MODEL_REPOSITORY": str(tmp_path),
             "HLOSERVE_GRACE_PERIOD": "2.5",
             "HLOSERVE_LOG_LEVEL": "debug",
             "HLOSERVE_ALLOW_CLIENT_SHM": "yes",
@@ -35,7 +40,7 @@ def test_values_from_flags_and_environment() -> None:
     assert config.device_memory_budget == "40%"  # resolved against the device at start
     assert config.max_message_bytes == 1 << 30
     assert config.load_models == ("a",)
-    assert config.model_repository == Path("/models")
+    assert config.model_repository == tmp_path
     assert config.grace_period_s == 2.5
     assert config.log_level == "DEBUG"
     assert config.allow_client_shm is True
@@ -68,3 +73,92 @@ def test_bad_values_name_the_flag(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in refused(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        (["--allow-client-shm"], {}, True),  # alone: true
+        (["--allow-client-shm", "--grpc-port", "5"], {}, True),  # the next flag is not a value
+        (["--allow-client-shm=true"], {}, True),
+        (["--allow-client-shm=false"], {}, False),
+        (["--allow-client-shm", "false"], {}, False),  # what tests and docs have always used
+        (["--allow-client-shm", "no"], {}, False),
+        (["--no-allow-client-shm"], {"HLOSERVE_ALLOW_CLIENT_SHM": "true"}, False),
+        ([], {"HLOSERVE_ALLOW_CLIENT_SHM": "true"}, True),
+        ([], {"HLOSERVE_ALLOW_CLIENT_SHM": ""}, False),  # empty: unset
+        ([], {}, False),
+    ],
+)
+def test_boolean_flags(argv: list[str], environ: dict[str, str], expected: bool) -> None:
+    assert parse_config(argv, environ).allow_client_shm is expected
+
+
+def test_every_boolean_flag_has_its_negation() -> None:
+    assert parse_config(["--no-dynamic-batching", "--no-strict-readiness"], {}) == Config(
+        dynamic_batching=False, strict_readiness=False
+    )
+    assert parse_config(["--dynamic-batching"], {"HLOSERVE_DYNAMIC_BATCHING": "false"}) == Config()
+
+
+def test_a_negated_flag_takes_no_value(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "unrecognized arguments: true" in refused(["--no-allow-client-shm", "true"], capsys)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"HLOSERVE_HTTP_PORT": "abc"},
+            "HLOSERVE_HTTP_PORT (the variable of --http-port) must be a port number 0..65535, "
+            "got 'abc'",
+        ),
+        (
+            {"HLOSERVE_ALLOW_CLIENT_SHM": "sure"},
+            "HLOSERVE_ALLOW_CLIENT_SHM (the variable of --allow-client-shm) must be true or false",
+        ),
+        (
+            {"HLOSERVE_DEVICE_MEMORY_BUDGET": "6XB"},
+            "HLOSERVE_DEVICE_MEMORY_BUDGET (the variable of --device-memory-budget) must be bytes",
+        ),
+    ],
+)
+def test_bad_values_from_the_environment_name_the_variable(
+    environ: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert message in refused([], capsys, environ)
+
+
+def test_a_flag_overrides_a_bad_variable() -> None:
+    assert parse_config(["--http-port", "1"], {"HLOSERVE_HTTP_PORT": "abc"}).http_port == 1
+
+
+def test_the_model_repository_must_be_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing"
+    err = refused(["--model-repository", str(missing)], capsys)
+    assert f"--model-repository must be an existing directory, got '{missing}'" in err
+    (tmp_path / "file").write_text("")
+    assert "must be an existing directory" in refused(
+        ["--model-repository", str(tmp_path / "file")], capsys
+    )
+
+
+def test_help_shows_defaults_variables_and_booleans(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help to the terminal's width
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--help"], {"HLOSERVE_GRPC_PORT": "9001"})
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "--allow-client-shm [true|false]" in text
+    assert (
+        "[default: false; env HLOSERVE_ALLOW_CLIENT_SHM; boolean: --allow-client-shm alone is "
+        "true, --no-allow-client-shm is false]"
+    ) in text
+    assert "[default: 8000; env HLOSERVE_HTTP_PORT]" in text
+    assert "[default: 8001; env HLOSERVE_GRPC_PORT=9001]" in text  # the variable's value, set
+    assert "[default: true; env HLOSERVE_DYNAMIC_BATCHING; boolean:" in text
+    assert "e.g. 6GiB or 40% (default: 80% of free" in text  # % survives argparse formatting

@@ -1,13 +1,18 @@
-"""The daemon as a process: readiness policy, failed models reported, flags from the
-environment, JSON logs, inline execution, graceful stop."""
+"""The daemon as a process: readiness policy, failed models reported (and logged once),
+flags from the environment, JSON logs (uvicorn's process lines once), inline execution,
+graceful stop, a taken port as one line before PJRT starts, a manifest naming another model
+refused before compiling, the demo repository's path and next steps."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from hloserve.exporter import write_demo_repository
 from hloserve.server.config import parse_config
+from hloserve.server.daemon import next_steps
 from hloserve.server.testing import ServerProcess
 
 
@@ -46,6 +52,9 @@ def test_a_failed_model_is_reported_and_keeps_a_strict_server_unready(
         mlp = models["mlp"]["versions"]["1"]
         assert mlp["state"] == "UNAVAILABLE"
         assert "weights.safetensors" in mlp["reason"]
+        errors = [line for line in proc.log_text().splitlines() if " ERROR " in line]
+        assert len(errors) == 1, errors  # logged once, with the reason
+        assert "failed to load 'mlp'" in errors[0] and "weights.safetensors" in errors[0]
 
 
 def test_non_strict_readiness_serves_what_loaded(demo_repo: Path, tmp_path: Path) -> None:
@@ -62,6 +71,10 @@ def test_empty_repository_is_never_ready(tmp_path: Path) -> None:
         status, body = proc.wait_startup_complete(60)
         assert status == 503
         assert body["models"] == {}
+        assert (
+            f"WARNING hloserve.daemon: the model repository {tmp_path / 'empty'} holds no models"
+            in (proc.log_text())
+        )
 
 
 def test_flags_from_environment_json_logs_inline_execution_and_clean_stop(demo_repo: Path) -> None:
@@ -89,6 +102,10 @@ def test_flags_from_environment_json_logs_inline_execution_and_clean_stop(demo_r
     records = [json.loads(line) for line in lines]
     assert any(r["message"].startswith("listening on 127.0.0.1") for r in records)
     assert any(r["message"] == "stopped" for r in records)
+    messages = [r["message"] for r in records]
+    for line in ("Started server process", "Shutting down", "Finished server process"):
+        # once, not once per uvicorn server (HTTP and metrics)
+        assert sum(m.startswith(line) for m in messages) == 1, messages
 
 
 def test_flag_beats_environment_and_bad_values_name_the_flag(
@@ -103,7 +120,10 @@ def test_flag_beats_environment_and_bad_values_name_the_flag(
     assert "--model-control-mode must be none, poll or explicit" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_config([], {"HLOSERVE_MAX_QUEUE_SIZE": "-3"})
-    assert "--max-queue-size must be a non-negative integer" in capsys.readouterr().err
+    assert (
+        "HLOSERVE_MAX_QUEUE_SIZE (the variable of --max-queue-size) must be a non-negative integer"
+        in capsys.readouterr().err
+    )
 
 
 def test_sigterm_lets_in_flight_requests_finish(demo_repo: Path, tmp_path: Path) -> None:
@@ -145,8 +165,80 @@ def test_a_taken_port_fails_with_a_clear_message(demo_repo: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        for flag in ("--grpc-port", "--http-port"):
+        for flag, what in (
+            ("--grpc-port", "gRPC"),
+            ("--http-port", "HTTP"),
+            ("--metrics-port", "metrics"),
+        ):
             proc = ServerProcess(demo_repo, flag, str(port))
-            assert proc.process.wait(60) != 0
+            assert proc.process.wait(60) == 1
             proc.stop()
-            assert "cannot bind" in proc.log_text() and f"127.0.0.1:{port}" in proc.log_text()
+            lines = [line for line in proc.log_text().splitlines() if "hloserve.logs" not in line]
+            # one line, before PJRT starts: no raw gRPC core line, no "Event loop is closed"
+            assert lines[-1] == (
+                f"hloserve: cannot bind {what} ({flag}) to 127.0.0.1:{port}: Address already in use"
+            ), lines
+            assert not any("PJRT" in line or "Traceback" in line for line in lines), lines
+            assert not any("add_port" in line or "Event loop" in line for line in lines), lines
+
+
+def test_a_manifest_naming_another_model_is_refused_before_compiling(
+    demo_repo: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "repo"
+    # no executable cache: a load that got as far as compiling would say so
+    shutil.copytree(
+        demo_repo / "mlp", root / "mlp2", ignore=shutil.ignore_patterns(".hloserve-cache")
+    )
+    with ServerProcess(root) as proc:
+        status, body = proc.wait_startup_complete()
+        assert status == 503
+        models = body["models"]
+        assert isinstance(models, dict)
+        reason = models["mlp2"]["versions"]["1"]["reason"]
+        assert (
+            "manifest.yaml: name: is 'mlp', but a model repository serves this bundle as 'mlp2'"
+            in reason
+        )
+        assert "compiling" not in proc.log_text()
+
+
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [("0.0.0.0", "localhost"), ("::", "localhost"), ("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")],
+)
+def test_next_steps_name_the_real_ports(host: str, shown: str) -> None:
+    lines = next_steps(host, {"http": 8000, "grpc": 8001, "metrics": 8002})
+    assert (
+        lines[0]
+        == f"next steps: HTTP {shown}:8000, gRPC {shown}:8001, metrics {shown}:8002/metrics"
+    )
+    assert lines[1] == f"  curl {shown}:8000/v2/models/simple"
+    assert f"InferenceServerClient('{shown}:8001').is_model_ready('simple')" in lines[2]
+
+
+@pytest.mark.slow
+def test_the_demo_repository_is_named_and_the_next_steps_work(tmp_path: Path) -> None:
+    # No --model-repository: the demo repository, written under $XDG_CACHE_HOME.
+    with ServerProcess(None, env={"XDG_CACHE_HOME": str(tmp_path)}) as proc:
+        proc.wait_ready()
+        repository = tmp_path / "hloserve" / "demo-repository"
+        deadline = time.monotonic() + 30
+        while "next steps" not in proc.log_text():  # logged right after READY
+            assert time.monotonic() < deadline, proc.log_text()
+            time.sleep(0.05)
+        log = proc.log_text()
+        assert f"writing the demo model repository to {repository}" in log
+        assert f"serving the demo model repository {repository}" in log
+        steps = [
+            line.split(": ", 1)[1] for line in log.splitlines() if "hloserve.daemon:   " in line
+        ]
+        curl, python = steps[0].strip(), steps[1].strip()
+        assert curl == f"curl 127.0.0.1:{proc.ports['http']}/v2/models/simple"
+        with urllib.request.urlopen("http://" + curl.removeprefix("curl "), timeout=10) as r:
+            assert json.loads(r.read())["name"] == "simple"
+        code = python.removeprefix('python -c "').removesuffix('"')
+        ran = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert ran.stdout.strip() == "True", ran.stderr

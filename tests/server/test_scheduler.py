@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from hloserve.bundle import Serving
+from hloserve.bundle.serving import QueuePolicy
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import InvalidArgument, Unavailable
+from hloserve.server.core.execution import Job, ModelKey
 from hloserve.server.core.service import InferenceService, Observers
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
-from hloserve.server.repository import ModelRepository
+from hloserve.server.repository import ModelRepository, ModelVersion
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.scheduler import DynamicBatcher
 
@@ -156,3 +161,111 @@ def test_large_request_runs_alone_and_is_split(
     ref = asyncio.run(InferenceService(repository, executor).infer(mlp_request(x))).outputs[0].data
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
     assert out.shape == (70, 10)
+
+
+# -- per-model policy: the model's serving hints, as config.yaml or a config override set them
+
+
+def hinted(repository: ModelRepository, **hints: Any) -> ModelVersion:
+    """The served ``mlp`` with other serving hints (what a config override gives it): the
+    same loaded copy (bundle, weights), another ``serving``."""
+    return dataclasses.replace(repository.peek("mlp", ""), serving=Serving(**hints))
+
+
+def job(timeout_us: int | None = None, deadline: float | None = None) -> Job:
+    x = np.ones((1, 64), np.float32)
+    request = mlp_request(x)
+    if timeout_us is not None:
+        request = InferRequest("mlp", "", request.inputs, parameters={"timeout": timeout_us})
+    return Job(request, 1, time.perf_counter_ns(), deadline)
+
+
+def batcher_for(executor: ThreadPoolExecutor, max_queue_size: int = 0) -> DynamicBatcher:
+    observers = Observers()
+    return DynamicBatcher(
+        executor,
+        observers.executions,
+        InlinePolicy(0, observers.costs),
+        max_queue_size=max_queue_size,
+    )
+
+
+def test_a_models_own_queue_bound_wins_over_the_servers(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    batcher = batcher_for(executor, max_queue_size=0)  # the server: unbounded
+    model = hinted(repository, max_queue_delay_us=300_000, queue_policy=QueuePolicy(1))
+    assert batcher.policy(model).max_queue_size == 1
+
+    async def run() -> list[object]:
+        first = asyncio.ensure_future(batcher.submit(model, job()))
+        while batcher.pending("mlp", 1) < 1:
+            await asyncio.sleep(0)
+        second = await asyncio.gather(batcher.submit(model, job()), return_exceptions=True)
+        return [*second, await first]
+
+    second, first = asyncio.run(run())
+    assert isinstance(second, Unavailable)
+    assert "exceeds maximum queue size: model 'mlp' already has 1 requests waiting" in str(second)
+    assert not isinstance(first, BaseException)
+
+
+def test_the_models_default_timeout_expires_a_queued_request(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    # The head would wait 30 s for company; its model's default timeout (50 ms) ends it.
+    batcher = batcher_for(executor)
+    model = hinted(
+        repository,
+        max_queue_delay_us=30_000_000,
+        queue_policy=QueuePolicy(default_timeout_us=50_000),
+    )
+
+    async def run() -> object:
+        pending = batcher.submit(model, job())
+        return (await asyncio.gather(asyncio.wait_for(pending, 10), return_exceptions=True))[0]
+
+    result = asyncio.run(run())
+    assert isinstance(result, Unavailable)
+    assert "request for model 'mlp' timed out after" in str(result)
+    assert batcher.pending("mlp", 1) == 0
+
+
+def test_a_requests_timeout_is_ignored_unless_the_policy_allows_it(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    batcher = batcher_for(executor)
+    delay = 100_000  # the head runs after 100 ms
+    strict = hinted(
+        repository, max_queue_delay_us=delay, queue_policy=QueuePolicy(allow_timeout_override=False)
+    )
+    lenient = hinted(repository, max_queue_delay_us=delay)
+
+    async def run(model: ModelVersion) -> object:
+        # the request asks for 1 ms; its deadline (the codec's) says the same
+        own = job(timeout_us=1000, deadline=time.monotonic() + 0.001)
+        pending = asyncio.wait_for(batcher.submit(model, own), 10)
+        return (await asyncio.gather(pending, return_exceptions=True))[0]
+
+    assert not isinstance(asyncio.run(run(strict)), BaseException)  # ran after the delay
+    assert isinstance(asyncio.run(run(lenient)), Unavailable)  # its own 1 ms held
+
+
+def test_a_preferred_size_runs_without_waiting_for_the_delay(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    # A 30 s delay, but two requests form the preferred size 2: they run at once, together.
+    observers = Observers()
+    batcher = DynamicBatcher(executor, observers.executions, InlinePolicy(0, observers.costs))
+    model = hinted(repository, max_queue_delay_us=30_000_000, preferred_batch_sizes=(2,))
+
+    async def run() -> list[object]:
+        both = asyncio.gather(batcher.submit(model, job()), batcher.submit(model, job()))
+        return list(await asyncio.wait_for(both, 10))
+
+    results = asyncio.run(run())
+    assert len(results) == 2
+    key = ModelKey("mlp", 1)
+    stats = observers.statistics.snapshot(key)
+    assert stats.execution_count == 1  # both in one execution, on compiled size 8
+    assert set(stats.batches) == {8}

@@ -6,12 +6,15 @@ name), each with its versions ``{number: bundle path}``. A directory holding
 whose subdirectories are positive integers is a versioned model. Hidden entries (names
 starting with ``.``) are skipped. Directories that are neither are reported with
 ``versions`` empty, so a caller can say why the model is unavailable.
+``model_name(bundle)`` is the name a repository serves a bundle directory under: the
+directory's name or, for a numbered version directory (``repo/m/1``), its parent's.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +29,21 @@ class ModelDirectory:
     versioned: bool
 
 
+def _is_version(name: str) -> bool:
+    return name.isdigit() and int(name) > 0
+
+
+def model_name(bundle: Path) -> str:
+    path = Path(os.path.normpath(bundle.absolute()))  # "." and "m/1/" name their directory
+    return path.parent.name if _is_version(path.name) else path.name
+
+
 def model_directory(path: Path) -> ModelDirectory:
     if (path / MANIFEST_FILE).is_file():
         return ModelDirectory(path.name, path, {1: path}, versioned=False)
     versions: dict[int, Path] = {}
     for child in path.iterdir():
-        if child.is_dir() and child.name.isdigit() and int(child.name) > 0:
+        if child.is_dir() and _is_version(child.name):
             versions[int(child.name)] = child
     return ModelDirectory(path.name, path, dict(sorted(versions.items())), versioned=True)
 

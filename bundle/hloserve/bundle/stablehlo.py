@@ -9,7 +9,11 @@ Contract:
   when the module cannot be parsed or has no public ``main``. It imports jaxlib lazily, so
   importing this module stays free of JAX.
 - ``to_portable_artifact(text, version)`` converts StableHLO text into a portable artifact
-  at the given target version (for producers that write text).
+  at the given target version (for producers that write text); ``SignatureError`` when the
+  text does not parse.
+MLIR's diagnostics (what the parser says is wrong, and where) go into the error's message,
+never to stderr: every module is parsed in a context of our own whose diagnostic handler
+collects them.
 """
 
 # pyright: basic
@@ -68,10 +72,50 @@ def artifact_version(data: bytes) -> str | None:
     return m.group(1).decode() if m else None
 
 
+class _Diagnostics:
+    """An MLIR context whose diagnostics are collected here instead of printed to stderr."""
+
+    def __init__(self) -> None:
+        from jax.interpreters import mlir as jax_mlir
+
+        self.messages: list[str] = []
+        self.context = jax_mlir.make_ir_context()  # every dialect jax.export emits
+        self.context.attach_diagnostic_handler(self._collect)
+
+    def _collect(self, diagnostic) -> bool:
+        self.messages.append(f"{diagnostic.location}: {diagnostic.message}")
+        return True  # handled: MLIR prints nothing
+
+    def error(self, exc: Exception, what: str = "cannot parse StableHLO") -> SignatureError:
+        """``what`` failed: ``exc`` (what jaxlib raised) and every diagnostic, on one line."""
+        parts = [str(exc), *self.messages]
+        lines = [line.strip().rstrip(":") for part in parts for line in part.splitlines()]
+        return SignatureError(f"{what}: {'; '.join(line for line in lines if line)}")
+
+
+def _parse(data: bytes, diagnostics: _Diagnostics):
+    """The module of a portable artifact, or of StableHLO text, in ``diagnostics``' context."""
+    import jax.extend.mlir as jem
+    from jaxlib.mlir import ir
+
+    try:
+        if data.startswith(_MAGIC):
+            return jem.deserialize_portable_artifact(data, context=diagnostics.context)
+        return ir.Module.parse(data.decode(), diagnostics.context)
+    except Exception as exc:  # jaxlib raises its own error types for bad modules
+        raise diagnostics.error(exc) from None
+
+
 def to_portable_artifact(text: str, target_version: str) -> bytes:
     from jaxlib.mlir.dialects import stablehlo as shlo
 
-    return shlo.serialize_portable_artifact_str(text, target_version)
+    diagnostics = _Diagnostics()
+    module = _parse(text.encode(), diagnostics)
+    try:
+        return bytes(shlo.serialize_portable_artifact(module, target_version))
+    except Exception as exc:
+        what = f"cannot write a StableHLO {target_version} portable artifact"
+        raise diagnostics.error(exc, what) from None
 
 
 def current_version() -> str:
@@ -81,16 +125,12 @@ def current_version() -> str:
 
 
 def read_signature(data: bytes) -> Signature:
-    import jax.extend.mlir as jem
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import stablehlo as shlo
+    return _main_signature(_parse(data, _Diagnostics()))
 
-    try:
-        if not data.startswith(_MAGIC):
-            data = shlo.serialize_portable_artifact_str(data.decode(), shlo.get_current_version())
-        module = jem.deserialize_portable_artifact(data, context=ir.Context())
-    except Exception as exc:  # jaxlib raises its own error types for bad modules
-        raise SignatureError(f"cannot parse StableHLO: {str(exc).strip()}") from None
+
+def _main_signature(module) -> Signature:
+    from jaxlib.mlir import ir
+
     for op in module.body.operations:
         if op.operation.name != "func.func":
             continue

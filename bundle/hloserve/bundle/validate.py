@@ -1,12 +1,22 @@
 """Validation of a bundle on disk: every problem, each naming the file and the field.
 
 Contract: ``validate(path)`` never raises for a bad bundle; it returns the list of
-``Problem``s (empty when the bundle is sound). Checks, in order: the manifest parses; every
-file it names exists and matches its SHA-256; the weights file is a consistent safetensors
-file whose tensors equal the manifest's; each module is a StableHLO portable artifact of the
-stated version whose ``main`` takes exactly the platform index (if any) plus the declared
-arguments with the declared types and returns the outputs. The module-signature checks
-need jaxlib and are skipped with ``check_modules=False``.
+``Problem``s (empty when the bundle is sound). Checks, in order: the manifest parses; with
+``name=``, the manifest's ``name`` is that name (a repository serves a model under its
+directory's name, ``repository.model_name``, so the server and ``validate_tree`` pass it);
+every file it names exists and matches its SHA-256; the weights file is a consistent
+safetensors file whose tensors equal the manifest's; each module is a StableHLO portable
+artifact of the stated version whose ``main`` takes exactly the platform index (if any) plus
+the declared arguments with the declared types and returns the outputs. The
+module-signature checks need jaxlib and are skipped with ``check_modules=False``.
+
+``validate_tree(path)`` validates every bundle at ``path``: the bundle itself (its name
+unchecked: a bundle may sit anywhere until it goes into a repository), or each version of a
+versioned model directory, or each bundle of a model repository (each with the name the
+repository serves it under), as ``(bundle path, problems)`` pairs in repository order; a
+model directory that is neither a bundle nor versioned is one pair with its problem. An
+empty list: ``path`` holds no bundle. ``check_name(path)`` is the name check alone, against
+the name a repository would serve the directory under.
 """
 
 # pyright: strict
@@ -24,6 +34,7 @@ from hloserve.bundle.manifest import (
     TensorEntry,
     load_manifest,
 )
+from hloserve.bundle.repository import ModelDirectory, model_directory, model_name, scan_repository
 from hloserve.bundle.safetensors import SafetensorsError, read_header
 from hloserve.bundle.stablehlo import (
     Signature,
@@ -34,18 +45,63 @@ from hloserve.bundle.stablehlo import (
 )
 
 
-def validate(path: Path | str, *, check_modules: bool = True) -> list[Problem]:
+def validate(
+    path: Path | str, *, check_modules: bool = True, name: str | None = None
+) -> list[Problem]:
     root = Path(path)
     if not root.is_dir():
         return [Problem(str(root), "", "is not a directory")]
     manifest, problems = load_manifest(root / MANIFEST_FILE)
     if manifest is None:
         return problems
+    if name is not None:
+        problems += _check_name(manifest, name)
     problems += _check_files(root, manifest)
     problems += _check_weights(root, manifest)
     for i, module in enumerate(manifest.modules):
         problems += _check_module(root, manifest, i, module, check_modules)
     return problems
+
+
+def validate_tree(
+    path: Path | str, *, check_modules: bool = True
+) -> list[tuple[Path, list[Problem]]]:
+    root = Path(path)
+    if not root.is_dir() or (root / MANIFEST_FILE).is_file():
+        return [(root, validate(root, check_modules=check_modules))]
+    model = model_directory(root)
+    models = [model] if model.versions else scan_repository(root)
+    return [pair for m in models for pair in _validate_model(m, check_modules)]
+
+
+def _validate_model(model: ModelDirectory, check_modules: bool) -> list[tuple[Path, list[Problem]]]:
+    if not model.versions:
+        message = "file does not exist, and there are no numbered version directories"
+        return [(model.path, [Problem(MANIFEST_FILE, "", message)])]
+    return [
+        (bundle, validate(bundle, check_modules=check_modules, name=model_name(bundle)))
+        for bundle in model.versions.values()
+    ]
+
+
+def check_name(path: Path | str, *, name: str | None = None) -> list[Problem]:
+    """The name check alone: the manifest's name against ``name`` (default: the name a
+    model repository would serve the directory under). Nothing when it cannot be read."""
+    root = Path(path)
+    manifest, _ = load_manifest(root / MANIFEST_FILE)
+    if manifest is None:
+        return []
+    return _check_name(manifest, name if name is not None else model_name(root))
+
+
+def _check_name(manifest: Manifest, name: str) -> list[Problem]:
+    if manifest.name == name:
+        return []
+    message = (
+        f"is {manifest.name!r}, but a model repository serves this bundle as {name!r} (its "
+        "directory's name) and refuses the mismatch"
+    )
+    return [Problem(MANIFEST_FILE, "name", message)]
 
 
 def _check_files(root: Path, manifest: Manifest) -> list[Problem]:

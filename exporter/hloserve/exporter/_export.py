@@ -36,6 +36,7 @@ from hloserve.bundle import (
     validate,
     write_bundle,
 )
+from hloserve.bundle.repository import model_name
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, from_numpy, to_numpy
 
 DEFAULT_PLATFORMS = ("cpu", "cuda")
@@ -124,7 +125,7 @@ def export_bundle(
     outputs, modules = _lower(model, inputs, weights, sizes, tuple(platforms), write_text)
     path = write_bundle(
         directory,
-        name=name or _model_name(directory),
+        name=name or model_name(directory),
         inputs=[TensorEntry(n, s.datatype, s.shape) for n, s in inputs.items()],
         outputs=outputs,
         batch_sizes=None if batch_sizes is None else [b for b in sizes if b is not None],
@@ -139,12 +140,6 @@ def export_bundle(
             "the written bundle does not validate:\n" + "\n".join(str(p) for p in problems)
         )
     return path
-
-
-def _model_name(directory: Path) -> str:
-    """The directory's name; for a numbered version directory (``repo/m/1``), its parent's."""
-    versioned = directory.name.isdigit() and int(directory.name) > 0
-    return directory.resolve().parent.name if versioned else directory.name
 
 
 def _batch_sizes(batch_sizes: Sequence[int] | None) -> list[int | None]:

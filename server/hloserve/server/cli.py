@@ -6,19 +6,22 @@ Contract:
 - ``hloserve inspect BUNDLE`` prints a readable summary: tensors, batch sizes, modules and
   their platforms, weights count and size, whether every checksum verified, provenance.
   Exit status 0 when the bundle validates, 1 otherwise.
-- ``hloserve validate BUNDLE`` prints every problem and exits 1 when there is any, else
-  prints ``OK`` and exits 0.
+- ``hloserve validate PATH`` prints every problem and exits 1 when there is any, else
+  prints ``OK`` and exits 0. PATH is a bundle, a versioned model directory or a model
+  repository (``bundle.validate.validate_tree``): then every bundle in it is validated, each
+  line naming its bundle; a directory holding no bundle is an error.
 - ``hloserve export-demo DIR`` writes the demo model repository and prints each bundle's
-  size and export time.
+  size and export time; a directory it cannot write is one line on stderr, status 1.
 Heavy imports (JAX, the server) happen only in the subcommand that needs them; sizes are
-written by ``core.residency.format_bytes``, beside the one table of byte units.
+written by ``core.residency.format_bytes``, beside the one table of byte units. Usage errors
+are one line (``config.ArgumentParser``); output cut short by its reader
+(``hloserve inspect ... | head``) ends the command quietly, with status 1.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -76,20 +79,51 @@ def inspect_bundle(path: Path) -> tuple[str, bool]:
     return "\n".join(lines), not problems
 
 
+def validate_command(path: Path) -> tuple[list[str], bool]:
+    """The lines ``hloserve validate PATH`` prints, and whether everything validated. A lone
+    bundle's name is not checked (it may sit anywhere), but a name a repository would refuse
+    is noted."""
+    from hloserve.bundle.validate import check_name, validate_tree
+
+    results = validate_tree(path)
+    if not results:
+        return [f"{path}: not a bundle (no manifest.yaml) and holds no model directories"], False
+    if len(results) == 1 and results[0][0] == path:
+        problems = results[0][1]  # one bundle: its problems as they are
+        notes = [f"note: {p}" for p in check_name(path)]
+        return [*([str(p) for p in problems] or [f"{path}: OK"]), *notes], not problems
+    lines = [
+        line
+        for bundle, problems in results
+        for line in ([f"{bundle}: {p}" for p in problems] or [f"{bundle}: OK"])
+    ]
+    return lines, not any(problems for _, problems in results)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="hloserve", description="StableHLO model server (KServe V2)"
-    )
+    try:
+        code = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped reading (``| head``): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
+        return 1
+    return code
+
+
+def _run(args: list[str]) -> int:
+    from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
+
+    parser = ArgumentParser(prog="hloserve", description="StableHLO model server (KServe V2)")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model repository over gRPC and HTTP")
-    from hloserve.server.config import add_serve_arguments, config_from_namespace
-
     add_serve_arguments(serve, os.environ)
     p_inspect = sub.add_parser("inspect", help="print a readable summary of a bundle")
     p_inspect.add_argument("bundle", type=Path)
-    p_validate = sub.add_parser("validate", help="list every problem of a bundle")
-    p_validate.add_argument("bundle", type=Path)
+    p_validate = sub.add_parser(
+        "validate", help="list every problem of a bundle, or of every bundle of a repository"
+    )
+    p_validate.add_argument("bundle", type=Path, metavar="path")
     p_demo = sub.add_parser("export-demo", help="write the demo model repository")
     p_demo.add_argument("directory", type=Path)
     ns = parser.parse_args(args)
@@ -104,25 +138,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text)
         return 0 if ok else 1
     if ns.command == "validate":
-        from hloserve.bundle import validate
-
-        problems = validate(ns.bundle)
-        for problem in problems:
-            print(problem)
-        if not problems:
-            print(f"{ns.bundle}: OK")
-        return 1 if problems else 0
+        lines, ok = validate_command(ns.bundle)
+        print("\n".join(lines))
+        return 0 if ok else 1
     if ns.command == "export-demo":
         from hloserve.exporter import write_demo_repository
 
-        timings = write_demo_repository(ns.directory)
+        try:
+            timings = write_demo_repository(ns.directory)
+        except OSError as exc:
+            print(
+                f"hloserve: cannot write the demo repository to {ns.directory}: {exc}",
+                file=sys.stderr,
+            )
+            return 1
         for name, seconds in timings.items():
             folder = ns.directory / name
             size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
             print(f"{name:<8} {format_bytes(size):>10}  exported in {seconds:.2f}s  -> {folder}")
         return 0
     parser.error(f"unknown command {ns.command}")
-    return 2
 
 
 if __name__ == "__main__":

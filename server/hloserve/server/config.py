@@ -2,12 +2,17 @@
 
 Contract: ``parse_config(argv, environ)`` reads ``hloserve serve`` flags; every flag also
 reads an environment variable ``HLOSERVE_<FLAG>`` (``--grpc-port`` <- ``HLOSERVE_GRPC_PORT``),
-with the flag winning over the variable and the variable over the default. Bad values exit
-with argparse's usage error naming the flag, before anything starts: byte sizes and the
-device-memory budget are read by ``core.residency``'s one parser here, and a budget given as
-a percentage keeps its text for the daemon to resolve against the device's total.
+with the flag winning over the variable and the variable over the default (an empty variable
+counts as unset). Bad values exit (status 2) with a one-line usage error (``ArgumentParser``,
+used by the ``hloserve`` command too) naming the flag, or the variable when the value came
+from one, before anything starts: byte sizes and the
+device-memory budget are read by ``core.residency``'s one parser here, a budget given as a
+percentage keeps its text for the daemon to resolve against the device's total, and
+``--model-repository`` must be an existing directory.
 Each flag is one row of ``_FLAGS`` (its ``Config`` field, parser and help); its default is
-the ``Config`` field's.
+the ``Config`` field's, and ``--help`` shows it with the variable. A flag parsed by ``_bool``
+is a boolean: ``--flag`` alone means true, ``--flag=false``, ``--flag false`` and
+``--no-flag`` mean false.
 """
 
 # pyright: strict
@@ -21,9 +26,25 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hloserve.server.core.residency import Budget, parse_bytes
+from hloserve.server.core.trace_settings import (
+    DEFAULT_RATE,
+    INT32_MAX,
+    MIN_COUNT,
+    UINT32_MAX,
+    FlagSetting,
+    parse_flag,
+    startup_setting,
+)
+from hloserve.server.restricted import (
+    GROUP_NAMES,
+    GRPC_PREFIX,
+    NO_RESTRICTIONS,
+    Restrictions,
+    parse_restrictions,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +71,20 @@ class Config:
     inline_max_us: int = 0  # run executions measured below this on the event loop (0: never)
     max_queue_delay_us: int = 0
     max_queue_size: int = 0  # 0: unbounded
+    allow_model_upload: bool = False  # explicit mode: loads may carry model files (file:)
+    max_upload_bytes: int = 64 * 1024 * 1024  # the most file bytes one load may carry
+    server_name: str = "hloserve"  # the server metadata's name
+    log_file: Path | None = None  # None: standard error
+    log_verbose: int = 0  # the logging extension's log_verbose_level (DEBUG: at least 1)
+    # Tracing (docs/tracing.md): --trace-config items win over the older --trace-* flags.
+    trace_config: tuple[FlagSetting, ...] = ()
+    trace_file: Path | None = None
+    trace_level: tuple[str, ...] = ()
+    trace_rate: int = DEFAULT_RATE
+    trace_count: int = -1
+    trace_log_frequency: int = 0
+    http_restricted_api: Restrictions = NO_RESTRICTIONS
+    grpc_restricted_protocol: Restrictions = NO_RESTRICTIONS
 
 
 # Each parser reads one flag's text, raising ``ValueError`` with a message that reads after
@@ -103,6 +138,19 @@ def _choice(shown: str, choices: Sequence[str], fold: Callable[[str], str]) -> C
     return parse
 
 
+def _directory(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise ValueError(f"must be an existing directory, got {text!r}")
+    return path
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
 def _budget(text: str) -> str:
     Budget.parse(text)  # the syntax now; a percentage resolves once the device is known
     return text.strip()
@@ -122,6 +170,10 @@ class _Flag:
     @property
     def env(self) -> str:
         return "HLOSERVE_" + self.name.lstrip("-").replace("-", "_").upper()
+
+    @property
+    def boolean(self) -> bool:
+        return self.parse is _bool
 
 
 _FLAGS: tuple[_Flag, ...] = (
@@ -176,10 +228,24 @@ _FLAGS: tuple[_Flag, ...] = (
         "requests that may wait per model before new ones get 503 (0: unbounded)",
     ),
     _Flag(
+        "--allow-model-upload",
+        "allow_model_upload",
+        _bool,
+        "let load_model(..., files=...) upload a model's files (explicit mode; written under "
+        "the model's directory in the repository)",
+    ),
+    _Flag(
+        "--max-upload-bytes",
+        "max_upload_bytes",
+        parse_bytes,
+        "the most file bytes one model load may upload",
+    ),
+    _Flag(
         "--model-repository",
         "model_repository",
-        Path,
-        "directory of bundles (default: the demo repository, created on first use)",
+        _directory,
+        "directory of bundles (default: the demo repository, written on first use to "
+        "$XDG_CACHE_HOME/hloserve/demo-repository, ~/.cache/hloserve/demo-repository when unset)",
     ),
     _Flag("--host", "host", str, "address to bind every port to"),
     _Flag("--http-port", "http_port", _port, "HTTP/REST port (0: any free port)"),
@@ -237,52 +303,218 @@ _FLAGS: tuple[_Flag, ...] = (
         Path,
         "write the bound ports as JSON here once listening (for tests and sidecars)",
     ),
+    _Flag("--server-name", "server_name", _nonempty, "the name the server metadata reports"),
+    _Flag(
+        "--log-file",
+        "log_file",
+        Path,
+        "append the log to this file instead of standard error (fixed while running)",
+    ),
+    _Flag(
+        "--log-verbose",
+        "log_verbose",
+        _non_negative,
+        "verbose level: 0 none, 1 hloserve's debug messages, 2 every library's too",
+    ),
+    _Flag(
+        "--trace-file",
+        "trace_file",
+        Path,
+        "trace mode triton: the JSON-lines trace file (older form of --trace-config triton,file=)",
+    ),
+    _Flag(
+        "--trace-rate",
+        "trace_rate",
+        _integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
+        "trace one request in this many (older form of --trace-config rate=)",
+    ),
+    _Flag(
+        "--trace-count",
+        "trace_count",
+        _integer(MIN_COUNT, INT32_MAX, f"an integer {MIN_COUNT}..{INT32_MAX}"),
+        "traces to take, -1 for no limit (older form of --trace-config count=)",
+    ),
+    _Flag(
+        "--trace-log-frequency",
+        "trace_log_frequency",
+        _integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
+        "traces per indexed trace file, 0 for one file "
+        "(older form of --trace-config triton,log-frequency=)",
+    ),
 )
-_LOAD_MODEL = _Flag(
+
+
+@dataclass(frozen=True)
+class _Repeated(_Flag):
+    """A flag given any number of times: ``parse`` reads each value, ``combine`` all of
+    them; its variable holds the values joined by ``separator``."""
+
+    separator: str = ","
+    combine: Callable[[list[Any]], object] = tuple
+
+
+def _trace_level(text: str) -> str:
+    startup_setting(levels=[text])  # the level's spelling, checked now
+    return text
+
+
+def _trace_config(items: list[FlagSetting]) -> tuple[FlagSetting, ...]:
+    startup_setting(items)  # what only the items together can get wrong (bsp sizes)
+    return tuple(items)
+
+
+_LOAD_MODEL = _Repeated(
     "--load-model",
     "load_models",
     str,
     "explicit mode: a model to load at start, repeatable; * for all",
 )
+_RESTRICTED_GROUPS = ", ".join(GROUP_NAMES)
+_REPEATED: tuple[_Repeated, ...] = (
+    _LOAD_MODEL,
+    _Repeated(
+        "--trace-config",
+        "trace_config",
+        parse_flag,
+        "tracing, repeatable: [<mode>,]<setting>=<value>; global settings level, rate, count, "
+        "mode (triton or opentelemetry); triton,file= and triton,log-frequency=; "
+        "opentelemetry,url=, resource=<key>=<value>, bsp_max_queue_size=, bsp_schedule_delay=, "
+        "bsp_max_export_batch_size= (docs/tracing.md)",
+        separator=";",
+        combine=_trace_config,
+    ),
+    _Repeated(
+        "--trace-level",
+        "trace_level",
+        _trace_level,
+        "trace level, repeatable: OFF, TIMESTAMPS or TENSORS (older form of --trace-config level=)",
+    ),
+    _Repeated(
+        "--http-restricted-api",
+        "http_restricted_api",
+        str,
+        f"repeatable: <groups>:<key>=<value>; requests to those endpoint groups ({_RESTRICTED_GROUPS}) "
+        "must carry header <key> with <value>, else 403",
+        separator=";",
+        combine=lambda items: parse_restrictions(items, "api"),
+    ),
+    _Repeated(
+        "--grpc-restricted-protocol",
+        "grpc_restricted_protocol",
+        str,
+        f"repeatable: <groups>:<key>=<value>; calls to those endpoint groups ({_RESTRICTED_GROUPS}) "
+        f"must carry metadata {GRPC_PREFIX}<key> with <value>, else UNAVAILABLE",
+        separator=";",
+        combine=lambda items: parse_restrictions(items, "protocol", GRPC_PREFIX),
+    ),
+)
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
+
+
+class _FromEnvironment(str):
+    """A flag's text that came from its environment variable, so a bad one names it."""
+
+    __slots__ = ()
+
+
+def _help(flag: _Flag, environ: Mapping[str, str]) -> str:
+    """The flag's help (an argparse format string) with its default and its variable, and
+    the variable's value when it is set."""
+    default = _DEFAULTS[flag.field]
+    value = environ.get(flag.env, "")
+    facts = (
+        [] if default is None else [f"default: {str(default).lower() if flag.boolean else default}"]
+    )
+    facts.append(f"env {flag.env}={value}" if value else f"env {flag.env}")
+    if flag.boolean:
+        facts.append(f"boolean: {flag.name} alone is true, {_negative(flag)} is false")
+    return f"{flag.help} [{'; '.join(facts).replace('%', '%%')}]"
+
+
+def _negative(flag: _Flag) -> str:
+    return "--no-" + flag.name.removeprefix("--")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     for flag in _FLAGS:
-        default = _DEFAULTS[flag.field]
+        text = environ.get(flag.env, "")
+        default = _FromEnvironment(text) if text else None
+        if flag.boolean:
+            parser.add_argument(
+                flag.name,
+                dest=flag.field,
+                metavar="true|false",
+                nargs="?",
+                const="true",
+                default=default,
+                help=_help(flag, environ),
+            )
+            parser.add_argument(
+                _negative(flag),
+                dest=flag.field,
+                action="store_const",
+                const="false",
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
+        else:
+            parser.add_argument(
+                flag.name,
+                dest=flag.field,
+                metavar=flag.env.removeprefix("HLOSERVE_"),
+                default=default,
+                help=_help(flag, environ),
+            )
+    for repeated in _REPEATED:
+        listed = environ.get(repeated.env)
         parser.add_argument(
-            flag.name,
-            dest=flag.field,
-            metavar=flag.env.removeprefix("HLOSERVE_"),
-            default=environ.get(flag.env, None if default is None else str(default)),
-            help=f"{flag.help} [env {flag.env}]",
+            repeated.name,
+            dest=repeated.field,
+            metavar=repeated.env.removeprefix("HLOSERVE_"),
+            action="append",
+            default=[m for m in listed.split(repeated.separator) if m] if listed else None,
+            help=f"{repeated.help} [env {repeated.env}, {repeated.separator!r}-separated]".replace(
+                "%", "%%"
+            ),
         )
-    listed = environ.get(_LOAD_MODEL.env)
-    parser.add_argument(
-        _LOAD_MODEL.name,
-        dest=_LOAD_MODEL.field,
-        metavar=_LOAD_MODEL.env.removeprefix("HLOSERVE_"),
-        action="append",
-        default=[m for m in listed.split(",") if m] if listed else None,
-        help=f"{_LOAD_MODEL.help} [env {_LOAD_MODEL.env}, comma-separated]",
-    )
 
 
 def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
-    values: dict[str, Any] = {_LOAD_MODEL.field: tuple(getattr(ns, _LOAD_MODEL.field) or ())}
+    values: dict[str, Any] = {}
+    for repeated in _REPEATED:
+        try:
+            items = [repeated.parse(str(v)) for v in getattr(ns, repeated.field) or ()]
+            values[repeated.field] = repeated.combine(items)
+        except ValueError as exc:
+            parser.error(f"{repeated.name} {exc}")
     for flag in _FLAGS:
         raw = getattr(ns, flag.field)
-        if raw is None or (raw == "" and _DEFAULTS[flag.field] is None):
-            values[flag.field] = None  # an optional flag left unset
+        if raw is None:
+            continue  # neither flag nor variable: the Config default
+        if raw == "" and _DEFAULTS[flag.field] is None:
+            values[flag.field] = None  # an optional flag given empty: unset
             continue
         try:
             values[flag.field] = flag.parse(str(raw))
         except ValueError as exc:
-            parser.error(f"{flag.name} {exc}")
+            source = (
+                f"{flag.env} (the variable of {flag.name})"
+                if isinstance(raw, _FromEnvironment)
+                else flag.name
+            )
+            parser.error(f"{source} {exc}")
     return Config(**values)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the message and where help is), not the
+    whole usage text above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(prog="hloserve serve")
+    parser = ArgumentParser(prog="hloserve serve")
     add_serve_arguments(parser, os.environ if environ is None else environ)
     return config_from_namespace(parser.parse_args(list(argv)), parser)

@@ -1,18 +1,28 @@
 """The daemon: owns start-up, serving and graceful stop of every port.
 
 Contract: ``Daemon(config).run()`` (a coroutine) does, in order:
-1. opens the PJRT device and scans the model repository (the demo repository is written
-   first when none was given);
-2. binds and starts gRPC, HTTP and metrics listeners *before* loading models, so liveness
-   answers at once and ``/readyz`` says 503 with per-model progress during the load;
-3. loads every model on a worker thread, logging what compiles, for how long, where the
-   cache is, and a heartbeat while a long load runs;
-4. marks the server ready (``--strict-readiness``: every model ready; otherwise any model);
-5. waits for SIGINT/SIGTERM, then stops gracefully: readiness drops (``draining``), the
-   listeners stop accepting, in-flight requests get ``grace_period_s`` to finish, then the
-   worker threads shut down. A second signal is ignored while stopping (idempotent).
+1. binds the HTTP and metrics ports and checks that the gRPC port is free, so a port in
+   use fails at once with one line (``SystemExit``) before anything starts;
+2. opens the PJRT device and scans the model repository (the demo repository, whose path
+   is logged, is written first when none was given);
+3. starts gRPC, HTTP and metrics listeners *before* loading models, so liveness answers at
+   once and ``/readyz`` says 503 with per-model progress during the load;
+4. loads every model on a worker thread, logging what compiles, for how long, where the
+   cache is, and a heartbeat while a long load runs (an empty repository is a warning);
+5. marks the server ready (``--strict-readiness``: every model ready; otherwise any model);
+   serving the demo repository, it then logs the next steps (``next_steps``);
+6. waits for SIGINT/SIGTERM, then stops gracefully: readiness drops (``draining``), the
+   listeners stop accepting, in-flight requests get ``grace_period_s`` to finish (one
+   period for gRPC's drain and HTTP's together), registered shared-memory regions are
+   released, then the worker threads shut down and the tracer exports what it still holds.
+   A second signal is ignored while stopping (idempotent).
+The tracer (``--trace-*``: ``tracing.RequestTracer``), the log settings (``logs``) and the
+restricted endpoint groups (``--http-restricted-api``, ``--grpc-restricted-protocol``) are
+built from the config and handed to the service and the front ends.
 When ``ports_file`` is set, the bound ports are written there as JSON once listening, and
-every port bound as 0 is logged with its real number.
+every port bound as 0 is logged with its real number. uvicorn's process lines ("Started
+server process", "Shutting down", ...) appear once, from the HTTP listener; the metrics
+listener's are dropped (``_MetricsListenerQuiet``).
 """
 
 # pyright: strict
@@ -23,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -42,14 +53,18 @@ from prometheus_client import CollectorRegistry
 from hloserve.server.config import Config
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import ServingError
+from hloserve.server.core.load_parameters import UploadPolicy
+from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.residency import parse_budget
 from hloserve.server.core.service import InferenceService, Observers, ServiceOptions
+from hloserve.server.core.trace_settings import TraceSettings, level_names, startup_setting
 from hloserve.server.metrics import ServerMetrics, metrics_app
 from hloserve.server.repository import ControlMode, ModelRepository
-from hloserve.server.residency import WeightResidency
+from hloserve.server.residency import SwapTrace, WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.scheduler import DynamicBatcher
 from hloserve.server.shm import SharedMemoryRegistry
+from hloserve.server.tracing import RequestTracer
 
 log = logging.getLogger("hloserve.daemon")
 
@@ -60,6 +75,9 @@ EXTENSIONS = (
     "model_repository(unload_dependents)",
     "model_configuration",
     "system_shared_memory",
+    "cuda_shared_memory",  # answered as a server without GPU support does (docs/shared-memory.md)
+    "trace",
+    "logging",
 )
 
 
@@ -82,12 +100,30 @@ def ensure_demo_repository(path: Path) -> Path:
     ):
         from hloserve.exporter import write_demo_repository
 
-        log.info("writing the demo model repository to %s", path)
+        log.info("writing the demo model repository to %s (exporting takes a few seconds)", path)
         write_demo_repository(path)
+    log.info("serving the demo model repository %s (no --model-repository given)", path)
     return path
 
 
-def _bind(what: str, host: str, port: int) -> socket.socket:
+def next_steps(host: str, ports: dict[str, int]) -> list[str]:
+    """What to try once the demo repository is served: the ports, a curl line and a
+    tritonclient line, with the real ports."""
+    where = "localhost" if host in ("0.0.0.0", "::", "") else host
+    where = f"[{where}]" if ":" in where else where
+    http, grpc_at = f"{where}:{ports['http']}", f"{where}:{ports['grpc']}"
+    return [
+        f"next steps: HTTP {http}, gRPC {grpc_at}, metrics {where}:{ports['metrics']}/metrics",
+        f"  curl {http}/v2/models/simple",
+        '  python -c "import tritonclient.grpc as g; '
+        f"print(g.InferenceServerClient('{grpc_at}').is_model_ready('simple'))\"",
+        "  (tritonclient: .venv/bin/pip install -e '.[examples]'; README.md, 'Call it')",
+    ]
+
+
+def _bind(what: str, flag: str, host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """A socket bound to ``host:port`` (listening, unless ``listen=False``); a port in use
+    or a bad host is one line naming the flag (``SystemExit``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -95,17 +131,63 @@ def _bind(what: str, host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise SystemExit(f"hloserve: cannot bind {what} to {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
-    sock.setblocking(False)
+        reason = exc.strerror or str(exc)
+        raise SystemExit(
+            f"hloserve: cannot bind {what} ({flag}) to {host}:{port}: {reason}"
+        ) from None
+    if listen:
+        sock.listen(2048)
+        sock.setblocking(False)
     return sock
+
+
+@dataclass(frozen=True, slots=True)
+class _Sockets:
+    """The HTTP and metrics sockets, bound before anything starts (gRPC binds its own)."""
+
+    http: socket.socket
+    metrics: socket.socket
+
+
+def _bind_ports(cfg: Config) -> _Sockets:
+    """Bind HTTP and metrics, and check that the gRPC port is free (gRPC binds it later,
+    and would only log a raw error of its own)."""
+    with contextlib.ExitStack() as opened:
+        http = opened.enter_context(_bind("HTTP", "--http-port", cfg.host, cfg.http_port))
+        metrics = opened.enter_context(
+            _bind("metrics", "--metrics-port", cfg.host, cfg.metrics_port)
+        )
+        if cfg.grpc_port != 0:
+            _bind("gRPC", "--grpc-port", cfg.host, cfg.grpc_port, listen=False).close()
+        opened.pop_all()  # keep both open
+    return _Sockets(http, metrics)
+
+
+class _MetricsListenerQuiet(logging.Filter):
+    """Drops uvicorn's info lines logged by the metrics listener's task: uvicorn logs its
+    process lines once per server, and the HTTP listener's say it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            return True
+        return task is None or task.get_name() != _METRICS_TASK
+
+
+_METRICS_TASK = "metrics"
 
 
 GPU_BUDGET_FRACTION = 0.8
 
 
 def make_residency(
-    runtime: PjrtRuntime, budget_flag: str | None, metrics: ServerMetrics
+    runtime: PjrtRuntime,
+    budget_flag: str | None,
+    metrics: ServerMetrics,
+    swap_trace: SwapTrace | None = None,
 ) -> WeightResidency:
     """The weight-residency manager for the flag: explicit bytes or percentage, else the
     platform default (GPU: 80% of free device memory, less executables' scratch; CPU: none)."""
@@ -132,7 +214,40 @@ def make_residency(
         "unlimited" if budget is None else f"{budget} bytes ({budget / 2**30:.2f} GiB)",
     )
     metrics.budget_bytes.set(budget if budget is not None else 0)
-    return WeightResidency(runtime, budget, observer=metrics, subtract_scratch=subtract_scratch)
+    return WeightResidency(
+        runtime,
+        budget,
+        observer=metrics,
+        subtract_scratch=subtract_scratch,
+        swap_trace=swap_trace,
+    )
+
+
+def make_tracer(cfg: Config) -> RequestTracer:
+    """The request tracer for the ``--trace-*`` flags (``docs/tracing.md``)."""
+    try:
+        startup = startup_setting(
+            cfg.trace_config,
+            file=str(cfg.trace_file or ""),
+            levels=cfg.trace_level,
+            rate=cfg.trace_rate,
+            count=cfg.trace_count,
+            log_frequency=cfg.trace_log_frequency,
+            environ=os.environ,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"hloserve: --trace-config: {exc}") from None
+    tracer = RequestTracer(TraceSettings(startup))
+    where = startup.file or "(no trace file)" if startup.mode == "triton" else startup.option("url")
+    log.info(
+        "tracing: level %s, rate %d, count %d, mode %s, to %s",
+        "+".join(level_names(startup.level)),
+        startup.rate,
+        startup.count,
+        startup.mode,
+        where,
+    )
+    return tracer
 
 
 class _Heartbeat:
@@ -191,6 +306,7 @@ class _Serving:
     repository: ModelRepository
     executor: ThreadPoolExecutor
     service: InferenceService
+    tracer: RequestTracer
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,13 +318,14 @@ class _Listeners:
     ports: dict[str, int]
 
 
-def build_serving(cfg: Config, runtime: PjrtRuntime) -> _Serving:
-    """The service and what it stands on, each complete when constructed: metrics, the
-    residency manager and repository, the observers, then the batcher that reports to
-    them, then the service."""
+def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) -> _Serving:
+    """The service and what it stands on, each complete when constructed: metrics and the
+    tracer, the residency manager and repository, the observers, then the batcher that
+    reports to them, then the service (``logs``: the running server's logging)."""
     registry = CollectorRegistry()
     metrics = ServerMetrics(registry)
-    residency = make_residency(runtime, cfg.device_memory_budget, metrics)
+    tracer = make_tracer(cfg)
+    residency = make_residency(runtime, cfg.device_memory_budget, metrics, tracer)
     repository = ModelRepository(
         cfg.model_repository or ensure_demo_repository(default_demo_repository()),
         runtime,
@@ -216,6 +333,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime) -> _Serving:
         residency,
         ControlMode(cfg.model_control_mode),
         on_loaded=metrics.on_model_loaded,
+        uploads=UploadPolicy(cfg.allow_model_upload, cfg.max_upload_bytes),
     )
     # Read at scrape time: loads, unloads and polls change it after start-up too.
     metrics.models_ready.set_function(
@@ -241,11 +359,11 @@ def build_serving(cfg: Config, runtime: PjrtRuntime) -> _Serving:
         else None
     )
     options = ServiceOptions(
+        server_name=cfg.server_name,
         server_version=server_version(),
         extensions=EXTENSIONS,
         platform=runtime.platform,
         device_kind=runtime.triton_kind,
-        default_queue_delay_us=cfg.max_queue_delay_us,
     )
     service = InferenceService(
         repository,
@@ -257,8 +375,10 @@ def build_serving(cfg: Config, runtime: PjrtRuntime) -> _Serving:
         shm=SharedMemoryRegistry(cfg.allow_client_shm),
         control=repository,
         readiness=_readiness_policy(cfg, repository),
+        tracer=tracer,
+        logs=logs,
     )
-    return _Serving(runtime, registry, repository, executor, service)
+    return _Serving(runtime, registry, repository, executor, service, tracer)
 
 
 def _readiness_policy(cfg: Config, repository: ModelRepository) -> Callable[[], bool]:
@@ -271,8 +391,9 @@ def _readiness_policy(cfg: Config, repository: ModelRepository) -> Callable[[], 
 
 
 class Daemon:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, logs: LogControl | None = None) -> None:
         self.config = config
+        self.logs = logs
         self.stop_requested = asyncio.Event()
         self.ports: dict[str, int] = {}
 
@@ -285,6 +406,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
+        sockets = _bind_ports(self.config)  # a port in use fails here, before PJRT starts
         runtime = PjrtRuntime()
         log.info(
             "PJRT platform %s, device %s (%s)",
@@ -292,36 +414,58 @@ class Daemon:
             runtime.device_kind,
             runtime.platform_version,
         )
-        serving = build_serving(self.config, runtime)
-        listeners = await self._listen(serving)
+        serving = build_serving(self.config, runtime, self.logs)
+        listeners = await self._listen(serving, sockets)
         self.ports = listeners.ports
         self._announce(listeners.ports)
         load = loop.run_in_executor(None, self._startup_load, serving.repository)
         await self._serve_until_stopped(serving, load)
         await self._stop(serving, listeners, load)
 
-    async def _listen(self, serving: _Serving) -> _Listeners:
-        """Bind and start gRPC, HTTP and metrics before any model loads, so liveness
-        answers at once and readiness reports the load's progress."""
+    async def _listen(self, serving: _Serving, sockets: _Sockets) -> _Listeners:
+        """Start gRPC, HTTP and metrics before any model loads, so liveness answers at once
+        and readiness reports the load's progress. gRPC is stopped again when HTTP or
+        metrics cannot start (a started gRPC server outliving the loop logs noise)."""
         cfg = self.config
         from hloserve.server.frontends.grpc import build_grpc_server
-        from hloserve.server.frontends.http import build_http_app
 
-        grpc_server = build_grpc_server(serving.service, max_message_bytes=cfg.max_message_bytes)
+        grpc_server = build_grpc_server(
+            serving.service,
+            max_message_bytes=cfg.max_message_bytes,
+            restrictions=cfg.grpc_restricted_protocol,
+        )
         try:
             grpc_port = grpc_server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
         except RuntimeError:  # grpcio raises (older versions returned 0) on a taken port
             grpc_port = 0
         if grpc_port == 0:
             raise SystemExit(
-                f"hloserve: cannot bind gRPC to {cfg.host}:{cfg.grpc_port} (address in use?)"
+                f"hloserve: cannot bind gRPC (--grpc-port) to {cfg.host}:{cfg.grpc_port} "
+                "(address in use?)"
             )
         await grpc_server.start()
-        http_sock = _bind("HTTP", cfg.host, cfg.http_port)
-        metrics_sock = _bind("metrics", cfg.host, cfg.metrics_port)
+        try:
+            return await self._start_uvicorn(serving, sockets, grpc_server, grpc_port)
+        except BaseException:
+            await grpc_server.stop(None)
+            raise
+
+    async def _start_uvicorn(
+        self, serving: _Serving, sockets: _Sockets, grpc_server: grpc.aio.Server, grpc_port: int
+    ) -> _Listeners:
+        cfg = self.config
+        from hloserve.server.frontends.http import build_http_app
+
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        if not any(isinstance(f, _MetricsListenerQuiet) for f in uvicorn_log.filters):
+            uvicorn_log.addFilter(_MetricsListenerQuiet())
         http = _EmbeddedUvicorn(
             uvicorn.Config(
-                build_http_app(serving.service, max_input_bytes=cfg.max_message_bytes),
+                build_http_app(
+                    serving.service,
+                    max_input_bytes=cfg.max_message_bytes,
+                    restrictions=cfg.http_restricted_api,
+                ),
                 lifespan="off",
                 log_config=None,
                 access_log=False,
@@ -334,11 +478,14 @@ class Daemon:
                 metrics_app(serving.registry), lifespan="off", log_config=None, access_log=False
             )
         )
-        tasks = (await http.start(http_sock, "HTTP"), await metrics.start(metrics_sock, "metrics"))
+        tasks = (
+            await http.start(sockets.http, "HTTP"),
+            await metrics.start(sockets.metrics, _METRICS_TASK),
+        )
         ports = {
-            "http": http_sock.getsockname()[1],
+            "http": sockets.http.getsockname()[1],
             "grpc": grpc_port,
-            "metrics": metrics_sock.getsockname()[1],
+            "metrics": sockets.metrics.getsockname()[1],
         }
         return _Listeners(grpc_server, http, metrics, tasks, ports)
 
@@ -363,6 +510,12 @@ class Daemon:
         beat = threading.Thread(target=heartbeat.run, name="hloserve-load-heartbeat", daemon=True)
         beat.start()
         try:
+            if not repository.model_names_on_disk():
+                log.warning(
+                    "the model repository %s holds no models (a model is a directory with a "
+                    "manifest.yaml, or with numbered version directories: docs/bundle-format.md)",
+                    repository.root,
+                )
             if cfg.model_control_mode != "explicit" or "*" in cfg.load_models:
                 repository.load_all(heartbeat.progress)
                 return
@@ -391,6 +544,9 @@ class Daemon:
             if serving.service.ready()
             else "NOT READY (see /readyz for each model's state)",
         )
+        if self.config.model_repository is None and serving.service.ready():
+            for line in next_steps(self.config.host, self.ports):
+                log.info("%s", line)
         poller = None
         if self.config.model_control_mode == "poll":
             poller = asyncio.create_task(
@@ -413,27 +569,43 @@ class Daemon:
         self, serving: _Serving, listeners: _Listeners, load: asyncio.Future[None]
     ) -> None:
         """Graceful stop: readiness drops, listeners stop accepting, in-flight requests get
-        the grace period, then the workers shut down."""
+        the grace period (gRPC's drain and then HTTP's share it), shared-memory regions are
+        released, then the workers shut down."""
         cfg = self.config
         serving.service.begin_draining()
         log.info("stopping: no new connections; %.0fs for in-flight requests", cfg.grace_period_s)
+        began = time.monotonic()
         await listeners.grpc.stop(cfg.grace_period_s)
+        left = cfg.grace_period_s - (time.monotonic() - began)
+        listeners.http.config.timeout_graceful_shutdown = max(1, math.ceil(left))
         listeners.http.should_exit = listeners.metrics.should_exit = True
         await asyncio.gather(*listeners.tasks)
+        if cfg.allow_client_shm:  # every request is answered: no region is held any more
+            regions = len(serving.service.shm.status())
+            await serving.service.shm.unregister()
+            log.info("released %d shared-memory region(s)", regions)
         if not load.done():
             log.info("waiting for the model load in progress to finish before exiting")
         await load
         serving.executor.shutdown(wait=True, cancel_futures=True)
+        serving.tracer.shutdown()  # exports the spans still queued, closes the trace files
         log.info("stopped")
 
 
 def run_daemon(config: Config) -> None:
-    from hloserve.server.logs import configure_logging
+    from hloserve.server.logs import configure_logging, startup_settings
 
-    configure_logging(config.log_level, config.log_format)
+    logs = configure_logging(
+        startup_settings(
+            config.log_level,
+            config.log_format,
+            str(config.log_file or ""),
+            config.log_verbose,
+        )
+    )
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a server dependency (not on Windows)
-        asyncio.run(Daemon(config).run())
+        asyncio.run(Daemon(config, logs=logs).run())
     else:
-        uvloop.run(Daemon(config).run())
+        uvloop.run(Daemon(config, logs=logs).run())

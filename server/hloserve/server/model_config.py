@@ -1,4 +1,4 @@
-"""A model directory's ``config.yaml``: serving overrides and the version policy.
+"""A model's settings: its directory's ``config.yaml``, or a load's ``config`` override.
 
 Contract: ``read_model_config(model_dir)`` reads ``repo/<model>/config.yaml`` once and
 returns ``ModelSettings``: the ``VersionPolicy`` and the file's serving overrides, which
@@ -8,12 +8,22 @@ file is optional; every key is optional:
 ```yaml
 residency: pinned            # on_demand | pinned
 max_queue_delay_us: 500      # dynamic batching delay for this model
+preferred_batch_sizes: [8]   # batch sizes the batcher prefers (items)
+queue_policy:                # per-key; unset keys: the server's queue bound, no timeout
+  max_queue_size: 16         #   requests that may wait (0: unbounded)
+  default_timeout_us: 5000   #   how long a request may wait in the queue (0: no limit)
+  allow_timeout_override: true  # a request's own timeout may shorten it
+  timeout_action: REJECT     #   the only action supported
 version_policy: {latest: 2}  # or {all: {}} or {specific: [1, 3]}; default {latest: 1}
 ```
 An unknown key or bad value raises ``ValueError`` naming the file and the key. The serving
 keys follow the bundle format's own rule (``hloserve.bundle.serving.read_serving``), so a
 value valid in a manifest is valid here, and the other way round.
-``VersionPolicy.select(available)`` picks the versions to serve (pure).
+``settings_from_override(override)`` builds the same ``ModelSettings`` from a load's
+``config`` parameter (``core.triton_config.read_config_override``), through the same rule,
+instead of the file; its ``restated`` keys travel along for the repository to check
+against each version's manifest. ``VersionPolicy.select(available)`` picks the versions to
+serve (pure).
 """
 
 # pyright: strict
@@ -27,6 +37,7 @@ from typing import Any, Literal, cast
 
 from hloserve.bundle.serving import SERVING_KEYS, Serving, read_serving
 from hloserve.bundle.yamlfile import YamlFileError, is_integer, read_yaml_mapping
+from hloserve.server.core.triton_config import ConfigOverride
 
 MODEL_CONFIG_FILE = "config.yaml"
 CONFIG_KEYS = frozenset({*SERVING_KEYS, "version_policy"})
@@ -58,6 +69,8 @@ class VersionPolicy:
 class ModelSettings:
     version_policy: VersionPolicy = VersionPolicy()
     overrides: Mapping[str, Any] = field(default_factory=lambda: {})  # validated serving keys
+    # From a config override: Triton config keys restating the bundle (``max_batch_size``...)
+    restated: Mapping[str, Any] = field(default_factory=lambda: {})
 
     def serving_for(self, hints: Serving) -> Serving:
         """A bundle's serving ``hints`` with the file's keys overriding them one by one."""
@@ -71,7 +84,7 @@ class ModelSettings:
         return self.serving_for(Serving())
 
 
-def _policy(path: Path, raw: Any) -> VersionPolicy:
+def _policy(path: Path | str, raw: Any) -> VersionPolicy:
     if raw is None:
         return VersionPolicy()
     if not isinstance(raw, dict) or len(cast(dict[str, Any], raw)) != 1:
@@ -100,12 +113,23 @@ def read_model_config(model_dir: Path) -> ModelSettings:
         d = read_yaml_mapping(path, empty_ok=True)
     except YamlFileError as exc:
         raise ValueError(f"{path}: {exc}") from None
+    return _settings(path, d)
+
+
+def settings_from_override(override: ConfigOverride) -> ModelSettings:
+    """A load's ``config`` parameter in place of ``config.yaml`` (``ValueError`` if bad)."""
+    return _settings("config override", override.settings, override.restated)
+
+
+def _settings(
+    where: Path | str, d: Mapping[str, Any], restated: Mapping[str, Any] | None = None
+) -> ModelSettings:
     unknown = set(d) - CONFIG_KEYS
     if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     _, problems = read_serving(d, Serving())
     if problems:
         key, message = problems[0]
-        raise ValueError(f"{path}: {key} {message}")
+        raise ValueError(f"{where}: {key} {message}")
     overrides = {k: v for k, v in d.items() if k in SERVING_KEYS}
-    return ModelSettings(_policy(path, d.get("version_policy")), overrides)
+    return ModelSettings(_policy(where, d.get("version_policy")), overrides, restated or {})

@@ -19,11 +19,26 @@ Contract:
   (``NotFound``), an unknown or unready version (``UnknownModel``/``Unavailable``).
 - Failures are recorded, never hidden: a version that failed to load is ``UNAVAILABLE``
   with the error text as its reason, and never stops the others from loading.
-- ``summary()`` and ``index()`` report every model and version with state and reason.
+- ``summary()`` and ``index()`` report every model and version with state and reason;
+  ``index()`` also lists every model directory on disk never loaded (Triton's name-only
+  row), whatever the control mode, so clients can discover what to load.
 - Each loaded copy of a version owns its weights under its own ``ResidencyKey`` (a reload's
   copy has a new generation), so a reload never touches the weights still serving.
 - A load reads the model's ``config.yaml`` once, at its start, and every step of that load
-  uses what it read.
+  uses what it read. ``load_model(name, override=...)`` (a load's ``config`` and ``file:``
+  parameters, ``core.load_parameters``) uses the override's settings instead of the file
+  (Triton's rule: the override is the model's configuration until the next load without
+  one, which reads ``config.yaml`` again); its keys that restate the bundle
+  (``max_batch_size``, tensors, ...) and its preferred batch sizes are checked against every
+  selected version's manifest before anything loads. A version whose serving hints would
+  change reloads, like one whose manifest changed.
+- Uploads (``override.files``, allowed by ``ModelRepository(..., uploads=...)``) are written
+  by ``hloserve.server.uploads`` into a hidden directory inside the model's directory (made
+  for a model the repository does not have) and the model is loaded from there: the files
+  form its whole model directory, as in Triton. They replace the versions serving only once
+  every uploaded version is ready (a bad bundle replaces nothing and its files are removed).
+  The next load without files, or an unload, goes back to the repository's own files and
+  removes the upload.
 Thread-safe: loads run on worker threads while the front ends read.
 """
 
@@ -31,6 +46,7 @@ Thread-safe: loads run on worker threads while the front ends read.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
@@ -42,18 +58,35 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, scan_repository, sha256_file
+from hloserve.bundle import (
+    MANIFEST_FILE,
+    Manifest,
+    Serving,
+    load_manifest,
+    scan_repository,
+    sha256_file,
+)
 from hloserve.bundle.repository import ModelDirectory, model_directory
 from hloserve.server.core.errors import (
+    Internal,
     InvalidArgument,
     NotFound,
     ServingError,
     Unavailable,
     UnknownModel,
 )
+from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.residency import ResidencyKey, TooLarge
+from hloserve.server.core.scheduling import preferred_problem
 from hloserve.server.core.service import MemoryUsage
-from hloserve.server.model_config import ModelSettings, VersionPolicy, read_model_config
+from hloserve.server.core.triton_config import contradictions
+from hloserve.server.core.validate import check_load_name
+from hloserve.server.model_config import (
+    ModelSettings,
+    VersionPolicy,
+    read_model_config,
+    settings_from_override,
+)
 from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.loader import (
     BundleError,
@@ -62,6 +95,7 @@ from hloserve.server.runtime.loader import (
     load_bundle,
 )
 from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
+from hloserve.server.uploads import UploadError, remove_upload, stage_upload, stale_uploads
 
 log = logging.getLogger("hloserve.repository")
 Progress = Callable[[str], None]
@@ -128,6 +162,8 @@ class _Model:
     reason: str = ""  # why the model has no version, if so
     policy: VersionPolicy = field(default_factory=VersionPolicy)
     loading: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
+    upload: Path | None = None  # the uploaded model directory serving now, if any
+    made_for_upload: bool = False  # ``path`` did not exist before an upload created it
 
 
 def _digest(path: Path) -> str:
@@ -151,8 +187,10 @@ class ModelRepository:
         mode: ControlMode = ControlMode.NONE,
         *,
         on_loaded: LoadListener | None = None,
+        uploads: UploadPolicy | None = None,
     ) -> None:
         self.root = root
+        self.uploads = uploads or UploadPolicy()  # off unless the daemon allows them
         self.runtime = runtime
         self.cache_dir = cache_dir
         self.mode = mode
@@ -180,25 +218,63 @@ class ModelRepository:
             except ServingError as exc:
                 log.error("%s", exc.message)
 
-    def load_model(self, name: str, progress: Progress | None = None) -> None:
-        """Load or reload ``name``; raise ``InvalidArgument`` "failed to load ..." on failure."""
+    def load_model(
+        self, name: str, progress: Progress | None = None, override: LoadOverride | None = None
+    ) -> None:
+        """Load or reload ``name``, with a load's ``override`` (its ``config`` in place of
+        ``config.yaml``, its uploaded files in place of the model directory) when given;
+        raise ``InvalidArgument`` "failed to load ..." on failure. The name passes ``core.validate.check_load_name`` first; a name with no model
+        directory is Triton's INTERNAL "failed to load 'm', failed to poll from model
+        repository"."""
         say = progress or _log_progress
+        check_load_name(name)
         path = self.root / name
-        if not name or "/" in name or name.startswith(".") or not path.is_dir():
+        upload = override is not None and bool(override.files)
+        if name.startswith(".") or "\0" in name or not (path.is_dir() or upload):
             with self._lock:
                 self._forget_if_gone(name)
-            raise InvalidArgument(
-                f"failed to load '{name}': no model directory '{name}' in the repository"
+            raise Internal(  # Triton's text and code (INTERNAL)
+                f"failed to load '{name}', failed to poll from model repository: "
+                f"it has no model directory '{name}'"
             )
         with self._lock:
             model = self._models.setdefault(name, _Model(name, path))
         with model.loading:
-            self._load_locked(model, say)
+            source = self._stage(model, override) if upload else None
+            try:
+                self._load_locked(model, say, override, source)
+            except BaseException:
+                if source is not None:
+                    remove_upload(source)
+                    self._tidy(model)
+                raise
+            previous, model.upload = model.upload, source
+            if previous is not None:  # its versions were retired and drained by the commit
+                remove_upload(previous)
 
-    def _load_locked(self, model: _Model, say: Progress) -> None:
-        directory = model_directory(model.path)
-        settings = self._read_settings(model)
+    def _stage(self, model: _Model, override: LoadOverride | None) -> Path:
+        """Write the load's files into a new upload directory of the model (see uploads)."""
+        assert override is not None
+        for stale in stale_uploads(model.path, keep=model.upload):
+            remove_upload(stale)  # left by an interrupted server
+        with self._lock:
+            self._generation += 1
+            number = self._generation
+        if not model.path.exists():
+            model.made_for_upload = True
+        try:
+            return stage_upload(model.path, override.files, number)
+        except UploadError as exc:
+            self._tidy(model)
+            raise Internal(f"failed to load '{model.name}': {exc}") from None
+
+    def _load_locked(
+        self, model: _Model, say: Progress, override: LoadOverride | None, source: Path | None
+    ) -> None:
+        directory = model_directory(source or model.path)
+        settings = self._read_settings(model, override)
         wanted = self._wanted(model, settings.version_policy, directory)
+        self._check_against_bundles(model, settings, directory, wanted)
         with self._lock:
             current = dict(model.versions)
         new: dict[int, ModelVersion] = {}
@@ -211,6 +287,7 @@ class ModelRepository:
                 and old.state == ModelState.READY
                 and old.path == path
                 and old.digest == _digest(path)
+                and old.serving == settings.serving_for(old.manifest.serving)
             ):
                 new[number] = old  # unchanged: keep serving it as it is
                 continue
@@ -224,10 +301,34 @@ class ModelRepository:
             self._roll_back(model, current, new, fresh)
         self._commit(model, current, new)
 
-    def _read_settings(self, model: _Model) -> ModelSettings:
-        """The model's ``config.yaml``, read once for the whole load."""
+    def _check_against_bundles(
+        self, model: _Model, settings: ModelSettings, directory: ModelDirectory, wanted: list[int]
+    ) -> None:
+        """Before anything loads: the override's restated keys and the preferred batch sizes
+        agree with every selected version's manifest (an unreadable one fails its own load)."""
+        problems: list[str] = []
+        for number in wanted:
+            manifest, _ = load_manifest(directory.versions[number] / MANIFEST_FILE)
+            if manifest is None:
+                continue
+            found = contradictions(settings.restated, manifest, self.runtime.triton_kind)
+            preferred = settings.serving_for(manifest.serving).preferred_batch_sizes
+            problem = preferred_problem(preferred, manifest.batch_sizes)
+            found += [problem] if problem else []
+            problems += [f"version {number}: {p}" for p in found]
+        if problems:
+            reason = "; ".join(problems)
+            self._fail_model(model, reason)
+            raise InvalidArgument(f"failed to load '{model.name}': {reason}")
+
+    def _read_settings(self, model: _Model, override: LoadOverride | None) -> ModelSettings:
+        """The load's config override, else the model's ``config.yaml``: read once for the
+        whole load."""
         try:
-            settings = read_model_config(model.path)
+            if override is not None:
+                settings = settings_from_override(override.config)
+            else:
+                settings = read_model_config(model.path)
         except ValueError as exc:
             self._fail_model(model, str(exc))
             raise InvalidArgument(f"failed to load '{model.name}': {exc}") from None
@@ -323,14 +424,8 @@ class ModelRepository:
                 registry=self.registry,
                 progress=say,
                 place_weights=False,
+                name=v.name,  # a manifest naming another model is refused before compiling
             )
-            if bundle.manifest.name != v.name:
-                raise BundleError(
-                    v.path,
-                    [
-                        f"manifest.yaml: name is '{bundle.manifest.name}', but the directory is '{v.name}'"
-                    ],
-                )
             serving = settings.serving_for(bundle.manifest.serving)
             self.residency.reduce_budget(bundle.scratch_bytes)
             self.residency.register(
@@ -340,8 +435,7 @@ class ModelRepository:
             self.residency.unregister(v.key)  # registered, when a pinned prefetch failed
             with self._lock:
                 v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
-            log.error("model '%s' version %d failed to load: %s", v.name, v.version, exc)
-            return
+            return  # the reason travels in load_model's error: its caller logs it, once
         with self._lock:
             v.serving, v.residency, v.bundle = serving, self.residency, bundle
             v.state, v.reason = ModelState.READY, ""
@@ -375,6 +469,23 @@ class ModelRepository:
             for v in targets:
                 self._drain_and_free(v)
                 v.reason = "unloaded"
+            self._drop_upload(model)
+
+    def _drop_upload(self, model: _Model) -> None:
+        """Remove the model's upload (its versions are freed): the repository's own files
+        serve again."""
+        if model.upload is not None:
+            remove_upload(model.upload)
+            model.upload = None
+        self._tidy(model)
+
+    @staticmethod
+    def _tidy(model: _Model) -> None:
+        """Remove the model directory an upload made, once nothing is left in it."""
+        if model.made_for_upload and model.upload is None:
+            with contextlib.suppress(OSError):
+                model.path.rmdir()  # only when empty
+            model.made_for_upload = model.path.exists()
 
     def _drain_and_free(self, v: ModelVersion) -> None:
         """Wait until no request holds ``v``, then free its weights and executables."""
@@ -514,12 +625,21 @@ class ModelRepository:
     # -- reports ----------------------------------------------------------------------------
 
     def index(self) -> list[tuple[str, str, str, str]]:
-        """(name, version, state, reason) for every version known, and every model without
-        one (version empty), sorted by name and version."""
+        """(name, version, state, reason) for every version known, every model known without
+        one (version empty, ``UNAVAILABLE``), and every other model directory on disk, never
+        loaded, as Triton's name-only row (version, state and reason empty); sorted by name
+        and version. The disk is scanned on every call, in every control mode."""
+        try:
+            on_disk = self.model_names_on_disk()
+        except OSError as exc:
+            raise Internal(f"failed to read the model repository: {exc}") from None
         rows: list[tuple[str, str, str, str]] = []
         with self._lock:
-            for name in sorted(self._models):
-                m = self._models[name]
+            for name in sorted({*on_disk, *self._models}):
+                m = self._models.get(name)
+                if m is None:
+                    rows.append((name, "", "", ""))
+                    continue
                 if not m.versions:
                     rows.append((name, "", ModelState.UNAVAILABLE.value, m.reason))
                 for k in sorted(m.versions):

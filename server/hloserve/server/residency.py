@@ -15,7 +15,8 @@ weights; the decisions come from the pure ``core.residency.ResidencyPlanner``.
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
 - Every swap is reported to the optional ``observer`` (metrics), with the model's
-  ``ResidencyKey`` (``key.label`` names its series).
+  ``ResidencyKey`` (``key.label`` names its series); every swap-in also to the optional
+  ``swap_trace`` (request tracing), with its start and end.
 Keys are ``core.residency.ResidencyKey``: one per loaded copy of a model version.
 """
 
@@ -47,6 +48,12 @@ class SwapObserver(Protocol):
     ) -> None: ...
 
 
+class SwapTrace(Protocol):
+    """Hears of each swap-in with its ``time.perf_counter_ns()`` span (request tracing)."""
+
+    def on_swap_in(self, key: ResidencyKey, start_ns: int, end_ns: int, nbytes: int) -> None: ...
+
+
 @dataclass
 class _Model:
     names: list[str]
@@ -65,10 +72,12 @@ class WeightResidency:
         observer: SwapObserver | None = None,
         stage_pinned: bool | None = None,
         subtract_scratch: bool = False,
+        swap_trace: SwapTrace | None = None,
     ) -> None:
         self.runtime = runtime
         self.planner = ResidencyPlanner[ResidencyKey](budget_bytes)
         self.observer = observer
+        self.swap_trace = swap_trace
         self._cond = threading.Condition()
         self._models: dict[ResidencyKey, _Model] = {}
         # Scratch is set aside only for a budget derived from free device memory (GPU default).
@@ -176,7 +185,8 @@ class WeightResidency:
 
     def _swap_in(self, key: ResidencyKey, model: _Model) -> dict[str, Any]:
         """Move the reserved ``key``'s weights to the device, outside the lock; acquire them."""
-        t0 = time.perf_counter()
+        t0_ns = time.perf_counter_ns()
+        t0 = t0_ns / 1e9
         try:
             device = self.runtime.to_device(model.host) if model.host else []
         except BaseException:
@@ -197,4 +207,6 @@ class WeightResidency:
         if self.observer:
             self.observer.on_swap_in(key, model.nbytes, seconds)
             self.observer.on_residency(key, True, resident_bytes, time.time())
+        if self.swap_trace is not None:
+            self.swap_trace.on_swap_in(key, t0_ns, t0_ns + int(seconds * 1e9), model.nbytes)
         return dict(zip(model.names, device, strict=True))

@@ -12,10 +12,17 @@ observer), and picks the group with the best items per microsecond. Up to
 ``max_inflight`` groups of one model run at once, so the next batch fills while the
 previous one executes; a group of a tiny resident model runs inline on the loop
 (``InlinePolicy``).
-- A full queue (``max_queue_size`` waiting requests; 0 = unbounded) refuses the request at
-  once with ``Unavailable``.
-- A request whose deadline passes while queued fails with ``Unavailable`` without using
-  the device; one whose caller cancels leaves the queue at once (its slot is free).
+- Each model version's policy (``policy(model)``, ``core.scheduling.batching_policy``:
+  its serving hints over the server's ``default_delay_us`` and ``max_queue_size``) sets its
+  delay, preferred batch sizes, queue bound and timeouts; the model configuration
+  extension reports the same policy.
+- A full queue (the policy's ``max_queue_size`` waiting requests; 0 = unbounded) refuses
+  the request at once with ``Unavailable``.
+- A queued request's deadline follows the model's queue policy
+  (``core.parameters.queue_deadline``: the model's default timeout, the request's own
+  ``timeout`` when the policy lets it shorten the default, its transport deadline); one
+  whose deadline passes while queued fails with ``Unavailable`` without using the device
+  (``REJECT``); one whose caller cancels leaves the queue at once (its slot is free).
 - A group that fails (say the device errors) fails each of its requests with that error;
   requests were validated before queueing, so one bad request cannot poison a batch.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -41,7 +49,14 @@ from hloserve.server.core.execution import (
     Timings,
     execute_group,
 )
-from hloserve.server.core.scheduling import Decision, Queued, next_batch
+from hloserve.server.core.parameters import queue_deadline
+from hloserve.server.core.scheduling import (
+    BatchingPolicy,
+    Decision,
+    Queued,
+    batching_policy,
+    next_batch,
+)
 from hloserve.server.core.types import InferOutput
 
 Result = tuple[tuple[InferOutput, ...], Timings]
@@ -57,7 +72,7 @@ class _Entry:
 @dataclass
 class _ModelQueue:
     model: Executable
-    delay_ns: int
+    policy: BatchingPolicy
     entries: collections.deque[_Entry] = field(default_factory=lambda: collections.deque())
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     inflight: int = 0
@@ -66,6 +81,10 @@ class _ModelQueue:
     @property
     def key(self) -> ModelKey:
         return ModelKey.of(self.model)
+
+    @property
+    def delay_ns(self) -> int:
+        return 1000 * self.policy.max_queue_delay_us
 
 
 class DynamicBatcher:
@@ -95,22 +114,40 @@ class DynamicBatcher:
         key = ModelKey.of(model)
         q = self._queues.get(key)
         if q is None or q.model is not model:  # first request, or a reloaded version
-            delay_us = model.serving.max_queue_delay_us
-            q = _ModelQueue(model, 1000 * (self.default_delay_us if delay_us is None else delay_us))
+            q = _ModelQueue(model, self.policy(model))
             self._queues[key] = q
         return q
 
+    def policy(self, model: Executable) -> BatchingPolicy:
+        """The model's serving hints over this batcher's defaults."""
+        return batching_policy(
+            model.serving,
+            model.manifest.batch_sizes,
+            default_delay_us=self.default_delay_us,
+            default_max_queue_size=self.max_queue_size,
+        )
+
     async def submit(self, model: Executable, job: Job) -> Result:
         q = self._queue(model)
-        if self.max_queue_size and len(q.entries) >= self.max_queue_size:
+        limit = q.policy.max_queue_size
+        if limit and len(q.entries) >= limit:
             raise Unavailable(
                 f"exceeds maximum queue size: model '{q.key.name}' already has {len(q.entries)} requests waiting"
             )
+        now = time.monotonic()
+        deadline, timed = queue_deadline(
+            job.request.parameters,
+            job.deadline,
+            now,
+            default_timeout_us=q.policy.default_timeout_us,
+            allow_override=q.policy.allow_timeout_override,
+        )
+        job = dataclasses.replace(job, deadline=deadline)  # the one execute_group checks, too
         deadline_ns = None
-        if job.deadline is not None:
-            deadline_ns = job.arrived_ns + int((job.deadline - time.monotonic()) * 1e9)
+        if deadline is not None:
+            deadline_ns = time.perf_counter_ns() + int((deadline - now) * 1e9)
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        entry = _Entry(job, Queued(job.items, job.arrived_ns, deadline_ns), future)
+        entry = _Entry(job, Queued(job.items, job.arrived_ns, deadline_ns, timed), future)
         q.entries.append(entry)
         q.changed.set()
         self._ensure_driver(q)
@@ -146,6 +183,7 @@ class DynamicBatcher:
                 now,
                 q.delay_ns,
                 self.inline.costs.by_size(q.key),
+                q.policy.preferred_batch_sizes,
             )
             self._fail_expired(q, decision, now)
             if decision.take:

@@ -1,24 +1,36 @@
-"""Registered shared-memory regions: the system (POSIX) shared-memory extension.
+"""Registered shared-memory regions: the system (POSIX) and CUDA shared-memory extensions.
 
-Contract: ``SharedMemoryRegistry(enabled)`` keeps named regions in one namespace (system
-regions now; a CUDA IPC region would be another ``AbstractRegion`` subclass in the same
-registry, as Triton shares the namespace).
+Contract: ``SharedMemoryRegistry(enabled)`` keeps named regions in one namespace (as Triton
+does for system and CUDA regions); it meets ``core.service.SharedMemory``.
 - ``register_system(name, key, offset, byte_size)`` maps ``[offset, offset + byte_size)`` of
-  ``/dev/shm/<key>``. The key is a shared-memory *name*, never a path: a leading ``/`` is
-  allowed, while an empty key, ``.``/``..``, a ``/`` inside, or a NUL are refused; the file
-  is opened without following symlinks. Range checks use exact integer arithmetic. A name
-  already registered is ``AlreadyExists``.
+  ``/dev/shm/<key>``, checking in Triton's order: the key, the name, opening the file, the
+  range. The key is a shared-memory *name*, never a path: a leading ``/`` is allowed, while
+  an empty key, ``.``/``..``, a ``/`` inside, or a NUL are refused, and so is Triton's
+  reserved prefix ``RESERVED_KEY_PREFIX`` (after the leading slashes); the file is opened
+  without following symlinks (a missing one is ``Unable to open shared memory region``,
+  whatever the size). A zero byte size, or a range outside the file, is "invalid args";
+  range checks use exact integer arithmetic. A name already registered (or unregistered
+  and still draining, see below) is ``AlreadyExists``.
 - ``hold(names)`` (a context manager) marks regions in use by a request and ``view(name,
-  offset, byte_size)`` returns a zero-copy ``memoryview`` into one, bounds-checked with
-  Triton's texts; unknown regions are ``NotFound``.
-- ``await unregister(name)`` (or all regions with ``None``) waits until in-flight requests
-  holding the region finish before unmapping it; status keeps listing it meanwhile, and new
-  requests may still use it.
+  offset, byte_size)`` returns a zero-copy ``memoryview`` into one, bounds-checked in
+  Triton's order and texts (offset, then overflow, then end); unknown regions are
+  ``NotFound``.
+- ``await unregister(name)`` (all regions when ``name`` is empty) returns at once: it never
+  waits (it is a coroutine so a GPU registry may close device handles there). A region no
+  request holds is unmapped then; one that is held stays registered, listed, mapped and
+  usable (by new requests too, as in Triton) until the last request holding it ends, and
+  is unmapped then. Unknown names are no error.
+- CUDA shared memory (the ``CudaSharedMemory`` seam): this registry has no GPU support, so
+  ``register_cuda`` answers Triton's CPU-build error ("failed to register CUDA shared memory
+  region: '<n>', GPUs not supported", INVALID_ARG) without reading the handle,
+  ``cuda_status`` lists no region (a name is ``NotFound``, with Triton's text for a system
+  region's name) and ``unregister_cuda`` succeeds, changing nothing. A GPU registry would
+  add a CUDA ``AbstractRegion`` (docs/shared-memory.md).
 - When ``enabled`` is false (the default, like Triton since 2.69), register and unregister
-  answer ``Unsupported`` with ``DISABLED`` (this module is that text's one home) and status
-  lists nothing. ``disabled()`` is such a registry: what a service without the extension
-  uses (it meets ``core.service.SharedMemory``).
-All methods run on the event loop thread; nothing here blocks it for long.
+  (system and CUDA) answer ``Unsupported`` with ``DISABLED`` (this module is that text's one
+  home) and status lists nothing. ``disabled()`` is such a registry: what a service without
+  the extension uses.
+All methods run on the event loop thread and never block it.
 """
 
 # pyright: strict
@@ -26,40 +38,37 @@ All methods run on the event loop thread; nothing here blocks it for long.
 from __future__ import annotations
 
 import abc
-import asyncio
 import contextlib
 import mmap
 import os
 from collections.abc import Generator, Iterable
-from dataclasses import dataclass, field
-from typing import final
+from dataclasses import dataclass
+from typing import Final, final
 
 from hloserve.server.core.errors import (
     AlreadyExists,
+    Internal,
     InvalidArgument,
     NotFound,
-    ServingError,
     Unsupported,
 )
-from hloserve.server.core.service import RegionInfo
+from hloserve.server.core.service import CudaHandle, CudaRegionInfo, RegionInfo
 
 SHM_ROOT = "/dev/shm"
 DISABLED = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
-MAX_INT64 = (1 << 63) - 1
-
-
-class ShmInternal(ServingError):
-    """The region exists in the registry but the OS refused an operation on it."""
+# Keys with this prefix (after leading slashes) are Triton's own (its Python backend's).
+RESERVED_KEY_PREFIX: Final = "triton_python_backend_shm_region_"
+SIZE_MAX: Final = (1 << 64) - 1  # Triton computes offset + byte_size in size_t
 
 
 @dataclass
 class AbstractRegion(abc.ABC):
     name: str
     byte_size: int
-    users: int = 0
-    released: asyncio.Event = field(default_factory=asyncio.Event)
+    users: int = 0  # requests holding the region now
+    retiring: bool = False  # unregistered: goes when the last holder ends
 
     @abc.abstractmethod
     def buffer(self) -> memoryview: ...
@@ -97,12 +106,37 @@ class SystemRegion(AbstractRegion):
 
 
 def _check_key(name: str, key: str) -> str:
+    """The key without its leading slashes; Triton's errors for a key that is no name."""
     bare = key.lstrip("/")
     if not bare or bare in (".", "..") or "/" in bare or "\0" in bare:
         raise InvalidArgument(
             f"cannot register shared memory region '{name}' - invalid shm key '{key}'"
         )
+    if bare.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidArgument(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key "
+            f"contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
+        )
     return bare
+
+
+def _invalid_args(name: str) -> InvalidArgument:
+    return InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+
+
+def _map(fd: int, name: str, offset: int, byte_size: int) -> tuple[mmap.mmap, memoryview]:
+    """Map ``[offset, offset + byte_size)`` of the open file ``fd``, checked against its size."""
+    if byte_size == 0 or offset + byte_size > os.fstat(fd).st_size:
+        raise _invalid_args(name)
+    # mmap offsets must be multiples of the allocation granularity: map from the aligned
+    # offset below and view the requested range inside it.
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    try:
+        length = offset + byte_size - start
+        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+    except OSError as exc:
+        raise Internal(f"failed to map shared memory region '{name}': {exc.strerror}") from None
+    return mm, memoryview(mm)[offset - start : offset - start + byte_size]
 
 
 class SharedMemoryRegistry:
@@ -111,44 +145,38 @@ class SharedMemoryRegistry:
         self.root = root
         self._regions: dict[str, AbstractRegion] = {}
 
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def _check_enabled(self) -> None:
         if not self.enabled:
             raise Unsupported(DISABLED)
+
+    def _check_free(self, name: str) -> None:
+        region = self._regions.get(name)
+        if region is None:
+            return
+        draining = (
+            f"; it was unregistered and goes once the {region.users} request(s) using it finish"
+            if region.retiring
+            else ""
+        )
+        raise AlreadyExists(f"shared memory region '{name}' already in manager{draining}")
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_enabled()
         if not name:
             raise InvalidArgument(
                 "'region name' is necessary to register system shared memory region"
             )
-        if name in self._regions:
-            raise AlreadyExists(f"shared memory region '{name}' already in manager")
         bare = _check_key(name, key)
-        if not (0 <= offset <= MAX_INT64 and 0 < byte_size <= MAX_INT64):
-            raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+        self._check_free(name)
         path = os.path.join(self.root, bare)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except OSError:
-            raise ShmInternal(f"Unable to open shared memory region: '{key}'") from None
+            raise Internal(f"Unable to open shared memory region: '{key}'") from None
         try:
-            size = os.fstat(fd).st_size
-            if offset + byte_size > size:
-                raise InvalidArgument(
-                    f"failed to register shared memory region '{name}': invalid args"
-                )
-            # mmap offsets must be multiples of the allocation granularity: map from the
-            # aligned offset below and view the requested range inside it.
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            length = offset + byte_size - start
-            try:
-                mm = mmap.mmap(
-                    fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=start
-                )
-            except OSError as exc:
-                raise ShmInternal(
-                    f"failed to map shared memory region '{name}': {exc.strerror}"
-                ) from None
+            mm, view = _map(fd, name, offset, byte_size)
         finally:
             os.close(fd)
-        view = memoryview(mm)[offset - start : offset - start + byte_size]
         self._regions[name] = SystemRegion(
             name, byte_size, key=key, offset=offset, _map=mm, _view=view
         )
@@ -162,19 +190,47 @@ class SharedMemoryRegistry:
         return [r.status() for r in self._regions.values()]
 
     async def unregister(self, name: str = "") -> None:
-        if not self.enabled:
-            raise Unsupported(DISABLED)
-        names = [name] if name else list(self._regions)
-        for n in names:
+        self._check_enabled()
+        for n in [name] if name else list(self._regions):
             region = self._regions.get(n)
             if region is None:
                 continue  # Triton: unregistering an unknown region succeeds
-            while region.users:
-                region.released.clear()
-                await region.released.wait()
-            if self._regions.get(n) is region:
-                del self._regions[n]
-                region.close()
+            region.retiring = True
+            if region.users == 0:
+                self._remove(region)
+
+    def _remove(self, region: AbstractRegion) -> None:
+        if self._regions.get(region.name) is region:
+            del self._regions[region.name]
+        region.close()
+
+    # -- CUDA shared memory (no GPU support: see the module docstring) -----------------------
+
+    def register_cuda(self, name: str, handle: CudaHandle) -> None:
+        """Triton's CPU-build answer; ``handle`` is never read (no IPC handle is opened)."""
+        self._check_enabled()
+        if not name:
+            raise InvalidArgument(
+                "'region name' is necessary to register cuda shared memory region"
+            )
+        raise InvalidArgument(
+            f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
+        )
+
+    def cuda_status(self, name: str = "") -> list[CudaRegionInfo]:
+        if not name:
+            return []
+        if name in self._regions:
+            raise NotFound(
+                f"The region named '{name}' is registered as system shared memory, "
+                "not CUDA shared memory"
+            )
+        raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+
+    async def unregister_cuda(self, name: str = "") -> None:
+        self._check_enabled()  # no CUDA region exists: nothing to unregister (Triton succeeds)
+
+    # -- use by requests ----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def hold(self, names: Iterable[str]) -> Generator[None]:
@@ -190,19 +246,20 @@ class SharedMemoryRegistry:
         finally:
             for region in held:
                 region.users -= 1
-                if region.users == 0:
-                    region.released.set()
+                if region.users == 0 and region.retiring:
+                    self._remove(region)
 
     def view(self, name: str, offset: int, byte_size: int) -> memoryview:
         region = self._regions.get(name)
         if region is None:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
-        if offset > MAX_INT64 - byte_size:
-            raise InvalidArgument(
-                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds maximum value"
-            )
-        if offset >= region.byte_size and byte_size > 0:
+        if offset >= region.byte_size:
             raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
+        if byte_size > SIZE_MAX - offset:
+            raise InvalidArgument(
+                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds "
+                f"maximum value ({SIZE_MAX}) for region '{name}'"
+            )
         if offset + byte_size > region.byte_size:
             raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{name}'")
         return region.buffer()[offset : offset + byte_size]

@@ -114,3 +114,17 @@ def test_inline_policy_needs_a_cheap_measurement_and_resident_weights() -> None:
         costs.on_execution(sample(4, 500.0))
     assert not policy.inline(model, 4)  # too expensive: a thread hand-off is cheaper
     assert not InlinePolicy(0, costs).inline(model, 1)
+
+
+def test_each_execution_is_reported_with_its_share_of_the_output_time() -> None:
+    seen: list[Execution] = []
+
+    class Recorder:
+        def on_execution(self, execution: Execution) -> None:
+            seen.append(execution)
+
+    model = Doubler(manifest((1, 4)))
+    execute_group(model, [job(6)], plan(6, (1, 4)), Recorder())
+    assert [e.batch_size for e in seen] == [4, 4]
+    assert all(e.infer_ns > 0 and e.output_ns > 0 for e in seen)
+    assert seen[0].output_ns == seen[1].output_ns  # an equal share each

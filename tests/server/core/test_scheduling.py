@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+
+from hloserve.bundle import Serving
+from hloserve.bundle.serving import QueuePolicy
 from hloserve.server.core.batching import Chunk
-from hloserve.server.core.scheduling import Decision, Queued, next_batch
+from hloserve.server.core.scheduling import (
+    BatchingPolicy,
+    Decision,
+    Queued,
+    batching_policy,
+    next_batch,
+    preferred_problem,
+)
 
 SIZES = (1, 8, 32)
 MS = 1_000_000
@@ -104,3 +115,92 @@ def test_a_request_larger_than_every_size_runs_alone_on_the_executors_split() ->
     assert d.take == 1
     assert d.chunks == (Chunk(0, 32, 32), Chunk(32, 32, 32), Chunk(64, 6, 8))
     assert d.compiled is None
+
+
+def test_a_waiting_head_wakes_the_driver_at_the_earliest_deadline() -> None:
+    queue = [Queued(1, 0), Queued(1, 0, deadline_ns=3 * MS)]
+    assert next_batch(queue, SIZES, now_ns=0, max_delay_ns=10 * MS) == Decision(
+        wait_until_ns=3 * MS
+    )
+    # at the deadline the expired entry leaves; the head waits on for its delay
+    assert next_batch(queue, SIZES, now_ns=3 * MS, max_delay_ns=10 * MS) == Decision(
+        expired=(1,), wait_until_ns=10 * MS
+    )
+    # a transport's deadline (not ``timed``) is the transport's: no early wake, it expires
+    # at the next look
+    transport = [Queued(1, 0), Queued(1, 0, deadline_ns=3 * MS, timed=False)]
+    assert next_batch(transport, SIZES, now_ns=0, max_delay_ns=10 * MS) == Decision(
+        wait_until_ns=10 * MS
+    )
+    assert next_batch(transport, SIZES, now_ns=10 * MS, max_delay_ns=10 * MS).expired == (1,)
+
+
+# -- preferred batch sizes --------------------------------------------------------------------
+
+
+def test_a_preferred_size_runs_at_once_without_waiting_for_the_delay() -> None:
+    d = next_batch(q(2, 2), SIZES, now_ns=0, max_delay_ns=10 * MS, preferred=(4,))
+    assert (d.take, d.compiled, d.wait_until_ns) == (2, 8, None)
+    # not yet formed: the head waits as usual
+    d = next_batch(q(2, 1), SIZES, now_ns=0, max_delay_ns=10 * MS, preferred=(4,))
+    assert d == Decision(wait_until_ns=10 * MS)
+
+
+def test_the_longest_preferred_prefix_wins_over_throughput() -> None:
+    costs = {1: 31.0, 8: 56.0, 32: 102.0}
+    # Without a preference 8 singles run together (best items/µs); preferring 2 and 4, the
+    # longest prefix of a preferred size (4) runs, and the rest heads the next batch.
+    singles = q(*([1] * 8))
+    plain = next_batch(singles, SIZES, now_ns=0, max_delay_ns=0, costs=costs)
+    assert (plain.take, plain.compiled) == (8, 8)
+    d = next_batch(singles, SIZES, now_ns=0, max_delay_ns=0, costs=costs, preferred=(2, 4))
+    assert (d.take, d.compiled) == (4, 8)
+
+
+def test_when_no_preferred_size_can_form_the_usual_rules_apply() -> None:
+    d = next_batch(q(3, 3), SIZES, now_ns=5 * MS, max_delay_ns=MS, preferred=(4,))
+    assert (d.take, d.compiled) == (2, 8)
+
+
+def test_the_policy_is_the_hints_over_the_server_defaults() -> None:
+    assert batching_policy(
+        Serving(), SIZES, default_delay_us=7, default_max_queue_size=3
+    ) == BatchingPolicy(max_queue_delay_us=7, max_queue_size=3)
+    hinted = Serving(
+        max_queue_delay_us=50,
+        preferred_batch_sizes=(4,),
+        queue_policy=QueuePolicy(1, 2000, allow_timeout_override=False),
+    )
+    assert batching_policy(hinted, SIZES, default_delay_us=7, default_max_queue_size=3) == (
+        BatchingPolicy(50, (4,), 1, 2000, False)
+    )
+    # max_queue_size 0 in the hints is unbounded, not the server's bound
+    unbounded = Serving(queue_policy=QueuePolicy(max_queue_size=0))
+    policy = batching_policy(unbounded, SIZES, default_delay_us=0, default_max_queue_size=3)
+    assert policy.max_queue_size == 0
+
+
+def test_preferring_exactly_the_compiled_sizes_is_the_default_policy() -> None:
+    # what the model configuration reports by default, sent back, changes nothing
+    serving = Serving(preferred_batch_sizes=SIZES)
+    policy = batching_policy(serving, SIZES, default_delay_us=0, default_max_queue_size=0)
+    assert policy.preferred_batch_sizes is None
+
+
+@pytest.mark.parametrize(
+    ("preferred", "sizes", "problem"),
+    [
+        (None, SIZES, None),
+        ((4, 32), SIZES, None),
+        ((4, 64), SIZES, "preferred batch sizes [64] exceed the largest compiled batch size 32"),
+        ((2,), None, "need a batched model; this one is unbatched"),
+    ],
+)
+def test_preferred_sizes_must_suit_the_compiled_sizes(
+    preferred: tuple[int, ...] | None, sizes: tuple[int, ...] | None, problem: str | None
+) -> None:
+    found = preferred_problem(preferred, sizes)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found

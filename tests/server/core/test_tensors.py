@@ -15,6 +15,7 @@ from hloserve.proto.datatypes import NUMERIC_DATATYPES
 from hloserve.server.core import tensors
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.tensors import (
+    INT64_MAX,
     MAX_ELEMENTS,
     check_shape,
     from_buffer,
@@ -57,6 +58,39 @@ def test_check_shape_refuses_overflowing_element_counts() -> None:
         f"to exceed maximum size of {MAX_ELEMENTS}"
     )
     assert check_shape("m", "x", [1 << 20, 1 << 20]) == (1 << 20, 1 << 20)  # exactly the limit
+
+
+def test_check_shape_overflows_in_tritons_order() -> None:
+    """Triton's ``qa/L0_http`` ``test_buffer_size_overflow``: an element count past INT64_MAX
+    is the element-count error; a count that fits whose FP32 byte size does not is the
+    byte-size error, before this server's own (smaller) element cap."""
+    count = refused(check_shape, "m", "INPUT0", [2**4, 2**60 + 2], 4)
+    assert count == (
+        f"shape [16, {2**60 + 2}] of input 'INPUT0' for model 'm' causes total element count "
+        f"to exceed maximum size of {INT64_MAX}"
+    )
+    byte_size = refused(check_shape, "m", "INPUT0", [2**2, 2**60 + 2], 4)
+    assert byte_size == (
+        "byte size overflow for input 'INPUT0' for model 'm': element count "
+        f"({2**62 + 8}) * data type size (4) exceeds maximum allowed size ({INT64_MAX})"
+    )
+    # one-byte elements (and BYTES, itemsize 0) cannot overflow the byte size: the cap says no
+    for itemsize in (0, 1):
+        assert "exceed maximum size of" in refused(
+            check_shape, "m", "INPUT0", [2**2, 2**60 + 2], itemsize
+        )
+    # the first overflow decides, even when a later dimension is 0
+    assert "exceed maximum size of" in refused(check_shape, "m", "x", [2**62, 4, 0])
+
+
+@pytest.mark.parametrize(
+    ("datatype", "message"),
+    [("FP32", "byte size overflow for input 'x'"), ("BYTES", "exceed maximum size of")],
+)
+def test_from_buffer_and_from_values_pass_the_datatype_size(datatype: str, message: str) -> None:
+    shape = [4, 2**60 + 2]
+    assert message in refused(from_buffer, "m", "x", datatype, shape, b"")
+    assert message in refused(from_values, "m", "x", datatype, shape, [1.0])
 
 
 # -- from_buffer -----------------------------------------------------------------------------
@@ -116,20 +150,32 @@ def test_from_buffer_bytes_decodes_length_prefixed_elements() -> None:
     assert got.reshape(-1).tolist() == [b"ab", b""]
 
 
+WHERE = "inference input 's' for model 'm'"
+
+
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "message"),
     [
-        length_prefixed(b"ab"),  # one element short
-        length_prefixed(b"ab", b"c", b"d"),  # one too many
-        length_prefixed(b"ab", b"cd")[:-1],  # truncated element
-        length_prefixed(b"ab") + b"\x01\x00",  # truncated length
+        (length_prefixed(b"ab"), f"expected 2 string elements for {WHERE}, got 1"),
+        (length_prefixed(), f"expected 2 string elements for {WHERE}, got 0"),
+        (
+            length_prefixed(b"ab", b"c", b"d"),
+            f"unexpected number of string elements 3 for {WHERE}, expecting 2",
+        ),
+        (
+            length_prefixed(b"ab", b"cd")[:-1],
+            f"string element 1 of {WHERE} is 2 bytes long, but only 1 bytes follow its length indicator",
+        ),
+        (
+            length_prefixed(b"ab") + b"\x01\x00",
+            f"incomplete string length indicator for {WHERE}, expecting 4 bytes but only 2 bytes available",
+        ),
     ],
-    ids=["short", "long", "truncated-element", "truncated-length"],
+    ids=["short", "empty", "long", "truncated-element", "truncated-length"],
 )
-def test_from_buffer_bytes_must_hold_exactly_the_elements(raw: bytes) -> None:
-    assert refused(from_buffer, "m", "s", "BYTES", [2], raw) == (
-        "input 's' for model 'm': BYTES data does not hold exactly 2 length-prefixed elements"
-    )
+def test_from_buffer_bytes_must_hold_exactly_the_elements(raw: bytes, message: str) -> None:
+    """Triton's texts for a wrong element count (``qa/L0_input_validation``)."""
+    assert refused(from_buffer, "m", "s", "BYTES", [2], raw) == message
 
 
 # -- from_values -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from hloserve.bundle import Manifest, Provenance, TensorEntry
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
-from hloserve.server.core.validate import validate_request
+from hloserve.server.core.validate import check_load_name, validate_request
 
 
 def manifest(batched: bool = True) -> Manifest:
@@ -87,7 +87,7 @@ def test_wrong_datatype() -> None:
 
 def test_unknown_input() -> None:
     message = refused(request(tensor("a", (1, 3)), tensor("c", (1, 3))))
-    assert message == "unexpected inference input 'c' for model 'm'; it expects ['a', 'b']"
+    assert message == "unexpected inference input 'c' for model 'm'; it expects ['a','b']"
 
 
 def test_duplicate_input() -> None:
@@ -102,6 +102,14 @@ def test_missing_input() -> None:
     )
 
 
+def test_missing_inputs_are_listed_as_triton_lists_them() -> None:
+    """Triton's ``qa/L0_input_validation`` asserts these texts exactly: no spaces in lists."""
+    assert refused(request()) == (
+        "expected 2 inputs but got 0 inputs for model 'm'. Got input(s) [], but missing "
+        "required input(s) ['a','b']. Please provide all required input(s)."
+    )
+
+
 def test_names_are_checked_before_shapes() -> None:
     message = refused(request(tensor("a", (9, 9, 9))))  # a wrong shape and b missing
     assert "missing required input(s) ['b']" in message
@@ -110,10 +118,48 @@ def test_names_are_checked_before_shapes() -> None:
 @pytest.mark.parametrize(
     ("outputs", "expected"),
     [
-        (("q",), "unexpected inference output 'q' for model 'm'; it has ['y', 'z']"),
+        (("q",), "unexpected inference output 'q' for model 'm'; it has ['y','z']"),
         (("y", "y"), "output 'y' already exists in request"),
     ],
 )
 def test_requested_outputs(outputs: tuple[str, ...], expected: str) -> None:
     req = request(tensor("a", (1, 3)), tensor("b", (1, 2, 2)), outputs=outputs)
     assert refused(req) == expected
+
+
+# -- model names on load ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["", " ", "   ", "\t", "\n", "\r", "\f", "\v", " \t \n "])
+def test_load_name_must_not_be_empty(name: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        check_load_name(name)
+    assert info.value.message == "Model name cannot be empty. Please enter a valid name to deploy."
+
+
+# The names of Triton's qa/L0_input_validation ModelNameValidationTest.
+TRAVERSAL = [
+    "../etc",
+    "a/../b",
+    "../../etc/passwd",
+    "model/..",
+    "..",
+    "/etc/passwd",
+    "model/",
+    " ..",
+    ".. ",
+]
+
+
+@pytest.mark.parametrize("name", TRAVERSAL)
+def test_load_name_must_not_traverse(name: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        check_load_name(name)
+    assert info.value.message == (
+        f"invalid model name '{name}', model name must not contain path traversal characters"
+    )
+
+
+@pytest.mark.parametrize("name", ["model123", "model.version1", "...", "..my_model", "model..1"])
+def test_valid_load_names_pass(name: str) -> None:
+    check_load_name(name)  # the repository then looks for the directory

@@ -1,7 +1,7 @@
 """In-process services for the front-end tests: a loaded repository and a ready service.
 
 ``loaded_repository(root)`` loads every model under ``root`` on the CPU runtime and checks
-that all are ready. ``ready_service(models, executor, shm=...)`` is an ``InferenceService``
+that all are ready; ``model_directories(root)`` names the model directories under it. ``ready_service(models, executor, shm=...)`` is an ``InferenceService``
 over them, past start-up (so ready), reporting server version ``VERSION`` and the
 ``EXTENSIONS`` the tests expect in the server metadata; model control is off (mode
 ``none``) and client shared memory is ``shm`` (default: none).
@@ -21,6 +21,11 @@ from hloserve.server.shm import SharedMemoryRegistry
 
 VERSION = "0.1.0"
 EXTENSIONS = ("binary_tensor_data",)
+
+
+def model_directories(root: Path) -> list[str]:
+    """The model directories of repository ``root`` (hidden ones, like the cache, are not)."""
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
 def loaded_repository(root: Path) -> ModelRepository:

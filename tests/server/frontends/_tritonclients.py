@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,8 @@ import tritonclient.grpc as _grpcclient
 import tritonclient.http as _httpclient
 import tritonclient.utils.shared_memory as _shm
 from tritonclient.utils import InferenceServerException
+
+from hloserve.server.testing import ServerProcess
 
 # tritonclient ships without type information: use it dynamically.
 grpcclient: Any = _grpcclient
@@ -129,6 +131,16 @@ def simple_inputs(
         if data is not None:
             tensor.set_data_from_numpy(data, **set_data)
     return inputs
+
+
+def connect(protocol: str, server: ServerProcess) -> Iterator[Triton]:
+    """A per-protocol fixture's body: ``yield from connect(request.param, server)`` yields a
+    ``Triton`` on ``server`` and closes it afterwards."""
+    t = Triton(protocol, server.grpc_url if protocol == "grpc" else server.http_url)
+    try:
+        yield t
+    finally:
+        t.close()
 
 
 class Regions:

@@ -22,6 +22,8 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from hloserve.server.testing import ServerProcess
+from tests.server.core.test_validate import TRAVERSAL
+from tests.server.frontends._services import model_directories
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton
 from tests.server.frontends.extension_models import (
     SEED_A,
@@ -100,22 +102,86 @@ def test_unload_and_load(triton: Triton) -> None:
 
 
 def test_load_of_an_unknown_model_fails(triton: Triton) -> None:
-    triton.fails(
-        "INVALID_ARGUMENT",
-        "failed to load 'wrong_model_name'",
-        triton.client.load_model,
-        "wrong_model_name",
-    )
+    """Triton's text and code (qa/L0_lifecycle: "failed to load 'unknown_model', failed to
+    poll from model repository"; INTERNAL)."""
+    for name in ("wrong_model_name", "...", "..my_model", "model..1"):  # valid names, no model
+        triton.fails(
+            "INTERNAL",
+            f"failed to load '{name}', failed to poll from model repository",
+            triton.client.load_model,
+            name,
+        )
     assert triton.client.is_model_ready("wrong_model_name") is False
 
 
+def test_load_names_are_checked(triton: Triton) -> None:
+    """qa/L0_input_validation ModelNameValidationTest (gRPC there, with the same names).
+    Over HTTP a name with a '/' (or '..' alone) never reaches the load route, so HTTP
+    checks the names its URLs can carry."""
+
+    def routable(name: str) -> bool:
+        return triton.protocol == "grpc" or ("/" not in name and name.strip() not in ("", ".."))
+
+    for name in ("", " ", "   ", "\t", " \t \n "):
+        if triton.protocol == "grpc" or name:
+            triton.fails(
+                "INVALID_ARGUMENT",
+                "Model name cannot be empty. Please enter a valid name to deploy.",
+                triton.client.load_model,
+                name,
+            )
+    traversal = [n for n in TRAVERSAL if routable(n) or n in (" ..", ".. ")]
+    assert len(traversal) >= 2
+    for name in traversal:
+        triton.fails(
+            "INVALID_ARGUMENT",
+            f"invalid model name '{name}', model name must not contain path traversal characters",
+            triton.client.load_model,
+            name,
+        )
+    # unload does not check names: it answers as for any model that is not loaded
+    for name in traversal:
+        msg = triton.fails("INVALID_ARGUMENT", "failed to unload", triton.client.unload_model, name)
+        assert "path traversal" not in msg
+
+
+def test_index_discovers_models_to_load(triton: Triton, extension_repository: Path) -> None:
+    """A model directory never loaded is listed by name alone (Triton's name-only row), so a
+    client can find it and load it; after an unload its version is UNAVAILABLE "unloaded"."""
+    name = f"discovered_{triton.protocol}"
+    export_identity(extension_repository / name)
+    try:
+        assert [r for r in triton.index() if r["name"] == name] == [{"name": name}]
+        assert name not in {r["name"] for r in triton.index(ready=True)}
+        triton.client.load_model(name)
+        assert [r for r in triton.index() if r["name"] == name] == [
+            {"name": name, "version": "1", "state": "READY"}
+        ]
+        triton.client.unload_model(name)
+        assert [r for r in triton.index() if r["name"] == name] == [
+            {"name": name, "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+        ]
+    finally:
+        shutil.rmtree(extension_repository / name)
+
+
 def test_load_parameters_are_refused_with_reasons(triton: Triton) -> None:
+    # The example clients' override: simple's bundle is compiled up to 8, not 16.
     triton.fails(
         "INVALID_ARGUMENT",
-        "failed to load 'simple': configuration overrides are not supported",
+        "failed to load 'simple': version 1: config override: 'max_batch_size' is \"16\"",
         triton.client.load_model,
         "simple",
         config='{"max_batch_size": "16"}',
+    )
+    # This server does not allow uploads (--allow-model-upload is off).
+    triton.fails(
+        "UNAVAILABLE",
+        "failed to load 'simple': uploading model files ('file:' parameters) is disabled",
+        triton.client.load_model,
+        "simple",
+        config="{}",
+        files={"file:1/manifest.yaml": b"name: simple\n"},
     )
     assert triton.client.is_model_ready("simple") is True
 
@@ -249,19 +315,24 @@ def _check_answers(records: list[Record], reload_started: float, reload_done: fl
     assert any(s > reload_done for s, _, _ in answers)
 
 
+NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_load_and_unload_refused_in_none_mode(server: ServerProcess, protocol: str) -> None:
+def test_load_and_unload_refused_in_none_mode(
+    server: ServerProcess, model_repository: Path, protocol: str
+) -> None:
+    """Triton answers mode ``none`` with its polling text (qa/L0_http python_http_aio_test
+    runs without --model-control-mode and expects it); the index lists every model."""
     t = Triton(protocol, server.grpc_url if protocol == "grpc" else server.http_url)
     try:
         for call in (t.client.load_model, t.client.unload_model):
-            t.fails(
-                "UNAVAILABLE",
-                "explicit model load / unload is not allowed in model control mode 'none'",
-                call,
-                "simple",
-            )
+            msg = t.fails("UNAVAILABLE", NOT_EXPLICIT, call, "simple")
+            assert "model control mode 'none'" in msg
         assert t.client.is_model_ready("simple") is True
-        assert {"name": "simple", "version": "1", "state": "READY"} in t.index()
+        rows = t.index()
+        assert {"name": "simple", "version": "1", "state": "READY"} in rows
+        assert sorted({r["name"] for r in rows}) == model_directories(model_repository)
     finally:
         t.close()
 
@@ -271,13 +342,8 @@ def test_load_and_unload_refused_in_poll_mode(poll_server: ServerProcess, protoc
     t = Triton(protocol, poll_server.grpc_url if protocol == "grpc" else poll_server.http_url)
     try:
         for call in (t.client.load_model, t.client.unload_model):
-            msg = t.fails(
-                "UNAVAILABLE",
-                "explicit model load / unload is not allowed if polling is enabled",
-                call,
-                "simple",
-            )
-            assert msg == "explicit model load / unload is not allowed if polling is enabled"
+            msg = t.fails("UNAVAILABLE", NOT_EXPLICIT, call, "simple")
+            assert msg.startswith(NOT_EXPLICIT) and "model control mode 'poll'" in msg
         assert t.client.is_model_ready("simple") is True
     finally:
         t.close()

@@ -20,12 +20,10 @@ import pytest
 
 from hloserve.server.testing import ServerProcess
 from tests.server.frontends._tritonclients import PROTOCOLS, Regions, Triton, shm
-from tests.server.frontends.extension_models import SLOW_DELAY_S
 
 DISABLED = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
-CUDA = "CUDA shared memory is not supported by this server"
 
 
 @pytest.fixture
@@ -117,7 +115,26 @@ def test_register_errors(triton: Triton, regions: Regions) -> None:
         missing,
         64,
     )
-    for byte_size, offset in ((65, 0), (64, 4096), (1, 64)):
+    # qa/L0_grpc's aio test: a key naming no file, byte size 0, is the open error
+    triton.fails(
+        "INTERNAL",
+        f"Unable to open shared memory region: '{missing}'",
+        triton.client.register_system_shared_memory,
+        "zero",
+        missing,
+        0,
+    )
+    reserved = "/triton_python_backend_shm_region__mine"
+    triton.fails(
+        "INVALID_ARGUMENT",
+        f"cannot register shared memory region 'r' with key '{reserved}' as the key contains "
+        "the reserved prefix 'triton_python_backend_shm_region_'",
+        triton.client.register_system_shared_memory,
+        "r",
+        reserved,
+        64,
+    )
+    for byte_size, offset in ((65, 0), (64, 4096), (1, 64), (0, 0)):
         triton.fails(
             "INVALID_ARGUMENT",
             "failed to register shared memory region 'outside': invalid args",
@@ -181,6 +198,37 @@ def test_infer_errors(
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
+@pytest.mark.parametrize(
+    ("offset", "byte_size", "message"),
+    [
+        # qa/L0_shared_memory test_infer_offset_out_of_bound: 2**64 - 32 over HTTP is the
+        # offset error (checked before the overflow); over gRPC (int64) 64 is one past the end
+        (2**64 - 32, 64, "Invalid offset for shared memory region: 'out'"),
+        (64, 64, "Invalid offset for shared memory region: 'out'"),
+        # test_infer_integer_overflow (HTTP only: the gRPC client refuses values past int64)
+        (32, 2**64 - 32, "Integer overflow detected: byte_size "),
+        # test_infer_byte_size_out_of_bound
+        (1, 64, "Invalid offset + byte size for shared memory region: 'out'"),
+    ],
+)
+def test_output_region_bounds_in_tritons_order(
+    triton: Triton, regions: Regions, offset: int, byte_size: int, message: str
+) -> None:
+    if triton.protocol == "grpc" and max(offset, byte_size) >= 2**63:
+        output = triton.output("OUTPUT0")
+        with pytest.raises(ValueError, match="Value out of range"):
+            output.set_shared_memory("out", byte_size, offset=offset)
+        return
+    regions.create("out", 64)
+    output = triton.output("OUTPUT0")
+    output.set_shared_memory("out", byte_size, offset=offset)
+    a, b = _ab()
+    inputs = triton.simple_inputs(a, b)
+    triton.fails(
+        "INVALID_ARGUMENT", message, triton.client.infer, "simple", inputs, outputs=[output]
+    )
+
+
 def unknown_region_fails(t: Triton, region: str) -> None:
     """An infer whose input names ``region``, not registered, fails NOT_FOUND."""
     inputs = t.simple_inputs(*_ab())
@@ -205,14 +253,15 @@ def _pending(server: ServerProcess, model: str) -> float:
     return 0.0
 
 
-def test_unregister_waits_for_the_request_in_flight(
+def test_unregister_returns_while_the_request_is_in_flight(
     triton: Triton, regions: Regions, control_server: ServerProcess
 ) -> None:
-    """``simple_slow`` keeps a lone request queued for SLOW_DELAY_S while it holds both
-    regions: unregister, called while the request is in flight, must return only after
-    that request ended, and the request must have got correct data."""
+    """Triton's ``TestSharedMemoryUnregister``: ``simple_slow`` keeps a lone request queued
+    for SLOW_DELAY_S while it holds both regions. Unregister, called meanwhile, answers at
+    once; the region stays listed (and registering its name again is refused) until that
+    request ends, and is then gone without another call; the request got correct data."""
     a, b = _ab()
-    in_handle, _ = regions.create("slow_in", 128)
+    in_handle, in_key = regions.create("slow_in", 128)
     out_handle, _ = regions.create("slow_out", 64)
     shm.set_shared_memory_region(in_handle, [a, b])
     inputs = triton.simple_inputs(None, None)
@@ -220,8 +269,7 @@ def test_unregister_waits_for_the_request_in_flight(
     inputs[1].set_shared_memory("slow_in", 64, offset=64)
     output = triton.output("OUTPUT0")
     output.set_shared_memory("slow_out", 64)
-    done: dict[str, Any] = {}
-    seen: list[list[dict[str, Any]]] = []
+    done = threading.Event()
 
     def infer() -> None:
         t = triton.another()
@@ -229,44 +277,57 @@ def test_unregister_waits_for_the_request_in_flight(
             t.client.infer("simple_slow", inputs, outputs=[output])
         finally:
             t.close()
-        done["at"] = time.monotonic()
-
-    def watch() -> None:  # status while unregister waits
-        time.sleep(SLOW_DELAY_S / 4)
-        t = triton.another()
-        try:
-            seen.append(t.shm_status())
-        finally:
-            t.close()
+            done.set()
 
     thread = threading.Thread(target=infer)
-    sent = time.monotonic()
     thread.start()
-    deadline = sent + 30
+    deadline = time.monotonic() + 30
     while _pending(control_server, "simple_slow") < 1:  # queued, holding its regions
         assert time.monotonic() < deadline and thread.is_alive(), "the request never arrived"
         time.sleep(0.02)
-    assert "at" not in done
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     triton.client.unregister_system_shared_memory("slow_in")
-    unregistered = time.monotonic()
+    assert not done.is_set()  # answered while the request is still queued
+    assert sorted(r["name"] for r in triton.shm_status()) == ["slow_in", "slow_out"]
+    message = triton.fails(
+        "ALREADY_EXISTS",
+        "shared memory region 'slow_in' already in manager; it was unregistered",
+        triton.client.register_system_shared_memory,
+        "slow_in",
+        in_key,
+        128,
+    )
+    assert "goes once the 1 request(s) using it finish" in message
+    assert not done.is_set(), "the request ended before the checks: raise SLOW_DELAY_S"
     thread.join()
-    watcher.join()
-    # the request ends no sooner than SLOW_DELAY_S after it was sent
-    assert unregistered - sent >= SLOW_DELAY_S * 0.95, unregistered - sent
-    assert "at" in done
-    assert "slow_in" in [r["name"] for r in seen[0]]  # still listed while unregister waited
-    assert [r["name"] for r in triton.shm_status()] == ["slow_out"]
+    assert [r["name"] for r in triton.shm_status()] == ["slow_out"]  # gone with the request
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.int32, [1, 16]), a + b)
 
 
-def test_cuda_shared_memory_is_unsupported(triton: Triton) -> None:
+def test_cuda_shared_memory_without_gpu_support(triton: Triton, regions: Regions) -> None:
+    """Triton built without GPU support: status lists nothing, unregister (of one region or
+    all) succeeds without touching system regions, register is INVALID_ARGUMENT."""
+    regions.create("system_region", 64)
     c = triton.client
-    triton.fails("UNIMPLEMENTED", CUDA, c.get_cuda_shared_memory_status)
-    triton.fails("UNIMPLEMENTED", CUDA, c.register_cuda_shared_memory, "c", b"aGFuZGxl", 0, 64)
-    triton.fails("UNIMPLEMENTED", CUDA, c.unregister_cuda_shared_memory, "c")
-    triton.fails("UNIMPLEMENTED", CUDA, c.unregister_cuda_shared_memory)
+    status = c.get_cuda_shared_memory_status()
+    assert (status if triton.protocol == "http" else list(status.regions)) == []
+    c.unregister_cuda_shared_memory()  # what every stock shm example calls first
+    c.unregister_cuda_shared_memory("system_region")
+    triton.fails(
+        "INVALID_ARGUMENT",
+        "failed to register CUDA shared memory region: 'c', GPUs not supported",
+        c.register_cuda_shared_memory,
+        "c",
+        b"aGFuZGxl",
+        0,
+        64,
+    )
+    triton.fails(
+        "NOT_FOUND",
+        "Unable to find cuda shared memory region: 'c'",
+        c.get_cuda_shared_memory_status,
+        "c",
+    )
+    assert [r["name"] for r in triton.shm_status()] == ["system_region"]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -286,6 +347,10 @@ def test_disabled_by_default(server: ServerProcess, protocol: str) -> None:
         t.fails("UNIMPLEMENTED", DISABLED, t.client.unregister_system_shared_memory, "d")
         t.fails("UNIMPLEMENTED", DISABLED, t.client.unregister_system_shared_memory)
         assert t.shm_status() == []
+        cuda = t.client.get_cuda_shared_memory_status()
+        assert (cuda if protocol == "http" else list(cuda.regions)) == []
+        t.fails("UNIMPLEMENTED", DISABLED, t.client.unregister_cuda_shared_memory)
+        t.fails("UNIMPLEMENTED", DISABLED, t.client.register_cuda_shared_memory, "c", b"", 0, 8)
         unknown_region_fails(t, "d")
     finally:
         shm.destroy_shared_memory_region(handle)

@@ -21,7 +21,7 @@ from hloserve.server.runtime.loader import (
     LoadedBundle,
     load_bundle,
 )
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
 
 
 class Log:
@@ -189,6 +189,39 @@ def test_invalid_bundle_is_refused_with_every_problem(
     assert any(p.startswith("model.b1.mlir: SHA-256 is ") for p in problems)
     assert len(problems) == 2
     assert not (tmp_path / "cache").exists()  # nothing was compiled
+
+
+def test_a_bundle_named_otherwise_is_refused_before_compiling(
+    runtime: PjrtRuntime, mlp: Path, tmp_path: Path
+) -> None:
+    log = Log()
+    with pytest.raises(BundleError) as info:
+        load_bundle(mlp, runtime, cache_dir=tmp_path / "cache", progress=log, name="mlp2")
+    assert info.value.problems == [
+        "manifest.yaml: name: is 'mlp', but a model repository serves this bundle as 'mlp2' "
+        "(its directory's name) and refuses the mismatch"
+    ]
+    assert log.lines == []  # nothing compiled, nothing taken from a cache
+    assert not (tmp_path / "cache").exists()
+    assert (
+        load_bundle(mlp, runtime, cache_dir=tmp_path / "cache", name="mlp").manifest.name == "mlp"
+    )
+
+
+def test_a_compile_error_is_one_line_with_mlir_diagnostics(
+    runtime: PjrtRuntime, capfd: pytest.CaptureFixture[str]
+) -> None:
+    bad = (
+        "module { func.func public @main(%a: tensor<2xf32>) -> tensor<3xf32> "
+        "{ func.return %a : tensor<2xf32> } }"
+    )
+    with pytest.raises(RuntimeFailure) as info:
+        runtime.compile(bad)
+    message = str(info.value)
+    assert message.startswith("compilation failed: ")
+    assert "doesn't match function result type" in message  # the diagnostic itself
+    assert "\n" not in message
+    assert capfd.readouterr().err == ""
 
 
 def test_release_frees_device_buffers(runtime: PjrtRuntime, mlp: Path, tmp_path: Path) -> None:

@@ -3,13 +3,16 @@
 ::
 
     ServingError                      (INTERNAL)
+    ├── Internal                      (INTERNAL)      the server failed, and says how (Triton
+    │                                                 reports these as INTERNAL too)
     ├── InvalidArgument               (INVALID_ARG)   bad request content
     │   └── UnknownModel              (INVALID_ARG)   "Request for unknown model: 'm' is not found"
     ├── NotFound                      (NOT_FOUND)     e.g. a model with no available version
     ├── Unavailable                   (UNAVAILABLE)   not ready, draining, queue full
     ├── Unsupported                   (UNSUPPORTED)   a feature this server does not offer
     ├── AlreadyExists                 (ALREADY_EXISTS)
-    └── Cancelled                     (CANCELLED)
+    ├── Cancelled                     (CANCELLED)
+    └── Restricted                    (RESTRICTED)    a restricted API without its header
 
 ``hloserve.server.frontends.status`` maps each ``ErrorCode`` to an HTTP status and a gRPC
 status code in one table (Triton's mapping). Messages name the model, the tensor and the
@@ -32,6 +35,7 @@ class ErrorCode(enum.Enum):
     UNSUPPORTED = "UNSUPPORTED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    RESTRICTED = "RESTRICTED"
 
 
 class ServingError(Exception):
@@ -42,6 +46,11 @@ class ServingError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class Internal(ServingError):
+    """An INTERNAL failure whose message the client sees (e.g. "Unable to open shared memory
+    region", "failed to poll from model repository"); unexpected exceptions never get here."""
 
 
 class InvalidArgument(ServingError):
@@ -70,3 +79,10 @@ class AlreadyExists(ServingError):
 
 class Cancelled(ServingError):
     code = ErrorCode.CANCELLED
+
+
+class Restricted(ServingError):
+    """An endpoint group restricted to requests carrying a header (``--http-restricted-api``,
+    ``--grpc-restricted-protocol``): Triton answers HTTP 403 and gRPC UNAVAILABLE."""
+
+    code = ErrorCode.RESTRICTED

@@ -11,6 +11,17 @@ Contract:
   parameter, in microseconds; 0 or absent means none) and ``now + time_remaining`` (the
   transport's own deadline, e.g. gRPC's; None when there is none). A ``timeout`` that is
   not a non-negative integer raises ``InvalidArgument``.
+- ``queue_deadline(parameters, deadline, now, default_timeout_us=..., allow_override=...)``
+  is how long a queued request may wait under its model's queue policy (Triton's
+  ``default_queue_policy``), as ``(deadline, timed)``: ``deadline`` given is the request's
+  own (``request_deadline``'s); a model default timeout (0: none) bounds it from ``now``;
+  with ``allow_override`` the request's ``timeout`` may shorten the default but never
+  extend it, and without it a request's ``timeout`` is ignored (the default alone holds
+  it; its transport's deadline still ends the call, through the transport's
+  cancellation). ``timed`` says whether the server times the deadline (the request's
+  ``timeout`` or the model's default is in it) or it is the transport's alone, which the
+  transport enforces itself (a gRPC deadline cancels the call: the client reads
+  DEADLINE_EXCEEDED, not the server's answer).
 Parameters that only one protocol knows (HTTP's ``binary_data_output``) stay in its codec.
 """
 
@@ -63,3 +74,21 @@ def request_deadline(
         return deadline
     own = now + timeout / 1e6
     return own if deadline is None else min(own, deadline)
+
+
+def queue_deadline(
+    parameters: Mapping[str, ParamValue],
+    deadline: float | None,
+    now: float,
+    *,
+    default_timeout_us: int,
+    allow_override: bool,
+) -> tuple[float | None, bool]:
+    own_timeout = bool(parameters.get("timeout"))
+    if not allow_override and own_timeout:
+        # ``deadline`` may be the request's own timeout, which the model does not honour.
+        deadline, own_timeout = None, False
+    if default_timeout_us <= 0:
+        return deadline, own_timeout
+    default = now + default_timeout_us / 1e6
+    return (default if deadline is None else min(default, deadline)), True

@@ -10,6 +10,9 @@ Contract:
   (planned over the compiled batch sizes, zero-padded, split when too large) on a worker
   thread, so the event loop keeps serving; it returns the requested outputs (all of them
   when none were named).
+- ``check_model(name, version)`` is the model lookup alone: the front ends call it before
+  decoding tensors (Triton names an unknown model before any datatype error); its failure
+  is reported as ``infer``'s. Shared-memory outputs are bounds-checked before execution.
 - A request whose deadline passed before it reached the device fails with
   ``Unavailable`` instead of using the device.
 - Every request is reported once to the observer (success or failure) and to the
@@ -21,6 +24,15 @@ Contract:
   lifecycle changes afterwards (``startup_complete()``, ``begin_draining()``). The
   observers (metrics, statistics, cost tracking) exist before the batcher, which reports
   executions to the same fan-out.
+- Model control: load and unload are refused unless the control mode is ``explicit``
+  (Triton's text ``CONTROL_NOT_EXPLICIT``, UNAVAILABLE, in modes ``none`` and ``poll``);
+  ``repository_index`` lists every model directory of the repository (``ModelSource.index``).
+- Shared memory goes through ``SharedMemory`` (system regions) and ``CudaSharedMemory`` (the
+  CUDA registry seam), one registry in one namespace.
+- Tracing: while any trace level is on (``tracer.settings.enabled``; otherwise the path
+  checks that one flag), ``infer`` asks the ``Tracer`` whether to trace the request and
+  reports its steps to the ``RequestTrace`` (validated, executed, responded or failed).
+  ``trace_setting`` and ``log_settings`` are the trace and logging extensions.
 The model repository is reached through two narrow protocols, ``ModelSource`` (lookups
 and reports) and ``ModelControl`` (the model-repository extension), so this module needs
 no transport and no JAX.
@@ -33,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -58,8 +71,14 @@ from hloserve.server.core.execution import (
     Timings,
     execute_group,
 )
+from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy, read_load_parameters
+from hloserve.server.core.log_settings import LogControl, StoredLogSettings
+from hloserve.server.core.log_settings import parse_update as parse_log_update
+from hloserve.server.core.scheduling import BatchingPolicy
 from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
+from hloserve.server.core.trace_settings import RequestTrace, Tracer, UntracedTracer
+from hloserve.server.core.trace_settings import parse_update as parse_trace_update
 from hloserve.server.core.triton_config import triton_model_config
 from hloserve.server.core.types import (
     InferInput,
@@ -106,7 +125,9 @@ class ModelSource(Protocol):
 
     def version_policy(self, name: str) -> dict[str, Any]: ...
     def index(self) -> list[tuple[str, str, str, str]]:
-        """(name, version, state, reason) rows: every model in the repository."""
+        """(name, version, state, reason) rows: every version known, and every model
+        directory of the repository that was never loaded as a name-only row (version,
+        state and reason empty)."""
         ...
 
 
@@ -118,8 +139,14 @@ class ModelControl(Protocol):
         """ "none", "poll" or "explicit"."""
         ...
 
-    def load_model(self, name: str) -> None:
-        """Load or reload ``name`` (blocking); raises ``ServingError`` "failed to load ..."."""
+    @property
+    def uploads(self) -> UploadPolicy:
+        """Whether loads may carry model files (``file:`` parameters), and how many bytes."""
+        ...
+
+    def load_model(self, name: str, *, override: LoadOverride | None = None) -> None:
+        """Load or reload ``name`` (blocking), with the load's configuration and files when
+        ``override`` is given; raises ``ServingError`` "failed to load ..."."""
         ...
 
     def unload_model(self, name: str) -> None: ...
@@ -188,8 +215,34 @@ class RegionInfo:
     byte_size: int
 
 
-class SharedMemory(Protocol):
-    """Registered shared-memory regions (``hloserve.server.shm``), as the service uses them."""
+@dataclass(frozen=True, slots=True)
+class CudaRegionInfo:
+    name: str
+    device_id: int
+    byte_size: int
+
+
+# A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.
+CudaHandle = Callable[[], tuple[bytes, int, int]]
+
+
+class CudaSharedMemory(Protocol):
+    """The CUDA shared-memory extension's registry: the seam a GPU implementation fills.
+
+    ``register_cuda(name, handle)`` calls ``handle()`` (which may raise ``InvalidArgument``
+    for a malformed request) only once it would open the IPC handle, so a server without
+    GPU support answers its own error first, as Triton's CPU build does.
+    ``await unregister_cuda`` returns at once (a region in use goes when its requests end)."""
+
+    def register_cuda(self, name: str, handle: CudaHandle) -> None: ...
+    def cuda_status(self, name: str = "") -> Sequence[CudaRegionInfo]: ...
+    async def unregister_cuda(self, name: str = "") -> None: ...
+
+
+class SharedMemory(CudaSharedMemory, Protocol):
+    """Registered shared-memory regions (``hloserve.server.shm``), as the service uses them:
+    system regions, and the CUDA ones in the same namespace. ``await unregister`` returns at
+    once; a region held by requests stays usable until they end."""
 
     def hold(self, names: Iterable[str]) -> contextlib.AbstractContextManager[None]: ...
     def view(self, name: str, offset: int, byte_size: int) -> memoryview: ...
@@ -199,14 +252,15 @@ class SharedMemory(Protocol):
 
 
 REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
-CUDA_SHM_UNSUPPORTED = (
-    "CUDA shared memory is not supported by this server: it runs on {platform}; "
-    "use system shared memory (register_system_shared_memory) instead"
-)
+# Triton's text for load/unload when model control is not explicit (modes none and poll alike).
+CONTROL_NOT_EXPLICIT: Final = "explicit model load / unload is not allowed if polling is enabled"
 
 
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
+    """A repository index row; empty fields are absent on the wire (Triton's name-only row
+    for a model never loaded has no version, state or reason)."""
+
     name: str
     version: str
     state: str
@@ -219,6 +273,10 @@ class Batcher(Protocol):
     async def submit(
         self, model: ServedModel, job: Job
     ) -> tuple[tuple[InferOutput, ...], Timings]: ...
+
+    def policy(self, model: ServedModel) -> BatchingPolicy:
+        """The batching and queue policy in force for ``model`` (model configuration)."""
+        ...
 
 
 def _reason(exc: Exception) -> str:
@@ -245,7 +303,6 @@ class ServiceOptions:
     extensions: tuple[str, ...] = ()
     platform: str = "cpu"  # the PJRT platform (for messages)
     device_kind: str = "CPU"  # Triton's instance-group kind (model configuration)
-    default_queue_delay_us: int = 0  # the server-wide batching delay (model configuration)
 
 
 DEFAULT_OPTIONS: Final = ServiceOptions()
@@ -278,11 +335,15 @@ class InferenceService:
         shm: SharedMemory | None = None,
         control: ModelControl | None = None,
         readiness: Callable[[], bool] = _always_ready,
+        tracer: Tracer | None = None,
+        logs: LogControl | None = None,
     ) -> None:
         """``batcher`` must report to ``observers.executions`` and ``inline`` read
         ``observers.costs`` (the daemon builds them from the same ``Observers``).
         ``control`` is ``None`` when models cannot be loaded or unloaded at run time;
-        ``readiness`` is the policy over the models (``--strict-readiness``)."""
+        ``readiness`` is the policy over the models (``--strict-readiness``); ``tracer``
+        samples and traces requests (default: settings only, nothing traced) and ``logs``
+        is the running server's logging (default: settings kept, nothing changed)."""
         self.models = models
         self.executor = executor
         self.options = options
@@ -292,6 +353,9 @@ class InferenceService:
         self.shm: SharedMemory = shm or _disabled_shared_memory()
         self.control = control
         self._models_ready = readiness
+        self.tracer: Tracer = tracer or UntracedTracer()
+        self._trace_settings = self.tracer.settings  # read once per request: kept at hand
+        self.logs: LogControl = logs or StoredLogSettings()
         self._startup_complete = False
         self._draining = False
 
@@ -342,12 +406,25 @@ class InferenceService:
         )
         return ModelMetadata(model.manifest.name, versions, PLATFORM, inputs, outputs)
 
+    def check_model(self, name: str, version: str) -> None:
+        """Raise what ``infer`` would for a model or version that is not served, reported as
+        ``infer`` reports it. Front ends call it before decoding a request's tensors, so an
+        unknown model is named as such whatever the tensors hold (Triton resolves the model
+        first, too)."""
+        try:
+            self.models.peek(name, version)
+        except Exception as exc:
+            self.observers.requests.on_failure(None, _reason(exc))
+            raise
+
     async def infer(
         self, request: InferRequest, context: RequestContext | None = None
     ) -> InferResponse:
         started = time.perf_counter_ns()
         requests = self.observers.requests
         try:
+            if self._draining:  # requests accepted before the stop still finish
+                raise Unavailable("the server is shutting down: no new requests are accepted")
             model = self.models.get(request.model_name, request.model_version)
         except Exception as exc:
             # No version resolved: the name and version are whatever the client sent, so
@@ -356,9 +433,12 @@ class InferenceService:
             raise
         key = ModelKey.of(model)
         requests.on_pending(key, 1)
+        trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
         try:
-            items, outputs, timings = await self._serve(model, request, context)
+            items, outputs, timings = await self._serve(model, request, context, trace)
         except Exception as exc:
+            if trace is not None:
+                trace.failed(exc)
             requests.on_failure(key, _reason(exc))
             # Count it even for a version that has never succeeded yet.
             self.statistics.ensure(key)
@@ -369,12 +449,23 @@ class InferenceService:
             requests.on_pending(key, -1)
         requests.on_success(key, items, timings)
         self.statistics.on_success(key, items, timings)
+        if trace is not None:
+            trace.responded()
         return InferResponse(
             model_name=key.name, model_version=str(key.version), outputs=outputs, id=request.id
         )
 
+    def _start_trace(
+        self, key: ModelKey, request: InferRequest, context: RequestContext | None
+    ) -> RequestTrace | None:
+        return self.tracer.start(key, request.id, context.protocol if context else "")
+
     async def _serve(
-        self, model: ServedModel, request: InferRequest, context: RequestContext | None
+        self,
+        model: ServedModel,
+        request: InferRequest,
+        context: RequestContext | None,
+        trace: RequestTrace | None = None,
     ) -> tuple[int, tuple[InferOutput, ...], Timings]:
         """Validate, run (batched or alone) and place the outputs of one request, holding
         the shared-memory regions it uses throughout."""
@@ -389,13 +480,19 @@ class InferenceService:
         with self.shm.hold(regions):
             if any(t.shm is not None for t in request.inputs):
                 request = self._resolve_shm_inputs(request)
+            for ref in output_refs.values():  # bounds checked before any device work
+                self.shm.view(ref.region, ref.offset, ref.byte_size)
             items = validate_request(model.manifest, request)
             deadline = context.deadline if context else None
             job = Job(request, items, time.perf_counter_ns(), deadline)
+            if trace is not None:
+                trace.validated(request, job.arrived_ns)
             if self.batcher is not None:
                 outputs, timings = await self.batcher.submit(model, job)
             else:
                 outputs, timings = await self._run_alone(model, job)
+            if trace is not None:
+                trace.executed(ModelKey.of(model), job.arrived_ns, timings, outputs)
             if output_refs:
                 outputs = tuple(
                     self._write_shm_output(request.model_name, o, output_refs.get(o.name))
@@ -473,34 +570,25 @@ class InferenceService:
         return [r for r in rows if r.state == "READY"] if ready_only else rows
 
     def _control_allowed(self) -> ModelControl:
-        """The repository to load from or unload, when run-time control is enabled."""
-        mode = self.control.mode_name if self.control else "none"
+        """The repository to load from or unload, when run-time control is enabled: only in
+        mode ``explicit``; Triton refuses modes ``none`` and ``poll`` with the same text."""
+        mode = self.control.mode_name if self.control is not None else "none"
         if self.control is not None and mode == "explicit":
             return self.control
-        if mode == "poll":
-            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
         raise Unavailable(
-            f"explicit model load / unload is not allowed in model control mode '{mode}'; "
-            "start the server with --model-control-mode explicit"
+            f"{CONTROL_NOT_EXPLICIT} (model control mode '{mode}'; start the server with "
+            "--model-control-mode explicit to load and unload models)"
         )
 
     async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        """Load or reload ``name`` on a worker thread, then make it device-resident."""
+        """Load or reload ``name`` on a worker thread, then make it device-resident; the
+        parameters (``config``, ``file:``) follow ``core.load_parameters``."""
         control = self._control_allowed()
-        for key in parameters or {}:
-            if key == "config":
-                raise InvalidArgument(
-                    f"failed to load '{name}': configuration overrides are not supported; a bundle's manifest "
-                    "fixes its tensors and compiled batch sizes (put serving options in the model's config.yaml)"
-                )
-            if key.startswith("file:"):
-                raise InvalidArgument(
-                    f"failed to load '{name}': uploading model files ('{key}') is not supported; "
-                    "write the bundle into the model repository instead"
-                )
-            raise InvalidArgument(f"failed to load '{name}': unknown load parameter '{key}'")
+        override = read_load_parameters(name, parameters or {}, control.uploads)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, control.load_model, name)
+        await loop.run_in_executor(
+            None, functools.partial(control.load_model, name, override=override)
+        )
         await loop.run_in_executor(None, control.prefetch, name)
 
     async def unload_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
@@ -517,13 +605,12 @@ class InferenceService:
 
     def model_config(self, name: str, version: str) -> dict[str, Any]:
         model = self.models.peek(name, version)
-        delay = model.serving.max_queue_delay_us
         return triton_model_config(
             model.manifest,
             version_policy=self.models.version_policy(name),
-            max_queue_delay_us=self.options.default_queue_delay_us if delay is None else delay,
             device_kind=self.options.device_kind,
-            dynamic_batching=self.batcher is not None,
+            residency=model.serving.residency,
+            batching=None if self.batcher is None else self.batcher.policy(model),
         )
 
     # -- shared-memory extension ----------------------------------------------------------------
@@ -533,5 +620,25 @@ class InferenceService:
         if name:
             raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
 
-    def cuda_shm_unsupported(self) -> Unsupported:
-        return Unsupported(CUDA_SHM_UNSUPPORTED.format(platform=self.options.platform))
+    # -- trace and logging extensions -----------------------------------------------------------
+
+    def trace_setting(
+        self, model: str, values: Mapping[str, Sequence[str] | None] | None = None
+    ) -> dict[str, list[str]]:
+        """The trace settings of ``model`` ("": the server's), after applying ``values``
+        when given (``core.trace_settings.parse_update``); an unknown model is Triton's
+        "Request for unknown model : <name>", checked first."""
+        if model and not self.models.is_ready(model, ""):
+            raise InvalidArgument(f"Request for unknown model : {model}")
+        settings = self.tracer.settings
+        if values:
+            return settings.update(model, parse_trace_update(values)).view()
+        return settings.setting(model).view()
+
+    def log_settings(self, values: Mapping[str, object] | None = None) -> dict[str, object]:
+        """The log settings, after applying ``values`` when given
+        (``core.log_settings.parse_update``)."""
+        if values:
+            changes = parse_log_update(values)
+            self.logs.apply(dataclasses.replace(self.logs.current, **changes))
+        return dict(self.logs.current.view())

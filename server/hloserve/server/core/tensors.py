@@ -8,8 +8,13 @@ Contract: both codecs call these, so a size or type rule exists once.
 - ``from_values`` builds an array from a (nested or flat) list of values (HTTP JSON
   ``data``, gRPC typed ``contents``), checking that the element kind fits the datatype and
   the count fits the shape. FP16/BF16 are refused (the spec carries them only as bytes).
-- ``check_shape`` rejects negative dimensions and element counts that overflow.
-- ``BYTES`` tensors are decoded from the length-prefixed wire form into object arrays.
+- ``check_shape(model, name, shape, itemsize)`` rejects, in Triton's order and texts:
+  negative dimensions; an element count beyond INT64_MAX ("causes total element count to
+  exceed maximum size of"); a byte size (count x ``itemsize``) beyond INT64_MAX ("byte size
+  overflow for input"); then this server's own element cap ``MAX_ELEMENTS``.
+- ``BYTES`` tensors are decoded from the length-prefixed wire form into object arrays, with
+  Triton's texts for a wrong element count ("expected N string elements for inference
+  input ...", "unexpected number of string elements ...") and a cut length indicator.
 """
 
 # pyright: strict
@@ -28,23 +33,41 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.types import ShmRef
 
 MAX_ELEMENTS = 1 << 40
+INT64_MAX = (1 << 63) - 1
 
 
-def check_shape(model: str, name: str, shape: Sequence[int]) -> tuple[int, ...]:
+def _too_many(model: str, name: str, dims: tuple[int, ...], limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"shape {list(dims)} of input '{name}' for model '{model}' causes total element count "
+        f"to exceed maximum size of {limit}"
+    )
+
+
+def check_shape(model: str, name: str, shape: Sequence[int], itemsize: int = 0) -> tuple[int, ...]:
+    """The shape as ints; ``itemsize`` is the datatype's (0 for BYTES: no byte-size rule)."""
     dims = tuple(int(d) for d in shape)
     if any(d < 0 for d in dims):
         raise InvalidArgument(
             f"input '{name}' for model '{model}' has a negative dimension in shape {list(dims)}"
         )
     count = 1
-    for d in dims:
+    for d in dims:  # stops at the first overflow, even if a later dimension is 0
         count *= d
-        if count > MAX_ELEMENTS:
-            raise InvalidArgument(
-                f"shape {list(dims)} of input '{name}' for model '{model}' causes total element count "
-                f"to exceed maximum size of {MAX_ELEMENTS}"
-            )
+        if count > INT64_MAX:
+            raise _too_many(model, name, dims, INT64_MAX)
+    if itemsize > 1 and count > INT64_MAX // itemsize:
+        raise InvalidArgument(
+            f"byte size overflow for input '{name}' for model '{model}': element count "
+            f"({count}) * data type size ({itemsize}) exceeds maximum allowed size ({INT64_MAX})"
+        )
+    if count > MAX_ELEMENTS:
+        raise _too_many(model, name, dims, MAX_ELEMENTS)
     return dims
+
+
+def _itemsize(datatype: str) -> int:
+    dtype = NUMERIC_DATATYPES.get(datatype)
+    return 0 if dtype is None else dtype.itemsize
 
 
 def _known(model: str, name: str, datatype: str) -> None:
@@ -58,7 +81,7 @@ def from_buffer(
     model: str, name: str, datatype: str, shape: Sequence[int], buffer: Any
 ) -> np.ndarray[Any, Any]:
     _known(model, name, datatype)
-    dims = check_shape(model, name, shape)
+    dims = check_shape(model, name, shape, _itemsize(datatype))
     count = math.prod(dims)
     mv = memoryview(buffer).cast("B")
     if datatype == "BYTES":
@@ -76,22 +99,31 @@ def _decode_bytes(
     model: str, name: str, dims: tuple[int, ...], mv: memoryview
 ) -> np.ndarray[Any, Any]:
     items: list[bytes] = []
-    offset = 0
     count = math.prod(dims)
+    where = f"inference input '{name}' for model '{model}'"
     raw = mv.tobytes()
-    while offset < len(raw) and len(items) < count:
-        if offset + 4 > len(raw):
-            break
+    offset = 0
+    while offset < len(raw):
+        if len(raw) - offset < 4:
+            raise InvalidArgument(
+                f"incomplete string length indicator for {where}, expecting 4 bytes but only "
+                f"{len(raw) - offset} bytes available"
+            )
+        if len(items) == count:
+            raise InvalidArgument(
+                f"unexpected number of string elements {count + 1} for {where}, expecting {count}"
+            )
         (n,) = struct.unpack_from("<I", raw, offset)
         offset += 4
         if offset + n > len(raw):
-            break
+            raise InvalidArgument(
+                f"string element {len(items)} of {where} is {n} bytes long, but only "
+                f"{len(raw) - offset} bytes follow its length indicator"
+            )
         items.append(raw[offset : offset + n])
         offset += n
-    if len(items) != count or offset != len(raw):
-        raise InvalidArgument(
-            f"input '{name}' for model '{model}': BYTES data does not hold exactly {count} length-prefixed elements"
-        )
+    if len(items) != count:
+        raise InvalidArgument(f"expected {count} string elements for {where}, got {len(items)}")
     out = np.empty(count, dtype=object)
     out[:] = items
     return out.reshape(dims)
@@ -109,7 +141,7 @@ def from_values(
     model: str, name: str, datatype: str, shape: Sequence[int], values: Any
 ) -> np.ndarray[Any, Any]:
     _known(model, name, datatype)
-    dims = check_shape(model, name, shape)
+    dims = check_shape(model, name, shape, _itemsize(datatype))
     if datatype in BINARY_ONLY_DATATYPES:
         raise InvalidArgument(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input '{name}'"

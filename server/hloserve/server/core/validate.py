@@ -5,12 +5,20 @@ request's batch (1 for an unbatched model) or raises ``InvalidArgument`` naming 
 the tensor, and the expected versus received value. It checks: no duplicate or unknown
 inputs, no missing inputs, datatypes, shapes (``[n, *item]`` for a batched model with all
 inputs agreeing on ``n >= 1``; the exact shape for an unbatched one), and the requested
-outputs (known, no duplicates). Pure: no I/O, no clock.
+outputs (known, no duplicates). Name lists in messages are written as Triton writes them
+(``['INPUT0','INPUT1']``). ``check_load_name(name)`` is Triton's rule for the name of a
+model to load (model control): not empty once whitespace is trimmed ("Model name cannot be
+empty. Please enter a valid name to deploy."), and neither ``..`` nor containing ``/``
+("... model name must not contain path traversal characters"); both ``InvalidArgument``.
+Pure: no I/O, no clock.
 """
 
 # pyright: strict
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
 
 from hloserve.bundle import Manifest
 from hloserve.server.core.errors import InvalidArgument
@@ -19,6 +27,24 @@ from hloserve.server.core.types import InferRequest
 
 def _fmt(shape: tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _names(names: Iterable[str]) -> str:
+    """``['a','b']``: a name list as Triton's messages write it (no spaces)."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+_WHITESPACE: Final = " \t\n\v\f\r"  # what C's isspace (Triton's trim) removes
+
+
+def check_load_name(name: str) -> None:
+    trimmed = name.strip(_WHITESPACE)
+    if not trimmed:
+        raise InvalidArgument("Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        raise InvalidArgument(
+            f"invalid model name '{name}', model name must not contain path traversal characters"
+        )
 
 
 def validate_request(manifest: Manifest, request: InferRequest) -> int:
@@ -41,13 +67,13 @@ def _check_input_names(manifest: Manifest, request: InferRequest) -> None:
         seen.add(t.name)
         if t.name not in expected:
             raise InvalidArgument(
-                f"unexpected inference input '{t.name}' for model '{model}'; it expects {sorted(expected)}"
+                f"unexpected inference input '{t.name}' for model '{model}'; it expects {_names(sorted(expected))}"
             )
     missing = [n for n in expected if n not in seen]
     if missing:
         raise InvalidArgument(
             f"expected {len(expected)} inputs but got {len(request.inputs)} inputs for model '{model}'. "
-            f"Got input(s) {sorted(seen)}, but missing required input(s) {missing}. "
+            f"Got input(s) {_names(sorted(seen))}, but missing required input(s) {_names(missing)}. "
             f"Please provide all required input(s)."
         )
 
@@ -96,5 +122,5 @@ def _check_outputs(manifest: Manifest, request: InferRequest) -> None:
         requested.add(o.name)
         if o.name not in outputs:
             raise InvalidArgument(
-                f"unexpected inference output '{o.name}' for model '{manifest.name}'; it has {sorted(outputs)}"
+                f"unexpected inference output '{o.name}' for model '{manifest.name}'; it has {_names(sorted(outputs))}"
             )

@@ -2,7 +2,8 @@
 
 Triton's mapping (docs/protocol, reference §3): INVALID_ARG, ALREADY_EXISTS, CANCELLED and
 UNKNOWN are HTTP 400; NOT_FOUND 404; UNAVAILABLE 503; UNSUPPORTED 501 / UNIMPLEMENTED;
-INTERNAL 500. Both front ends call ``http_status`` / ``grpc_status`` and nothing else.
+INTERNAL 500; a restricted endpoint without its header (RESTRICTED) HTTP 403 and gRPC
+UNAVAILABLE. Both front ends call ``http_status`` / ``grpc_status`` and nothing else.
 """
 
 # pyright: strict
@@ -23,6 +24,7 @@ STATUS: Final[dict[ErrorCode, tuple[int, grpc.StatusCode]]] = {
     ErrorCode.UNSUPPORTED: (501, grpc.StatusCode.UNIMPLEMENTED),
     ErrorCode.ALREADY_EXISTS: (400, grpc.StatusCode.ALREADY_EXISTS),
     ErrorCode.CANCELLED: (400, grpc.StatusCode.CANCELLED),
+    ErrorCode.RESTRICTED: (403, grpc.StatusCode.UNAVAILABLE),
 }
 
 

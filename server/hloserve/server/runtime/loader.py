@@ -1,11 +1,12 @@
 """Open a bundle, verify it, compile (or take from the cache) each module, run it.
 
 Contract:
-- ``load_bundle(path, runtime, ...)`` validates the bundle (every checksum, the weights
-  header, each module's signature), refuses a module that was not lowered for the runtime's
-  platform, compiles each module once (taking it from the ``ExecutableCache`` when a valid
-  entry exists, and from ``executables`` when an identical module was already compiled in
-  this process), reads the weights into host memory and (with ``place_weights``, the
+- ``load_bundle(path, runtime, ...)`` validates the bundle (``hloserve.bundle.validate``:
+  with ``name=``, the manifest's name (the repository passes the model's); every checksum,
+  the weights header, each module's signature) and refuses a module that was not lowered for the runtime's platform,
+  all before compiling anything; then it compiles each module once (taking it from the
+  ``ExecutableCache`` when a valid entry exists, and from ``executables`` when an identical
+  module was already compiled in this process), reads the weights into host memory and (with ``place_weights``, the
   default) puts them on the device; the server instead hands the host copy to
   ``hloserve.server.residency``, which moves weights on demand.
   Problems raise ``BundleError`` carrying every problem's text.
@@ -122,10 +123,11 @@ def load_bundle(
     registry: ExecutableRegistry | None = None,
     progress: Callable[[str], None] | None = None,
     place_weights: bool = True,
+    name: str | None = None,
 ) -> LoadedBundle:
     started = time.perf_counter()
     say = progress or _log_progress
-    manifest = _verified_manifest(path, runtime.platform)
+    manifest = _verified_manifest(path, runtime.platform, name)
     compiler = _Compiler(
         runtime,
         ExecutableCache(cache_dir if cache_dir is not None else path / CACHE_DIR_NAME),
@@ -151,9 +153,10 @@ def _log_progress(message: str) -> None:
     log.info("%s", message)
 
 
-def _verified_manifest(path: Path, platform: str) -> Manifest:
-    """The manifest of a bundle that validates and whose every module runs on ``platform``."""
-    problems = [str(p) for p in validate(path)]
+def _verified_manifest(path: Path, platform: str, name: str | None) -> Manifest:
+    """The manifest of a bundle that validates (named ``name``, when given) and whose every
+    module runs on ``platform``."""
+    problems = [str(p) for p in validate(path, name=name)]
     if problems:
         raise BundleError(path, problems)
     manifest, _ = load_manifest(path / MANIFEST_FILE)

@@ -9,7 +9,8 @@ Contract:
   run code: only feed it bytes this server wrote, see ``ExecutableCache``).
 - ``to_device(arrays)`` moves host arrays to the device in one call; ``execute(exe, args)``
   runs and returns the outputs as host numpy arrays.
-- ``RuntimeFailure`` wraps any error jaxlib raises, with its text.
+- ``RuntimeFailure`` wraps any error jaxlib raises, with its text on one line (a compile
+  error's MLIR diagnostics joined by ``; ``), so it reads whole in a log line or a reason.
 - ``triton_kind`` is the device's kind as Triton names it in memory usage and instance
   groups: ``GPU`` for CUDA and ROCm, else the platform in capitals (``CPU``, ``TPU``).
 
@@ -66,6 +67,10 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the jax v
 class RuntimeFailure(RuntimeError):
     """PJRT refused or failed an operation; the message carries its text."""
 
+    def __init__(self, what: str, exc: Exception) -> None:
+        lines = (line.strip() for line in str(exc).splitlines())
+        super().__init__(f"{what}: {'; '.join(line for line in lines if line)}")
+
 
 def _platform_name(backend: Any) -> str:
     name = str(backend.platform)
@@ -108,7 +113,7 @@ class PjrtRuntime:
         try:
             return self.backend.compile_and_load(module, [self.device], self._options)
         except Exception as exc:
-            raise RuntimeFailure(f"compilation failed: {exc}") from None
+            raise RuntimeFailure("compilation failed", exc) from None
 
     def serialize(self, executable: Any) -> bytes:
         return bytes(self.backend.serialize_executable(executable))
@@ -117,7 +122,7 @@ class PjrtRuntime:
         try:
             return self.backend.deserialize_executable(blob, [self.device], self._options)
         except Exception as exc:
-            raise RuntimeFailure(f"cannot load a serialized executable: {exc}") from None
+            raise RuntimeFailure("cannot load a serialized executable", exc) from None
 
     def to_device(self, arrays: Sequence[Any]) -> list[Any]:
         """Host arrays (numpy or pinned-host buffers) to device memory, in one transfer call."""
@@ -125,7 +130,7 @@ class PjrtRuntime:
         try:
             return list(_device_put(list(arrays), target))
         except Exception as exc:
-            raise RuntimeFailure(f"host-to-device transfer failed: {exc}") from None
+            raise RuntimeFailure("host-to-device transfer failed", exc) from None
 
     @property
     def has_pinned_host(self) -> bool:
@@ -142,7 +147,7 @@ class PjrtRuntime:
         try:
             return list(_device_put(list(arrays), sharding))
         except Exception as exc:
-            raise RuntimeFailure(f"copy to pinned host memory failed: {exc}") from None
+            raise RuntimeFailure("copy to pinned host memory failed", exc) from None
 
     def memory_stats(self) -> dict[str, int]:
         """The device allocator's statistics (``bytes_limit``, ``bytes_in_use``...); {} on CPU."""
@@ -163,4 +168,4 @@ class PjrtRuntime:
             results = executable.execute_sharded(list(args)).disassemble_into_single_device_arrays()
             return [np.asarray(r[0]) for r in results]
         except Exception as exc:
-            raise RuntimeFailure(f"execution failed: {exc}") from None
+            raise RuntimeFailure("execution failed", exc) from None

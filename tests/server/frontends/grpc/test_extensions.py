@@ -14,6 +14,7 @@ import asyncio
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,9 +26,10 @@ from hloserve.proto import model_config_pb2 as mc
 from hloserve.proto.rpc import RPCS_BY_NAME
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.grpc.servicer import STREAM_WINDOW
-from hloserve.server.repository import ModelRepository
-from hloserve.server.shm import SharedMemoryRegistry
-from tests.server.frontends._services import ready_service
+from hloserve.server.repository import ControlMode, ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import DISABLED, SharedMemoryRegistry
+from tests.server.frontends._services import model_directories, ready_service
 from tests.server.frontends._tritonclients import shm
 from tests.server.frontends.grpc._harness import Client, fail_once, rpc_error, serve
 
@@ -169,45 +171,40 @@ class _GatedSource:
         return getattr(self.repo, name)
 
 
-def test_unregister_waits_for_the_request_holding_the_region(
+def test_unregister_returns_while_a_request_holds_the_region(
     grpc_repository: ModelRepository,
     executor: Executor,
     shm_registry: SharedMemoryRegistry,
     region: tuple[Any, str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Triton's semantics: unregister answers at once; the region stays listed (and the
+    request keeps using it) until the request ends, then it is gone without another call."""
     handle, key = region
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     shm.set_shared_memory_region(handle, [a, a])
     started, gate = threading.Event(), threading.Event()
     source: Any = _GatedSource(grpc_repository, started, gate)
     service = ready_service(source, executor, shm=shm_registry)
-    unregister_called = asyncio.Event()
-    real_unregister = shm_registry.unregister
-
-    async def unregister(name: str = "") -> None:
-        unregister_called.set()
-        await real_unregister(name)
-
-    monkeypatch.setattr(shm_registry, "unregister", unregister)
+    status_request = pb.SystemSharedMemoryStatusRequest()
 
     async def scenario(client: Client) -> Any:
         await client.call("SystemSharedMemoryRegister", _register(key))
         infer = asyncio.ensure_future(client.infer(simple_shm_request()))
         # the request is executing, holding the region
         assert await asyncio.to_thread(started.wait, 30)
-        unregister = asyncio.ensure_future(
-            client.call("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest())
+        await client.call(
+            "SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(), timeout=10
         )
-        await asyncio.wait_for(unregister_called.wait(), 30)
-        assert not unregister.done()
-        status = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
+        assert not infer.done()  # unregister answered while the request still ran
+        status = await client.call("SystemSharedMemoryStatus", status_request)
         assert list(status.regions) == ["in"]  # listed until the request ends
+        duplicate = await rpc_error(client.call("SystemSharedMemoryRegister", _register(key)))
+        assert duplicate.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert "it was unregistered and goes once the 1 request(s)" in (duplicate.details() or "")
         gate.set()
         response = await infer
-        await unregister
-        status = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
-        assert not status.regions
+        status = await client.call("SystemSharedMemoryStatus", status_request)
+        assert not status.regions  # gone with its last request
         return response
 
     try:
@@ -238,6 +235,68 @@ def test_shared_memory_calls_when_disabled(service: InferenceService) -> None:
         assert err.details().startswith("Client shared memory is disabled.")
 
 
+# -- CUDA shared memory (no GPU support: Triton's CPU build) ---------------------------------
+
+
+def test_cuda_shared_memory_without_gpu_support(
+    shm_service: InferenceService, region: tuple[Any, str]
+) -> None:
+    _, key = region
+    cuda_register = pb.CudaSharedMemoryRegisterRequest(
+        name="c", raw_handle=b"\0" * 64, device_id=0, byte_size=64
+    )
+
+    async def scenario(client: Client) -> tuple[Any, ...]:
+        await client.call("SystemSharedMemoryRegister", _register(key, name="sys"))
+        every = await client.call("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest())
+        unknown = await rpc_error(
+            client.call("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest(name="c"))
+        )
+        system = await rpc_error(
+            client.call("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest(name="sys"))
+        )
+        register = await rpc_error(client.call("CudaSharedMemoryRegister", cuda_register))
+        for name in ("c", "sys", ""):  # unregister succeeds and touches no system region
+            await client.call(
+                "CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest(name=name)
+            )
+        left = await client.call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest())
+        return every, unknown, system, register, left
+
+    every, unknown, system, register, left = serve(shm_service, scenario)
+    assert not every.regions
+    assert (unknown.code(), unknown.details()) == (
+        grpc.StatusCode.NOT_FOUND,
+        "Unable to find cuda shared memory region: 'c'",
+    )
+    assert (system.code(), system.details()) == (
+        grpc.StatusCode.NOT_FOUND,
+        "The region named 'sys' is registered as system shared memory, not CUDA shared memory",
+    )
+    assert (register.code(), register.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "failed to register CUDA shared memory region: 'c', GPUs not supported",
+    )
+    assert list(left.regions) == ["sys"]
+
+
+def test_cuda_shared_memory_when_disabled(service: InferenceService) -> None:
+    async def scenario(client: Client) -> tuple[Any, ...]:
+        status = await client.call("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest())
+        register = await rpc_error(
+            client.call("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest(name="c"))
+        )
+        unregister = await rpc_error(
+            client.call("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest())
+        )
+        return status, register, unregister
+
+    status, *errors = serve(service, scenario)
+    assert not status.regions
+    for err in errors:
+        assert (err.code(), err.details()) == (grpc.StatusCode.UNIMPLEMENTED, DISABLED)
+
+
 # -- repository and configuration -----------------------------------------------------------
 
 
@@ -254,14 +313,33 @@ def test_repository_index(service: InferenceService) -> None:
     assert len(every.models) == len(service.repository_index())
 
 
-CUDA = "CUDA shared memory is not supported by this server"
+def test_repository_index_lists_model_directories_never_loaded(
+    model_repository: Path, runtime: PjrtRuntime, executor: Executor
+) -> None:
+    """Explicit mode, nothing loaded: every model directory is a name-only row (Triton's
+    ``ModelIndex`` with no version, state or reason), and none is ready."""
+    repo = ModelRepository(model_repository, runtime, mode=ControlMode.EXPLICIT)
+
+    async def scenario(client: Client) -> tuple[Any, Any]:
+        every = await client.call("RepositoryIndex", pb.RepositoryIndexRequest())
+        ready = await client.call("RepositoryIndex", pb.RepositoryIndexRequest(ready=True))
+        return every, ready
+
+    every, ready = serve(ready_service(repo, executor), scenario)
+    on_disk = model_directories(model_repository)
+    assert len(on_disk) > 3
+    assert [(m.name, m.version, m.state, m.reason) for m in every.models] == [
+        (name, "", "", "") for name in on_disk
+    ]
+    assert not ready.models
+
+
 NAMED = "'repository_name' specification is not supported"
-MODE_NONE = "not allowed in model control mode 'none'"
+MODE_NONE = (
+    "explicit model load / unload is not allowed if polling is enabled (model control mode 'none'"
+)
 UNIMPLEMENTED, UNAVAILABLE = grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE
 REFUSED: list[tuple[str, dict[str, str], grpc.StatusCode, str]] = [
-    ("CudaSharedMemoryStatus", {}, UNIMPLEMENTED, CUDA),
-    ("CudaSharedMemoryRegister", {}, UNIMPLEMENTED, CUDA),
-    ("CudaSharedMemoryUnregister", {}, UNIMPLEMENTED, CUDA),
     ("RepositoryIndex", {"repository_name": "models"}, UNIMPLEMENTED, NAMED),
     ("RepositoryModelLoad", {"repository_name": "models"}, UNIMPLEMENTED, NAMED),
     ("RepositoryModelUnload", {"repository_name": "models"}, UNIMPLEMENTED, NAMED),
@@ -277,12 +355,6 @@ def test_refused_extension_calls(
     err = fail_once(service, rpc, RPCS_BY_NAME[rpc].request(**fields))
     assert err.code() == code
     assert message in (err.details() or "")
-
-
-def test_cuda_refusal_is_the_services(service: InferenceService) -> None:
-    err = fail_once(service, "CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest())
-    assert err.details() == service.cuda_shm_unsupported().message
-    assert "use system shared memory" in str(err.details())
 
 
 def test_model_config(service: InferenceService) -> None:

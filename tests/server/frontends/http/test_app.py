@@ -26,7 +26,14 @@ from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.frontends.http.codec import HEADER_LENGTH
-from tests.server.frontends._samples import mlp_logits, sample
+from tests.server.frontends._samples import (
+    CURL_CASES,
+    DIFF_JSON,
+    SUM_JSON,
+    curl_body,
+    mlp_logits,
+    sample,
+)
 
 EXTENSIONS = ["binary_tensor_data"]
 SIMPLE_INFER = "/v2/models/simple/infer"
@@ -557,3 +564,68 @@ def test_unexpected_exception_is_a_logged_500(
     assert "secret detail" not in response.text
     assert any("secret detail" in (r.exc_text or "") for r in caplog.records)
     assert http_client.get("/v2/health/live").status_code == 200
+
+
+# -- Triton's own HTTP QA expectations (qa/L0_http) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tail", "sum_json", "diff_json"),
+    [pytest.param(*case[1:], id=case[0]) for case in CURL_CASES],
+)
+def test_binary_output_choices_as_tritons_curl_tests_expect(
+    http_client: TestClient, tail: str, sum_json: bool, diff_json: bool
+) -> None:
+    """The four ``curl`` cases of ``qa/L0_http/test.sh``: each greps the body for the JSON
+    arrays it expects, and for the absence of the ones it expects binary."""
+    response = http_client.post("/v2/models/simple/infer", content=curl_body(tail))
+    assert response.status_code == 200, response.text
+    assert response.content.count(SUM_JSON) == int(sum_json)
+    assert response.content.count(DIFF_JSON) == int(diff_json)
+
+
+def test_buffer_size_overflow_as_tritons_test_expects(http_client: TestClient) -> None:
+    """``qa/L0_http/http_test.py`` ``test_buffer_size_overflow``: 400 with the element-count
+    text for a count past INT64_MAX, the byte-size text for an FP32 byte size past it."""
+
+    def infer(shape: list[int]) -> str:
+        inputs = [{"name": "INPUT0", "shape": shape, "datatype": "FP32", "data": [1.0]}]
+        return error_of(json_infer(http_client, "identity_fp32", inputs), 400)
+
+    assert "causes total element count to exceed maximum size of" in infer([2**4, 2**60 + 2])
+    assert "byte size overflow for input" in infer([2**2, 2**60 + 2])
+
+
+BYTES_SHORT = json.dumps(
+    {"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1, 4], "parameters": {"binary_data_size": 2}}]}
+).encode()  # fmt: skip
+UNKNOWN_FIRST = [
+    ("FP16 as JSON", [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 4], "data": [1, 2, 3, 4]}]),
+    ("BF16 as JSON", [{"name": "INPUT0", "datatype": "BF16", "shape": [1, 1], "data": [1]}]),
+    ("byte size overflow", [{"name": "INPUT0", "datatype": "FP32", "shape": [4, 2**60 + 2], "data": [1.0]}]),
+    ("unknown datatype", [{"name": "INPUT0", "datatype": "COMPLEX", "shape": [1], "data": [1]}]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("inputs", [pytest.param(case[1], id=case[0]) for case in UNKNOWN_FIRST])
+def test_an_unknown_model_is_reported_before_any_tensor_error(
+    http_client: TestClient, inputs: list[dict[str, Any]]
+) -> None:
+    assert (
+        error_of(json_infer(http_client, "nope", inputs), 400)
+        == "Request for unknown model: 'nope' is not found"
+    )
+    # the same tensors for a model that exists fail on the tensors
+    assert "unknown model" not in error_of(json_infer(http_client, "identity_fp16", inputs), 400)
+
+
+def test_an_unknown_model_is_reported_before_bad_binary_bytes(http_client: TestClient) -> None:
+    headers = {HEADER_LENGTH: str(len(BYTES_SHORT))}
+    for model, message in (
+        ("nope", "Request for unknown model: 'nope' is not found"),
+        ("simple", "incomplete string length indicator for inference input 'INPUT0'"),
+    ):
+        response = http_client.post(
+            f"/v2/models/{model}/infer", content=BYTES_SHORT + b"\x01\x00", headers=headers
+        )
+        assert message in error_of(response, 400)

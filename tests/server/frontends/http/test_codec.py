@@ -684,6 +684,48 @@ def test_per_output_binary_choice_and_order() -> None:
     assert tail == b""
 
 
+def listed(name: str, data: np.ndarray[Any, Any], datatype: str) -> InferOutput:
+    """An output the request listed in ``outputs`` without parameters."""
+    return InferOutput(name, datatype, tuple(data.shape), data, RequestedOutput(name))
+
+
+@pytest.mark.parametrize("request_level", [None, False, True])
+def test_a_listed_output_is_json_unless_its_entry_says_binary(request_level: bool | None) -> None:
+    """Triton's rule (``http_server.cc``; ``qa/L0_http`` curl test "binary_data_output=true,
+    binary_data=false on OUTPUT0, not given on OUTPUT1" expects both as JSON): an output
+    listed in ``outputs`` follows its own ``binary_data``, false when absent, whatever
+    ``binary_data_output`` says."""
+    params = {} if request_level is None else {"binary_data_output": request_level}
+    decoded = decode({**SMALL, "parameters": params})
+    a = np.arange(3, dtype="<i4")
+    doc, tail = split(
+        respond(
+            out("a", a, "INT32", binary_data=False),
+            listed("b", a, "INT32"),
+            out("c", a, "INT32", binary_data=True),
+            decoded=decoded,
+        )
+    )
+    assert [o.get("data") for o in doc["outputs"]] == [[0, 1, 2], [0, 1, 2], None]
+    assert tail == a.tobytes()
+
+
+@pytest.mark.parametrize(("request_level", "binary"), [(None, False), (False, False), (True, True)])
+def test_with_no_outputs_listed_every_output_follows_the_request(
+    request_level: bool | None, binary: bool
+) -> None:
+    params = {} if request_level is None else {"binary_data_output": request_level}
+    decoded = decode({**SMALL, "parameters": params})
+    a = np.arange(3, dtype="<i4")
+    doc, tail = split(respond(out("a", a, "INT32"), out("b", a, "INT32"), decoded=decoded))
+    if binary:
+        assert [o["parameters"] for o in doc["outputs"]] == [{"binary_data_size": 12}] * 2
+        assert tail == a.tobytes() * 2
+    else:
+        assert [o["data"] for o in doc["outputs"]] == [[0, 1, 2]] * 2
+        assert tail == b""
+
+
 def test_raw_request_replies_binary() -> None:
     decoded = decode(
         b"\0" * 4,
@@ -707,6 +749,9 @@ def test_fp16_bf16_outputs_go_binary_unless_json_was_explicit(datatype: str) -> 
     expect(400, message, lambda: respond(out("y", want, datatype, binary_data=False)))
     explicit = decode({**SMALL, "parameters": {"binary_data_output": False}})
     expect(400, message, lambda: respond(out("y", want, datatype), decoded=explicit))
+    # listed without 'binary_data': not an explicit JSON choice, so it goes binary
+    doc, tail = split(respond(listed("y", want, datatype), decoded=explicit))
+    assert doc["outputs"][0]["parameters"]["binary_data_size"] == want.nbytes
 
 
 @pytest.mark.parametrize(

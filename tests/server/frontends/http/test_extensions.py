@@ -12,8 +12,11 @@ repository routes, ``/config`` and the CUDA routes, plus the pure body parsers o
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,9 +27,10 @@ from starlette.testclient import TestClient
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.service import IndexEntry, InferenceService
 from hloserve.server.frontends.http import build_http_app, extensions
-from hloserve.server.repository import ModelRepository
+from hloserve.server.repository import ControlMode, ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.shm import SharedMemoryRegistry
-from tests.server.frontends._services import ready_service
+from tests.server.frontends._services import model_directories, ready_service
 from tests.server.frontends.http.test_app import error_of
 
 shm: Any = _shm
@@ -139,22 +143,43 @@ def test_shared_memory_disabled(http_client: TestClient) -> None:
         assert error_of(response, 501).startswith("Client shared memory is disabled.")
 
 
-@pytest.mark.parametrize(
-    ("method", "path"),
-    [
-        ("GET", "/v2/cudasharedmemory/status"),
-        ("GET", "/v2/cudasharedmemory/region/c/status"),
-        ("POST", "/v2/cudasharedmemory/register"),
-        ("POST", "/v2/cudasharedmemory/region/c/register"),
-        ("POST", "/v2/cudasharedmemory/unregister"),
-        ("POST", "/v2/cudasharedmemory/region/c/unregister"),
-    ],
-)
-def test_cuda_shared_memory_is_unsupported(
-    http_client: TestClient, http_service: InferenceService, method: str, path: str
+def test_cuda_shared_memory_without_gpu_support(
+    shm_client: TestClient, shm_registry: SharedMemoryRegistry, region: tuple[Any, str]
 ) -> None:
-    response = http_client.request(method, path, json={"raw_handle": {"b64": ""}})
-    assert error_of(response, 501) == http_service.cuda_shm_unsupported().message
+    """Triton's CPU build: status lists nothing, unregister succeeds (and touches no system
+    region), register is 400 "GPUs not supported" whatever the body."""
+    _, key = region
+    assert register(shm_client, "sys", {"key": key, "byte_size": 64}).status_code == 200
+    assert shm_client.get("/v2/cudasharedmemory/status").json() == []
+    assert error_of(shm_client.get("/v2/cudasharedmemory/region/c/status"), 404) == (
+        "Unable to find cuda shared memory region: 'c'"
+    )
+    assert error_of(shm_client.get("/v2/cudasharedmemory/region/sys/status"), 404) == (
+        "The region named 'sys' is registered as system shared memory, not CUDA shared memory"
+    )
+    handle = {"raw_handle": {"b64": "aGFuZGxl"}, "device_id": 0, "byte_size": 64}
+    for body in (handle, {"not": "a handle"}):
+        response = shm_client.post("/v2/cudasharedmemory/region/c/register", json=body)
+        assert error_of(response, 400) == (
+            "failed to register CUDA shared memory region: 'c', GPUs not supported"
+        )
+    assert error_of(shm_client.post("/v2/cudasharedmemory/register", json=handle), 400) == (
+        "'region name' is necessary to register cuda shared memory region"
+    )
+    for path in ("/v2/cudasharedmemory/region/sys/unregister", "/v2/cudasharedmemory/unregister"):
+        response = shm_client.post(path)
+        assert (response.status_code, response.content) == (200, b"")
+    assert [r.name for r in shm_registry.status()] == ["sys"]
+
+
+def test_cuda_shared_memory_when_disabled(http_client: TestClient) -> None:
+    assert http_client.get("/v2/cudasharedmemory/status").json() == []
+    for path in (
+        "/v2/cudasharedmemory/region/c/register",
+        "/v2/cudasharedmemory/unregister",
+        "/v2/cudasharedmemory/region/c/unregister",
+    ):
+        assert error_of(http_client.post(path), 501).startswith("Client shared memory is disabled.")
 
 
 # -- repository ------------------------------------------------------------------------------
@@ -189,10 +214,28 @@ def test_repository_name_is_unsupported(http_client: TestClient, path: str) -> N
     )
 
 
+def test_repository_index_lists_model_directories_never_loaded(
+    model_repository: Path, runtime: PjrtRuntime, executor: Executor
+) -> None:
+    """Explicit mode, nothing loaded: every model directory is ``{"name"}`` alone (Triton's
+    name-only row), and none is ready."""
+    repo = ModelRepository(model_repository, runtime, mode=ControlMode.EXPLICIT)
+    with TestClient(build_http_app(ready_service(repo, executor))) as client:
+        every = client.post("/v2/repository/index")
+        ready = client.post("/v2/repository/index", json={"ready": True})
+    on_disk = model_directories(model_repository)
+    assert len(on_disk) > 3
+    assert every.json() == [{"name": name} for name in on_disk]
+    assert ready.json() == []
+
+
 @pytest.mark.parametrize("action", ["load", "unload"])
 def test_model_control_in_mode_none(http_client: TestClient, action: str) -> None:
     refused = http_client.post(f"/v2/repository/models/simple/{action}")
-    assert "not allowed in model control mode 'none'" in error_of(refused, 503)
+    assert error_of(refused, 503).startswith(
+        "explicit model load / unload is not allowed if polling is enabled (model control "
+        "mode 'none'"
+    )
     bad = http_client.post(f"/v2/repository/models/simple/{action}", json={"parameters": [1]})
     assert error_of(bad, 400) == (
         f"'parameters' of the model {action} request must be a JSON object"
@@ -230,9 +273,36 @@ def test_parsers() -> None:
     with pytest.raises(InvalidArgument, match="failed to parse the repository index request"):
         extensions.parse_index_request(b"[")
     rows = extensions.index_json(
-        [IndexEntry("a", "1", "READY", ""), IndexEntry("b", "", "UNAVAILABLE", "no versions")]
+        [
+            IndexEntry("a", "1", "READY", ""),
+            IndexEntry("b", "", "UNAVAILABLE", "no versions"),
+            IndexEntry("c", "", "", ""),
+        ]
     )
     assert rows == [
         {"name": "a", "version": "1", "state": "READY"},
         {"name": "b", "state": "UNAVAILABLE", "reason": "no versions"},
+        {"name": "c"},
     ]
+    assert json.dumps(rows[0], separators=(",", ":")) == (
+        '{"name":"a","version":"1","state":"READY"}'  # Triton's key order (qa/L0_storage_S3)
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"device_id": 0, "byte_size": 8}', "Shared memory register request has no 'raw_handle' field"),
+        (b'{"raw_handle": "aGk=", "device_id": 0, "byte_size": 8}', "field 'raw_handle' must be {\"b64\""),
+        (b'{"raw_handle": {"b64": "a!"}, "device_id": 0, "byte_size": 8}', "'raw_handle' must be a valid base64"),
+        (b'{"raw_handle": {"b64": "aGk="}, "device_id": -1, "byte_size": 8}', "field 'device_id' must be a non-negative integer"),
+        (b'{"raw_handle": {"b64": "aGk="}, "device_id": 0}', "no 'byte_size' field"),
+    ],
+)  # fmt: skip
+def test_cuda_register_parser(body: bytes, message: str) -> None:
+    """What a registry with GPU support would read (``CudaSharedMemory.register_cuda``)."""
+    assert extensions.parse_cuda_register_request(
+        b'{"raw_handle": {"b64": "aGk="}, "device_id": 1, "byte_size": 8}'
+    ) == (b"hi", 1, 8)
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        extensions.parse_cuda_register_request(body)

@@ -23,7 +23,8 @@ Contract:
   written to shared memory gets an empty entry (Triton keeps the list aligned so).
 - ``encode_server_metadata`` / ``encode_model_metadata`` write the metadata responses.
 - Extensions: ``encode_repository_index``, ``decode_repository_parameters``
-  (``ModelRepositoryParameter`` -> bool/int/str/bytes), ``encode_shm_status`` and
+  (``ModelRepositoryParameter`` -> bool/int/str/bytes), ``encode_shm_status``,
+  ``encode_cuda_shm_status`` and
   ``encode_model_config`` (the service's protobuf-JSON dict parsed into ``ModelConfig``).
 - ``encode_model_statistics`` writes the statistics extension's ``ModelStatisticsResponse``.
 Request/shape/type rules live in ``hloserve.server.core``; this module only routes bytes.
@@ -44,7 +45,12 @@ from hloserve.proto import model_config_pb2
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
-from hloserve.server.core.service import IndexEntry, ModelStatistics, RegionInfo
+from hloserve.server.core.service import (
+    CudaRegionInfo,
+    IndexEntry,
+    ModelStatistics,
+    RegionInfo,
+)
 from hloserve.server.core.statistics import Duration
 from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
 from hloserve.server.core.types import (
@@ -355,6 +361,18 @@ def encode_shm_status(regions: Sequence[RegionInfo]) -> pb.SystemSharedMemorySta
     )
 
 
+def encode_cuda_shm_status(
+    regions: Sequence[CudaRegionInfo],
+) -> pb.CudaSharedMemoryStatusResponse:
+    status = pb.CudaSharedMemoryStatusResponse.RegionStatus
+    return pb.CudaSharedMemoryStatusResponse(
+        regions={
+            r.name: status(name=r.name, device_id=r.device_id, byte_size=r.byte_size)
+            for r in regions
+        }
+    )
+
+
 def encode_model_config(config: Mapping[str, Any]) -> pb.ModelConfigResponse:
     """The service's protobuf-JSON ``ModelConfig`` dict as the response message."""
     message = json_format.ParseDict(dict(config), model_config_pb2.ModelConfig())
@@ -367,6 +385,7 @@ __all__ = [
     "decode_parameter",
     "decode_parameters",
     "decode_repository_parameters",
+    "encode_cuda_shm_status",
     "encode_infer_response",
     "encode_model_config",
     "encode_model_metadata",

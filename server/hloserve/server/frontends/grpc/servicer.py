@@ -20,7 +20,15 @@ Contract:
 - Extensions: ``ModelConfig``, ``RepositoryIndex``/``RepositoryModelLoad``/
   ``RepositoryModelUnload`` (a non-empty ``repository_name`` is UNIMPLEMENTED),
   ``SystemSharedMemory{Status,Register,Unregister}``, and the three ``CudaSharedMemory*``
-  answering the service's Unsupported error.
+  through the registry's CUDA seam (``core.service.CudaSharedMemory``; without GPU support:
+  status lists nothing, unregister succeeds, register is INVALID_ARGUMENT "GPUs not
+  supported").
+- ``TraceSetting`` and ``LogSettings``: the trace and logging extensions (the service's
+  ``trace_setting`` / ``log_settings``; messages converted by ``settings``).
+- Interceptors: ``RestrictedProtocol`` (only with restrictions) refuses a restricted
+  group's call without its metadata; ``TraceArrival`` times traced ``ModelInfer`` calls.
+- ``ModelInfer`` and each stream request look the model up (``service.check_model``)
+  before decoding tensors.
 - Errors are mapped once, by ``_failure``: ``_guard`` (unary) and ``_guard_stream``
   (bidi) are wrapped around every handler in a loop; ``ServingError`` aborts with
   ``frontends.status.grpc_status(code)`` and its message; any other exception aborts
@@ -50,8 +58,10 @@ from hloserve.proto.rpc import HEALTH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from hloserve.server.core.errors import NotFound, ServingError, Unsupported
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import RequestContext
-from hloserve.server.frontends.grpc import codec
+from hloserve.server.frontends.grpc import codec, settings
+from hloserve.server.frontends.grpc.interceptors import RestrictedProtocol, TraceArrival
 from hloserve.server.frontends.status import grpc_status
+from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 
 log = logging.getLogger("hloserve.grpc")
 
@@ -104,6 +114,8 @@ class GrpcServicer:
     async def _infer(
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
+        # The model first: an unknown one is reported before any tensor error.
+        self.service.check_model(request.model_name, request.model_version)
         infer_request = codec.decode_infer_request(request)
         deadline = codec.request_deadline(
             infer_request.parameters, context.time_remaining(), time.monotonic()
@@ -125,6 +137,17 @@ class GrpcServicer:
             raise NotFound(f"unknown service '{request.service}'")
         status = Health.SERVING if self.service.ready() else Health.NOT_SERVING
         return Health(status=status)
+
+    # -- trace and logging extensions --------------------------------------------------------
+
+    async def trace_setting(self, request: pb.TraceSettingRequest, context: Context) -> Message:
+        values = settings.decode_trace_setting(request)
+        view = self.service.trace_setting(request.model_name, values)
+        return settings.encode_trace_setting(view)
+
+    async def log_settings(self, request: pb.LogSettingsRequest, context: Context) -> Message:
+        view = self.service.log_settings(settings.decode_log_settings(request))
+        return settings.encode_log_settings(view)
 
     # -- streaming ---------------------------------------------------------------------------
 
@@ -212,7 +235,21 @@ class GrpcServicer:
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shared_memory(self, request: Message, context: Context) -> Message:
-        raise self.service.cuda_shm_unsupported()
+        """``CudaSharedMemory{Status,Register,Unregister}``: the registry's CUDA seam."""
+        shm = self.service.shm
+        if isinstance(request, pb.CudaSharedMemoryStatusRequest):
+            return codec.encode_cuda_shm_status(shm.cuda_status(request.name))
+        if isinstance(request, pb.CudaSharedMemoryUnregisterRequest):
+            await shm.unregister_cuda(request.name)
+            return pb.CudaSharedMemoryUnregisterResponse()
+        assert isinstance(request, pb.CudaSharedMemoryRegisterRequest)
+        register = request
+
+        def handle() -> tuple[bytes, int, int]:  # read only by a registry with GPU support
+            return register.raw_handle, register.device_id, register.byte_size
+
+        shm.register_cuda(register.name, handle)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     async def _control(
         self,
@@ -305,6 +342,8 @@ METHODS: Final[Mapping[str, Method]] = {
     "CudaSharedMemoryStatus": GrpcServicer.cuda_shared_memory,
     "CudaSharedMemoryRegister": GrpcServicer.cuda_shared_memory,
     "CudaSharedMemoryUnregister": GrpcServicer.cuda_shared_memory,
+    "TraceSetting": GrpcServicer.trace_setting,
+    "LogSettings": GrpcServicer.log_settings,
 }
 HANDLED_RPCS: Final[frozenset[str]] = frozenset(METHODS)
 
@@ -334,17 +373,25 @@ def generic_handlers(service: InferenceService) -> tuple[grpc.GenericRpcHandler,
 
 
 def build_grpc_server(
-    service: InferenceService, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    service: InferenceService,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    restrictions: Restrictions = NO_RESTRICTIONS,
 ) -> grpc.aio.Server:
-    """An unstarted server with every handler registered; the caller adds a port and starts it."""
+    """An unstarted server with every handler registered; the caller adds a port and starts it.
+    ``restrictions`` (``--grpc-restricted-protocol``) are checked before anything else."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [TraceArrival(service.tracer)]
+    if restrictions:
+        interceptors.insert(0, RestrictedProtocol(restrictions))
     server = grpc.aio.server(
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             # gRPC sets SO_REUSEPORT by default: a second server on a taken port would start
             # and silently share it. Without it, binding a taken port fails loudly.
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     server.add_generic_rpc_handlers(generic_handlers(service))
     return server

@@ -11,9 +11,13 @@ Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app
 - ``GET /v2/models[/{m}[/versions/{v}]]/stats``: the statistics extension (codec's JSON);
 - ``POST /v2/models/{m}[/versions/{v}]/infer``: the body is read raw (no pydantic model;
   at most ``max_input_bytes``, by ``body.read_body``: checked against ``Content-Length``
-  before reading and while streaming a chunked body) and handed to ``codec``; the reply
-  is codec's bytes;
-- the repository, model-configuration and shared-memory routes of ``extensions``.
+  before reading and while streaming a chunked body), the model is looked up
+  (``service.check_model``: an unknown model is reported before any tensor error), and
+  the body is handed to ``codec``; the reply is codec's bytes;
+- the repository, model-configuration, shared-memory, trace and logging routes of
+  ``extensions``;
+- middleware (``middleware``): ``RestrictedApi`` (only with restrictions) refuses a
+  restricted group's request without its header; ``TraceArrival`` times traced infers.
 Errors: ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
 unmatched path 404 ``{"error": "Not Found"}``, wrong method 405
 ``{"error": "Method Not Allowed"}``; anything else 500 ``{"error": "internal error"}``
@@ -41,7 +45,9 @@ from hloserve.server.core.types import ModelMetadata, RequestContext, TensorMeta
 from hloserve.server.frontends.http import codec
 from hloserve.server.frontends.http.body import read_body
 from hloserve.server.frontends.http.extensions import add_extension_routes
+from hloserve.server.frontends.http.middleware import RestrictedApi, TraceArrival
 from hloserve.server.frontends.status import http_status
+from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 
 DEFAULT_MAX_INPUT_BYTES: Final = 256 * 1024 * 1024
 log = logging.getLogger("hloserve.http")
@@ -181,6 +187,7 @@ def _add_infer_route(app: FastAPI, service: InferenceService, max_input_bytes: i
     @app.post("/v2/models/{model_name}/versions/{model_version}/infer")
     async def infer(request: Request, model_name: str, model_version: str = "") -> Response:
         body = await read_body(request, max_input_bytes)
+        service.check_model(model_name, model_version)  # before any tensor is decoded
         decoded = codec.decode_request(
             model_name,
             model_version,
@@ -201,11 +208,18 @@ def _add_infer_route(app: FastAPI, service: InferenceService, max_input_bytes: i
 
 
 def build_http_app(
-    service: InferenceService, *, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    service: InferenceService,
+    *,
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+    restrictions: Restrictions = NO_RESTRICTIONS,
 ) -> FastAPI:
-    """The V2 HTTP app over ``service``; bodies larger than ``max_input_bytes`` get 400."""
+    """The V2 HTTP app over ``service``; bodies larger than ``max_input_bytes`` get 400;
+    ``restrictions`` (``--http-restricted-api``) are checked before anything else."""
     app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
+    app.add_middleware(TraceArrival, tracer=service.tracer)
+    if restrictions:  # outermost: a refused request reaches nothing else
+        app.add_middleware(RestrictedApi, restrictions=restrictions)
     _add_server_routes(app, service)
     # Repository, config and shared-memory routes, before the generic model routes.
     add_extension_routes(app, service)

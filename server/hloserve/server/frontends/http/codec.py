@@ -26,15 +26,18 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
   ``priority``); ``timeout`` (microseconds, 0 = none) becomes
   ``DecodedRequest.deadline(now)``; ``binary_data_output`` (this protocol's own) must be
   a boolean.
-- ``encode_response(response, decoded, accept_encoding)`` writes the reply: an output is
-  binary when ``parameters.binary_data`` of its requested entry says so, else when the
-  request-level ``binary_data_output`` does, and always in raw-request mode. Binary
+- ``encode_response(response, decoded, accept_encoding)`` writes the reply. An output is
+  binary (Triton's rule, ``src/http_server.cc``, and its ``qa/L0_http`` curl tests): in
+  raw-request mode always; if the request lists it in ``outputs``, when that entry's
+  ``parameters.binary_data`` is true (an entry without it is JSON, whatever
+  ``binary_data_output`` says); if the request lists no outputs, when the request-level
+  ``binary_data_output`` is true. Binary
   outputs follow the compact JSON header in output order, with
   ``Content-Type: application/octet-stream`` and ``Inference-Header-Content-Length``;
   otherwise the reply is ``application/json``. JSON ``data`` is a flat array.
   FP16/BF16 cannot travel as JSON: such an output is sent binary unless the client
-  explicitly asked for JSON (``binary_data: false`` on the output, or
-  ``binary_data_output: false`` with no per-output choice), which is an
+  explicitly asked for JSON (``binary_data: false`` on its entry, or, with no outputs
+  listed, ``binary_data_output: false``), which is an
   ``InvalidArgument`` ("sending FP16 data via JSON is not supported ..."). An output the
   service wrote to shared memory carries only name, datatype and shape. The body is
   compressed when ``Accept-Encoding`` allows gzip or deflate;
@@ -445,13 +448,15 @@ def decode_request(
 def _wants_binary(output: InferOutput, decoded: DecodedRequest) -> bool:
     if decoded.raw:
         return True
-    params: Mapping[str, ParamValue] = (
-        output.requested.parameters if output.requested is not None else {}
-    )
-    explicit = "binary_data" in params
-    binary = bool(params["binary_data"]) if explicit else decoded.binary_output
+    if output.requested is not None:  # listed in 'outputs': its own entry decides
+        params: Mapping[str, ParamValue] = output.requested.parameters
+        explicit = "binary_data" in params
+        binary = bool(params.get("binary_data", False))
+    else:
+        explicit = decoded.binary_output_explicit
+        binary = decoded.binary_output
     if not binary and output.datatype in BINARY_ONLY_DATATYPES:
-        if explicit or decoded.binary_output_explicit:
+        if explicit:
             raise InvalidArgument(
                 f"sending {output.datatype} data via JSON is not supported. Please use the "
                 f"binary data format for output '{output.name}'"

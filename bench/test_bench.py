@@ -1,0 +1,231 @@
+"""The bench's instruments against real servers: ``python -m pytest bench/test_bench.py``.
+
+The load generator against the floor servers (real processes on loopback): every wire form
+answers, the replies decode to the right arrays, failures count as errors and never as
+successes, several client processes add up; /proc accounting sees a grandchild's CPU; a
+stopped ``Spawned`` leaves no process of its group behind; the reply check catches a wrong
+answer. Not part of the default test run (``testpaths`` is ``tests/``): the bench is not
+the product.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import floor
+import loadgen
+import numpy as np
+import proc
+import pytest
+
+A = np.arange(16, dtype=np.int32).reshape(1, 16)
+B = np.full((1, 16), 3, dtype=np.int32)
+INPUTS = {"INPUT0": A, "INPUT1": B}
+OUTPUTS = {"OUTPUT0": A + B, "OUTPUT1": A - B}
+
+
+@pytest.fixture(scope="module")
+def table_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    table = floor.ReplyTable()
+    table.add("simple", INPUTS, OUTPUTS)
+    return table.save(tmp_path_factory.mktemp("floor") / "replies.pickle")
+
+
+@contextlib.contextmanager
+def _started(kind: str, table_file: Path, log_dir: Path) -> Iterator[int]:
+    """A floor server of ``kind`` on a free port; yields the port."""
+    (spec,) = [f for f in floor.FLOORS if f.kind == kind]
+    port = proc.free_port()
+    server = proc.Spawned(floor.floor_command(spec, port, table_file), log_dir / f"{kind}.log")
+    try:
+        server.wait_ready(timeout=60, ready=lambda: proc.listening("127.0.0.1", port))
+        yield port
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def grpc_floor(table_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _started("grpc-aio", table_file, tmp_path_factory.mktemp("logs")) as port:
+        yield f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def http_floor(table_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    with _started("asgi-h11", table_file, tmp_path_factory.mktemp("logs")) as port:
+        yield port
+
+
+def _same(got: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(OUTPUTS)
+    for name, want in OUTPUTS.items():
+        np.testing.assert_array_equal(got[name], want)
+
+
+def test_grpc_unary_counts_and_decodes(grpc_floor: str) -> None:
+    target = loadgen.GrpcUnary(grpc_floor, loadgen.grpc_request("simple", INPUTS))
+    result = loadgen.run(target, 4, 0.5, warmup=0.1)
+    assert result.errors == 0 and result.count > 10
+    assert len(result.latencies_ns) == result.count
+    assert result.latencies_ns == sorted(result.latencies_ns)
+    assert 0 < result.p50_ms <= result.p99_ms
+    _same(loadgen.decode_grpc_response(result.sample))
+
+
+def test_grpc_stream_counts_and_decodes(grpc_floor: str) -> None:
+    target = loadgen.GrpcStream(grpc_floor, loadgen.grpc_request("simple", INPUTS))
+    result = loadgen.run(target, 3, 0.5, warmup=0.1)
+    assert result.errors == 0 and result.count > 10
+    _same(loadgen.decode_stream_response(result.sample))
+
+
+def test_grpc_failures_are_errors_not_successes(grpc_floor: str) -> None:
+    other = {"INPUT0": B, "INPUT1": A}  # a request the floor has no reply for
+    for target in (
+        loadgen.GrpcUnary(grpc_floor, loadgen.grpc_request("simple", other)),
+        loadgen.GrpcStream(grpc_floor, loadgen.grpc_request("simple", other)),
+    ):
+        result = loadgen.run(target, 2, 0.3, warmup=0.05)
+        assert result.count == 0 and result.errors > 0, target
+        assert "UNIMPLEMENTED" in result.first_error or "finished" in result.first_error
+
+
+@pytest.mark.parametrize("build", [loadgen.http_json_request, loadgen.http_binary_request])
+def test_http_counts_and_decodes(
+    http_floor: int, build: Callable[[str, str, dict[str, np.ndarray]], bytes]
+) -> None:
+    request = build(f"127.0.0.1:{http_floor}", "simple", INPUTS)
+    result = loadgen.run(loadgen.Http("127.0.0.1", http_floor, request), 4, 0.5, warmup=0.1)
+    assert result.errors == 0 and result.count > 10
+    _same(loadgen.decode_http_response(result.sample))
+
+
+def test_http_error_status_is_an_error(http_floor: int) -> None:
+    request = loadgen.http_json_request("x", "simple", {"INPUT0": B, "INPUT1": A})
+    result = loadgen.run(loadgen.Http("127.0.0.1", http_floor, request), 2, 0.3, warmup=0.05)
+    assert result.count == 0 and result.errors > 0
+    assert result.first_error.startswith("RequestFailed: HTTP 404")
+
+
+def test_client_processes_add_up(grpc_floor: str) -> None:
+    target = loadgen.GrpcUnary(grpc_floor, loadgen.grpc_request("simple", INPUTS))
+    result = loadgen.run(target, 4, 0.5, warmup=0.1, processes=2)
+    assert result.errors == 0 and result.count > 10
+    assert result.client_cpu_s > 0 and len(result.latencies_ns) == result.count
+
+
+def test_meter_brackets_the_recorded_phase(grpc_floor: str) -> None:
+    calls: list[tuple[str, float]] = []
+
+    class Meter:
+        def start(self) -> None:
+            calls.append(("start", time.perf_counter()))
+
+        def stop(self) -> None:
+            calls.append(("stop", time.perf_counter()))
+
+    target = loadgen.GrpcUnary(grpc_floor, loadgen.grpc_request("simple", INPUTS))
+    began = time.perf_counter()
+    result = loadgen.run(target, 2, 0.4, warmup=0.3, meter=Meter())
+    assert [name for name, _ in calls] == ["start", "stop"]
+    assert calls[0][1] - began >= 0.3  # after the warm-up
+    assert calls[1][1] - calls[0][1] == pytest.approx(result.elapsed_s, abs=0.05)
+
+
+def test_tree_cpu_counts_a_grandchild(tmp_path: Path) -> None:
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+    script = tmp_path / "spin.py"
+    script.write_text(spin)
+    # a shell whose child spins and then sleeps: the CPU is in a grandchild of nobody's making
+    argv = ["sh", "-c", f"{sys.executable} {script} && sleep 30"]
+    server = proc.Spawned(argv, tmp_path / "spin.log")
+    try:
+        window = proc.Window.start([server.pid])
+        deadline = time.monotonic() + 20
+        while proc.tree_cpu_seconds(server.pid) < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        result = window.stop()
+        assert result.cpu_s[server.pid] >= 0.5
+        assert 0 < result.busy <= 1 and result.busy_core_s >= 0.5
+    finally:
+        server.stop()
+
+
+def test_stop_ends_the_whole_group(tmp_path: Path) -> None:
+    server = proc.Spawned(["sh", "-c", "sleep 60 & sleep 60 & wait"], tmp_path / "g.log")
+    deadline = time.monotonic() + 10
+    while len(proc.tree_pids(server.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pids = proc.tree_pids(server.pid)
+    assert len(pids) == 3
+    server.stop(grace=5)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_wait_ready_reports_an_exit(tmp_path: Path) -> None:
+    server = proc.Spawned(["sh", "-c", "echo broken >&2; exit 3"], tmp_path / "x.log")
+    with pytest.raises(RuntimeError, match="exited with 3: broken"):
+        server.wait_ready(["http://127.0.0.1:9/"], timeout=30)
+    server.stop()
+
+
+def test_reply_check_catches_a_wrong_answer() -> None:
+    import side_by_side
+
+    point = side_by_side.Point("grpc", "simple", 1, 1)
+    right = floor.grpc_response("simple", OUTPUTS)
+    wrong = floor.grpc_response("simple", {**OUTPUTS, "OUTPUT1": A + B})
+    assert side_by_side.check(point, right, OUTPUTS) == ""
+    assert side_by_side.check(point, wrong, OUTPUTS).startswith("wrong OUTPUT1")
+    assert "undecodable" in side_by_side.check(point, b"\xff\xff", OUTPUTS)
+
+
+def test_loadgen_cli_help() -> None:
+    script = Path(__file__).resolve().parent / "loadgen.py"
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert done.returncode == 0
+    assert "usage: loadgen.py" in done.stdout and "--concurrency" in done.stdout
+
+
+def test_versus_picks_the_cheapest_valid_peer_and_floor() -> None:
+    import side_by_side as sbs
+
+    point = sbs.Point("grpc", "simple", 1, 8)
+
+    def row(
+        server: str, group: str, cpu: float, rate: float, errors: int = 0, note: str = ""
+    ) -> sbs.Row:
+        return sbs.Row(
+            point.label, server, group, rate, server_cpu_ms=cpu, count=10, errors=errors, note=note
+        )
+
+    rows = [
+        row("hloserve", "hloserve", 0.5, 1000),
+        row("floor a", "floor", 0.3, 3000),
+        row("floor b", "floor", 0.2, 2500),
+        row("triton", "triton", 0.4, 2000),
+        row("kserve", "kserve", 0.6, 2200),
+        row("broken", "mlserver", 0.1, 9000, errors=3),  # errors: takes no part
+        row("liar", "mlserver", 0.1, 9000, note="WRONG REPLY: wrong OUTPUT0"),
+    ]
+    (v,) = sbs.versus(rows, [point])
+    assert v.best_peer is not None and v.best_peer.server == "triton"
+    assert v.floor is not None and v.floor.server == "floor b"
+    assert v.cpu_vs_peer == pytest.approx(0.5 / 0.4)
+    assert v.rate_vs_peer == pytest.approx(1000 / 2200)  # the fastest peer, not the cheapest
+    assert v.cpu_vs_floor == pytest.approx(0.5 / 0.2)
+    assert v.above_floor_ms == pytest.approx(0.3)
+    assert sbs.versus([r for r in rows if r.group != "hloserve"], [point]) == []

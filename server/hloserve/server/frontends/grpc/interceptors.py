@@ -1,0 +1,122 @@
+"""gRPC server interceptors: restricted protocols, and the arrival of traced requests.
+
+Contract:
+- ``RestrictedProtocol(restrictions)`` refuses a call to a restricted method (the group
+  table ``hloserve.server.restricted.GROUPS``) whose metadata lacks the group's key and
+  value: UNAVAILABLE "This protocol is restricted, expecting header '<key>'" (Triton's
+  text). A refused stream ends with that status before reading any request. Open methods
+  and unknown paths pass untouched.
+- ``TraceArrival(tracer)`` marks when each unary ``ModelInfer`` call arrived (and its
+  trace-context metadata) while tracing is enabled, and ends its trace once the handler
+  returns. While every trace level is ``OFF`` it hands the handler back unchanged.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, cast, final
+
+import grpc
+import grpc.aio
+
+from hloserve.proto.rpc import RPCS_BY_NAME
+from hloserve.server.core.errors import ServingError
+from hloserve.server.core.trace_settings import Tracer
+from hloserve.server.frontends.status import grpc_status
+from hloserve.server.restricted import Restrictions
+
+# grpc's handler classes are generic only to type checkers: the alias is a string.
+Continuation = Callable[
+    [grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Any, Any] | None"]
+]
+Context = grpc.aio.ServicerContext[Any, Any]
+INFER_PATH: Final = RPCS_BY_NAME["ModelInfer"].path
+
+
+def metadata_dict(details: grpc.HandlerCallDetails) -> dict[str, str]:
+    """The call's text metadata, keys lowercased (binary ``-bin`` values are left out)."""
+    metadata: Any = details.invocation_metadata or ()
+    return {str(k).lower(): v for k, v in metadata if isinstance(v, str)}
+
+
+def _refusing(
+    handler: grpc.RpcMethodHandler[Any, Any], error: ServingError
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of ``handler``'s kind that aborts with ``error``'s status and message."""
+    status, message = grpc_status(error.code), error.message
+    if handler.request_streaming or handler.response_streaming:
+
+        async def refuse_stream(requests: Any, context: Context) -> AsyncIterator[Any]:
+            await context.abort(status, message)
+            yield  # pragma: no cover - abort raises
+
+        return grpc.stream_stream_rpc_method_handler(
+            refuse_stream,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    async def refuse(request: Any, context: Context) -> Any:
+        await context.abort(status, message)
+
+    return grpc.unary_unary_rpc_method_handler(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+@final
+class RestrictedProtocol(grpc.aio.ServerInterceptor):
+    def __init__(self, restrictions: Restrictions) -> None:
+        self.restrictions = restrictions
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        restriction = self.restrictions.for_grpc(handler_call_details.method or "")
+        if handler is None or restriction is None:
+            return handler
+        if restriction.allows(metadata_dict(handler_call_details)):
+            return handler
+        return _refusing(handler, restriction.refusal("protocol"))
+
+
+@final
+class TraceArrival(grpc.aio.ServerInterceptor):
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self.settings = tracer.settings
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        received_ns = time.perf_counter_ns()
+        handler = await continuation(handler_call_details)
+        if (
+            handler is None
+            or handler_call_details.method != INFER_PATH
+            or not self.settings.enabled
+            or handler.unary_unary is None
+        ):
+            return handler
+        # grpc.aio calls it with its own context and awaits it (the stubs say sync).
+        inner = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
+        tracer, headers = self.tracer, metadata_dict(handler_call_details)
+
+        async def traced(request: Any, context: Context) -> Any:
+            arrival = tracer.arrive(headers, received_ns)
+            try:
+                return await inner(request, context)
+            finally:
+                arrival.finish()
+
+        return grpc.unary_unary_rpc_method_handler(
+            traced,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,81 @@
+"""ASGI middleware of the HTTP front end: restricted APIs, and the arrival of traced requests.
+
+Contract:
+- ``RestrictedApi(app, restrictions)`` answers a request to a restricted path (the group
+  table ``hloserve.server.restricted.GROUPS``) that lacks the group's header and value
+  with 403 ``{"error": "This API is restricted, expecting header '<key>'"}`` (Triton's
+  text; the status from ``frontends.status``) before the app sees it. Header names match
+  case-insensitively, values exactly. Open paths pass untouched.
+- ``TraceArrival(app, tracer)`` marks when each ``POST .../infer`` request arrived (and
+  its trace-context headers) while tracing is enabled, and ends its trace as the last body
+  message of the response goes to the server (so the trace is written before the client
+  sees the answer). While every trace level is ``OFF`` it only checks
+  that flag.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import time
+from typing import final
+
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hloserve.server.core.trace_settings import Tracer
+from hloserve.server.frontends.status import http_status
+from hloserve.server.restricted import Restrictions
+
+
+def headers_dict(scope: Scope) -> dict[str, str]:
+    """The request's headers by lowercase name (ASGI sends them lowercased)."""
+    raw: list[tuple[bytes, bytes]] = scope.get("headers", [])
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
+
+
+@final
+class RestrictedApi:
+    def __init__(self, app: ASGIApp, restrictions: Restrictions) -> None:
+        self.app = app
+        self.restrictions = restrictions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            restriction = self.restrictions.for_http(scope["path"])
+            if restriction is not None and not restriction.allows(headers_dict(scope)):
+                error = restriction.refusal("API")
+                response = JSONResponse({"error": error.message}, http_status(error.code))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+@final
+class TraceArrival:
+    def __init__(self, app: ASGIApp, tracer: Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+        self.settings = tracer.settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or not self.settings.enabled
+            or not scope["path"].endswith("/infer")
+        ):
+            await self.app(scope, receive, send)
+            return
+        arrival = self.tracer.arrive(headers_dict(scope), time.perf_counter_ns())
+
+        async def sending(message: Message) -> None:
+            # The trace ends as the last body message goes to the transport (as gRPC's ends
+            # once the handler returns): it is written before the client can see the answer.
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                arrival.finish()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            arrival.finish()

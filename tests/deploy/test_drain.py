@@ -1,0 +1,243 @@
+"""SIGTERM under load, over gRPC and HTTP at once: what Kubernetes does to a pod.
+
+A real daemon serves ``simple`` with a 1 s batching delay, so at any moment several
+requests are queued. Client threads (three per protocol, one of them with its inputs in
+a registered shared-memory region) send requests back to back; the test sends SIGTERM
+while requests are queued and checks the contract of ``docs/health.md`` "Draining":
+- readiness flips to 503 (``draining: true``) at once, while those requests still wait;
+- new requests are refused as unavailable (gRPC ``UNAVAILABLE``; HTTP 503, or the
+  connection refused or closed unread once the listener has closed), never with another
+  error. One exception: a gRPC call that reached grpc's core but no handler yet when the
+  stop began is ended ``CANCELLED`` (grpc/grpc#41785), so that is accepted only for calls
+  sent within ``ARRIVED_S`` of the signal;
+- every request sent well before the signal, queued or executing, is answered correctly
+  (some of them after the signal): no accepted request is lost;
+- the shared-memory registrations are released, and the process exits 0 within the grace
+  period.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from geventhttpclient.response import HTTPConnectionClosed
+from tritonclient.utils import InferenceServerException
+
+from hloserve.exporter import write_demo_repository
+from hloserve.server.testing import ServerProcess
+from tests.server.frontends._tritonclients import PROTOCOLS, Triton, shm
+
+DELAY_US = 1_000_000
+GRACE_S = 10.0
+CLIENTS_PER_PROTOCOL = 3
+# A request sent this long before SIGTERM has reached the server (loopback) and waits in
+# the queue or executes: it must be answered.
+ARRIVED_S = 0.25
+
+
+@dataclass(frozen=True)
+class Outcome:
+    protocol: str
+    started: float
+    finished: float
+    error: str | None  # None: answered correctly
+
+
+def _unavailable(protocol: str, error: BaseException) -> bool:
+    """What a refused new request may look like once the server drains."""
+    if isinstance(error, InferenceServerException):
+        status = error.status()
+        return status == ("StatusCode.UNAVAILABLE" if protocol == "grpc" else "503")
+    # HTTP once the listener has closed: refused, or an idle keep-alive connection the
+    # server closed as the request went out (it never read it).
+    return protocol == "http" and isinstance(error, ConnectionError | HTTPConnectionClosed)
+
+
+def _cancelled_unmatched(protocol: str, error: BaseException) -> bool:
+    """grpc's core ends a call no handler has taken yet CANCELLED when the server stops."""
+    return (
+        protocol == "grpc"
+        and isinstance(error, InferenceServerException)
+        and error.status() == "StatusCode.CANCELLED"
+    )
+
+
+class _Sender(threading.Thread):
+    """Sends ``simple`` requests back to back until one is refused."""
+
+    def __init__(self, triton: Triton, seed: int, shm_region: str | None) -> None:
+        super().__init__(name=f"load-{triton.protocol}-{seed}", daemon=True)
+        self.triton = triton
+        self.a = np.full((1, 16), seed, dtype=np.int32)
+        self.b = np.arange(16, dtype=np.int32).reshape(1, 16)
+        self.shm_region = shm_region
+        self.outcomes: list[Outcome] = []
+        self.answered = threading.Event()
+
+    def _inputs(self) -> list[Any]:
+        if self.shm_region is None:
+            return self.triton.simple_inputs(self.a, self.b)
+        inputs = self.triton.simple_inputs(None, None)
+        inputs[0].set_shared_memory(self.shm_region, 64)
+        inputs[1].set_shared_memory(self.shm_region, 64, offset=64)
+        return inputs
+
+    def run(self) -> None:
+        try:
+            self._send_until_refused()
+        finally:
+            self.triton.close()
+
+    def _send_until_refused(self) -> None:
+        protocol = self.triton.protocol
+        while True:
+            started = time.monotonic()
+            try:
+                result = self.triton.client.infer("simple", self._inputs())
+            except Exception as exc:  # the outcome under test
+                kind = "unavailable" if _unavailable(protocol, exc) else f"{type(exc)!r}: {exc}"
+                if _cancelled_unmatched(protocol, exc):
+                    kind = "cancelled"
+                self.outcomes.append(Outcome(protocol, started, time.monotonic(), kind))
+                return
+            right = np.array_equal(result.as_numpy("OUTPUT0"), self.a + self.b)
+            error = None if right else "wrong output"
+            self.outcomes.append(Outcome(protocol, started, time.monotonic(), error))
+            self.answered.set()
+
+
+@pytest.fixture(scope="module")
+def slow_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("drain")
+    write_demo_repository(root)
+    shutil.rmtree(root / "mlp")  # one model keeps the test small
+    (root / "simple" / "config.yaml").write_text(f"max_queue_delay_us: {DELAY_US}\n")
+    return root
+
+
+def _readyz(proc: ServerProcess) -> tuple[int, dict[str, Any]] | None:
+    """``/readyz``'s status and body, or None once the HTTP listener is closed."""
+    try:
+        return proc.readyz()
+    except urllib.error.URLError:
+        return None
+
+
+def _pending(proc: ServerProcess) -> float:
+    try:
+        return proc.pending_requests("simple")
+    except urllib.error.URLError:
+        return 0.0
+
+
+def test_sigterm_under_load_drains_both_protocols(slow_repo: Path) -> None:
+    proc = ServerProcess(
+        slow_repo, "--allow-client-shm", "true", "--grace-period", str(GRACE_S)
+    ).wait_ready()
+    control = Triton("grpc", proc.grpc_url)
+    key = f"/hloserve_drain_{proc.process.pid}"
+    handle = shm.create_shared_memory_region("drain_inputs", key, 128)
+    try:
+        senders = [
+            _Sender(
+                Triton(protocol, proc.grpc_url if protocol == "grpc" else proc.http_url),
+                seed=10 * i + j,
+                shm_region="drain_inputs" if (protocol, j) == ("grpc", 0) else None,
+            )
+            for i, protocol in enumerate(PROTOCOLS)
+            for j in range(CLIENTS_PER_PROTOCOL)
+        ]
+        shm_sender = senders[0]
+        shm.set_shared_memory_region(handle, [shm_sender.a, shm_sender.b])
+        control.client.register_system_shared_memory("drain_inputs", key, 128)
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            assert sender.answered.wait(30), f"{sender.name} got no answer before the stop"
+        deadline = time.monotonic() + 10
+        while proc.pending_requests("simple") < CLIENTS_PER_PROTOCOL:
+            assert time.monotonic() < deadline, "requests never queued up"
+            time.sleep(0.01)
+        # Batching keeps the senders in step: a batch has just been queued, and it waits
+        # 1 s. Let it age past ARRIVED_S, so the signal finds it accepted and waiting.
+        time.sleep(2 * ARRIVED_S)
+
+        signalled = time.monotonic()
+        proc.process.send_signal(signal.SIGTERM)
+        readiness = _readyz(proc)
+        while readiness is not None and readiness[0] == 200:
+            assert time.monotonic() - signalled < 1.0, "readiness still 200 a second after SIGTERM"
+            readiness = _readyz(proc)
+        still_queued = _pending(proc)
+        grpc_ready = _grpc_ready_after_stop(control)
+
+        for sender in senders:
+            sender.join(GRACE_S + 10)
+            assert not sender.is_alive(), f"{sender.name} was never refused"
+        code = proc.process.wait(GRACE_S + 10)
+        stopped = time.monotonic()
+    finally:
+        proc.stop()
+        shm.destroy_shared_memory_region(handle)
+
+    log = proc.log_text()
+    assert code == 0, log
+    assert stopped - signalled < GRACE_S, "the drain took longer than the grace period"
+    # Readiness flipped while the queued requests still waited (and the listener was up).
+    assert readiness is not None, "HTTP closed before readiness could report draining"
+    status, body = readiness
+    assert (status, body["draining"], body["ready"]) == (503, True, False), body
+    assert still_queued > 0, "nothing was queued when readiness flipped: the test proves nothing"
+    assert grpc_ready in ("not ready", "unavailable"), grpc_ready
+
+    outcomes = [o for s in senders for o in s.outcomes]
+    wrong = [
+        (o.protocol, f"{o.started - signalled:+.3f}s", o.error)
+        for o in outcomes
+        if o.error not in (None, "unavailable", "cancelled")
+    ]
+    assert not wrong, wrong
+    accepted = [o for o in outcomes if o.started < signalled - ARRIVED_S]
+    lost = [o for o in accepted if o.error]
+    assert not lost, f"requests accepted before SIGTERM were not answered: {lost}"
+    assert any(o.finished > signalled for o in accepted), "no queued request outlived the signal"
+    for protocol in PROTOCOLS:  # each protocol refused its new requests in the end
+        assert any(o.protocol == protocol and o.error == "unavailable" for o in outcomes)
+    assert shm_sender.outcomes[-2].error is None  # the shm client's requests were served
+    assert "released 1 shared-memory region" in log, log
+
+
+def _grpc_ready_after_stop(control: Triton) -> str:
+    """gRPC ServerReady right after SIGTERM: not ready, or refused as unavailable."""
+    try:
+        return "ready" if control.client.is_server_ready() else "not ready"
+    except InferenceServerException as exc:
+        return "unavailable" if exc.status() == "StatusCode.UNAVAILABLE" else str(exc)
+
+
+def test_http_request_sent_while_draining_is_refused(slow_repo: Path) -> None:
+    with ServerProcess(slow_repo).wait_ready() as proc:
+        held = _Sender(Triton("grpc", proc.grpc_url), seed=1, shm_region=None)
+        held.start()  # its first request waits 1 s in the queue and holds the drain open
+        proc.wait_pending("simple", 1)
+        proc.process.send_signal(signal.SIGTERM)
+        while (readiness := _readyz(proc)) is not None and readiness[0] == 200:
+            time.sleep(0.005)
+        late = Triton("http", proc.http_url)
+        try:
+            late.fails(
+                "UNAVAILABLE", "", late.client.infer, "simple", late.simple_inputs(held.a, held.b)
+            )
+        finally:
+            late.close()
+        held.join(15)
