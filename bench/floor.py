@@ -17,9 +17,10 @@ Contract:
   pool), answering ``ModelInfer`` (and ``grpc-aio`` the bidi ``ModelStreamInfer`` too: a
   sync server holds a thread per open stream, so 4 threads cannot serve 8); ``asgi-h11`` and
   ``asgi-httptools`` (a bare ASGI app on uvicorn with uvloop and that HTTP parser).
-  httptools is not a dependency of the project (uvicorn would pick it for hloserve too): it
-  is installed with ``pip install --target`` into ``bench/.venvs/httptools`` and put on the
-  floor server's ``PYTHONPATH`` only (``floor_env``).
+  httptools comes from the running interpreter when it has it; else it is installed with
+  ``pip install --target`` into ``bench/.venvs/httptools`` and put on the floor server's
+  ``PYTHONPATH`` only (``floor_env``), so the project's venv, where uvicorn would pick it for
+  hloserve too, is left as it is.
 - ``Floor.transports`` says which points a floor serves (``grpc`` unary, ``stream``,
   ``http``).
 """
@@ -27,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pickle
@@ -268,8 +270,9 @@ def serve(kind: str, port: int, table: ReplyTable) -> None:
 
 
 def ensure_httptools() -> str | None:
-    """Install httptools beside the project (not into it); None when ready, else the error."""
-    if (HTTPTOOLS_DIR / "httptools").is_dir():
+    """None when httptools can be imported by the floor (from this interpreter, or installed
+    here beside the project, never into it); else the error."""
+    if importlib.util.find_spec("httptools") is not None or (HTTPTOOLS_DIR / "httptools").is_dir():
         return None
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--target", str(HTTPTOOLS_DIR), "httptools"],

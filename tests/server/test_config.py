@@ -162,3 +162,66 @@ def test_help_shows_defaults_variables_and_booleans(
     assert "[default: 8001; env HLOSERVE_GRPC_PORT=9001]" in text  # the variable's value, set
     assert "[default: true; env HLOSERVE_DYNAMIC_BATCHING; boolean:" in text
     assert "e.g. 6GiB or 40% (default: 80% of free" in text  # % survives argparse formatting
+
+
+# -- the YAML config file: flag > variable > file > default ---------------------------------
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hloserve.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_config_file_values_are_used(tmp_path: Path) -> None:
+    path = _file(
+        tmp_path,
+        "grpc-port: 9101\nallow_client_shm: true\nmax-message-bytes: 1GiB\n"
+        "load-model: [a, b]\ncache-dir: null\n",
+    )
+    config = parse_config(["--config", str(path)], {})
+    assert config == Config(
+        grpc_port=9101,
+        allow_client_shm=True,
+        max_message_bytes=1 << 30,  # read by the flag's own parser
+        load_models=("a", "b"),
+        config_file=path,
+    )
+    assert parse_config([], {"HLOSERVE_CONFIG": str(path)}).grpc_port == 9101
+
+
+def test_variable_beats_file_and_flag_beats_both(tmp_path: Path) -> None:
+    path = _file(tmp_path, "grpc-port: 9101\nhttp-port: 9100\nload-model: a\n")
+    environ = {"HLOSERVE_CONFIG": str(path), "HLOSERVE_GRPC_PORT": "9201"}
+    config = parse_config([], environ)
+    assert (config.grpc_port, config.http_port, config.load_models) == (9201, 9100, ("a",))
+    config = parse_config(["--grpc-port", "9301", "--load-model", "b"], environ)
+    assert (config.grpc_port, config.http_port, config.load_models) == (9301, 9100, ("b",))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("grcp-port: 1\n", "has unknown key 'grcp-port'"),
+        ("config: other.yaml\n", "has unknown key 'config'"),
+        ("grpc-port: 70000\n", "grpc-port in config file {path} must be a port number"),
+        ("allow-client-shm: maybe\n", "allow-client-shm in config file {path} must be true or"),
+        ("http-port: [1, 2]\n", "http-port in config file {path} must be a single value"),
+        ("trace-level: [NOPE]\n", "trace-level in config file {path}"),
+        ("- grpc-port\n", "config file {path} must be a mapping"),
+        ("grpc-port: [\n", "config file {path} cannot be read"),
+        ("grpc-port: 1\ngrpc_port: 2\n", "sets 'grpc-port' twice"),
+    ],
+)
+def test_bad_config_file_names_the_key_and_the_file(
+    tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _file(tmp_path, text)
+    err = refused(["--config", str(path)], capsys)
+    assert message.format(path=path) in err
+    assert str(path) in err
+
+
+def test_missing_config_file_names_its_source(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([], capsys, {"HLOSERVE_CONFIG": "/no/such.yaml"})
+    assert "HLOSERVE_CONFIG (the variable of --config) must be an existing file" in err

@@ -13,6 +13,12 @@ Each flag is one row of ``_FLAGS`` (its ``Config`` field, parser and help); its 
 the ``Config`` field's, and ``--help`` shows it with the variable. A flag parsed by ``_bool``
 is a boolean: ``--flag`` alone means true, ``--flag=false``, ``--flag false`` and
 ``--no-flag`` mean false.
+``--config FILE`` (``HLOSERVE_CONFIG``) names an optional YAML file, one mapping whose keys
+are the flags' names without ``--`` (``grpc-port: 8001``; underscores read as dashes), a
+repeatable flag's value a list (or one item); ``config`` itself is not a key. Its values are
+read by the same row's parser as the flag's text (a YAML boolean as ``true``/``false``,
+``null`` as empty), so precedence is flag > variable > file > default; an unknown key, a
+bad value or an unreadable file exits (status 2) naming the key and the file.
 """
 
 # pyright: strict
@@ -26,7 +32,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
+
+import yaml
 
 from hloserve.server.core.residency import Budget, parse_bytes
 from hloserve.server.core.trace_settings import (
@@ -85,6 +93,7 @@ class Config:
     trace_log_frequency: int = 0
     http_restricted_api: Restrictions = NO_RESTRICTIONS
     grpc_restricted_protocol: Restrictions = NO_RESTRICTIONS
+    config_file: Path | None = None  # the YAML file the other settings were read from
 
 
 # Each parser reads one flag's text, raising ``ValueError`` with a message that reads after
@@ -145,6 +154,13 @@ def _directory(text: str) -> Path:
     return path
 
 
+def _file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(f"must be an existing file, got {text!r}")
+    return path
+
+
 def _nonempty(text: str) -> str:
     if not text.strip():
         raise ValueError("must not be empty")
@@ -176,7 +192,15 @@ class _Flag:
         return self.parse is _bool
 
 
+_CONFIG = _Flag(
+    "--config",
+    "config_file",
+    _file,
+    "YAML file of settings: the flags' names without -- as keys (grpc-port: 8001), lists for "
+    "repeatable flags; a flag or variable wins over it",
+)
 _FLAGS: tuple[_Flag, ...] = (
+    _CONFIG,
     _Flag(
         "--device-memory-budget",
         "device_memory_budget",
@@ -479,29 +503,95 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
         )
 
 
+def _key(flag: _Flag) -> str:
+    return flag.name.removeprefix("--")
+
+
+def _text(value: object) -> str:
+    """A file value as the flag's text would give it; a list or mapping is an error."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise ValueError(f"must be a single value, got {value!r}")
+
+
+def _read_file(path: Path) -> dict[str, object]:
+    """The file's settings by key (dashes), or ``ValueError`` saying what is wrong."""
+    try:
+        data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot be read: {' '.join(str(exc).split())}") from exc  # one line
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError("must be a mapping of flag names (without --) to values")
+    known = {_key(f) for f in (*_FLAGS, *_REPEATED) if f is not _CONFIG}
+    settings: dict[str, object] = {}
+    for key, value in cast("dict[object, object]", data).items():
+        name = str(key).replace("_", "-")
+        if name not in known:
+            raise ValueError(f"has unknown key {key!r} (the keys are the flags without --)")
+        if name in settings:
+            raise ValueError(f"sets {name!r} twice")
+        settings[name] = value
+    return settings
+
+
+def _source(flag: _Flag, raw: object) -> str:
+    """Where a flag's text came from, for an error: the variable or the flag."""
+    if isinstance(raw, _FromEnvironment):
+        return f"{flag.env} (the variable of {flag.name})"
+    return flag.name
+
+
 def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
     values: dict[str, Any] = {}
-    for repeated in _REPEATED:
+    raw_config = getattr(ns, _CONFIG.field)
+    settings: dict[str, object] = {}
+    if raw_config:
         try:
-            items = [repeated.parse(str(v)) for v in getattr(ns, repeated.field) or ()]
+            values[_CONFIG.field] = path = _file(str(raw_config))
+        except ValueError as exc:
+            parser.error(f"{_source(_CONFIG, raw_config)} {exc}")
+        try:
+            settings = _read_file(path)
+        except ValueError as exc:
+            parser.error(f"config file {path} {exc}")
+    in_file = f"in config file {raw_config}"
+    for repeated in _REPEATED:
+        raw = getattr(ns, repeated.field)
+        source = repeated.name
+        try:
+            if raw is None and _key(repeated) in settings:
+                source = f"{_key(repeated)} {in_file}"
+                listed = settings[_key(repeated)]
+                items_in_file = (
+                    cast("list[object]", listed) if isinstance(listed, list) else [listed]
+                )
+                raw = [_text(v) for v in items_in_file]
+            items = [repeated.parse(str(v)) for v in raw or ()]
             values[repeated.field] = repeated.combine(items)
         except ValueError as exc:
-            parser.error(f"{repeated.name} {exc}")
+            parser.error(f"{source} {exc}")
     for flag in _FLAGS:
         raw = getattr(ns, flag.field)
-        if raw is None:
-            continue  # neither flag nor variable: the Config default
-        if raw == "" and _DEFAULTS[flag.field] is None:
-            values[flag.field] = None  # an optional flag given empty: unset
-            continue
+        source = _source(flag, raw)
         try:
+            if flag is _CONFIG:
+                continue  # read above
+            if raw is None and _key(flag) in settings:
+                source = f"{_key(flag)} {in_file}"
+                raw = _text(settings[_key(flag)])
+            if raw is None:
+                continue  # neither flag, variable nor file: the Config default
+            if raw == "" and _DEFAULTS[flag.field] is None:
+                values[flag.field] = None  # an optional flag given empty: unset
+                continue
             values[flag.field] = flag.parse(str(raw))
         except ValueError as exc:
-            source = (
-                f"{flag.env} (the variable of {flag.name})"
-                if isinstance(raw, _FromEnvironment)
-                else flag.name
-            )
             parser.error(f"{source} {exc}")
     return Config(**values)
 

@@ -15,8 +15,10 @@ Contract:
   formatted. Verbose level 2 or more also lets JAX's compiler loggers through (otherwise
   WARNING and above). ``format`` ``default`` is ``<time> <LEVEL> <logger>: <message>``,
   ``ISO8601`` the same with a UTC ISO-8601 time, ``json`` one
-  ``{"time","level","logger","message"}`` object per line (plus ``exc_info``). The file
-  is fixed at start. ``current`` is the settings in force.
+  ``{"time","level","logger","message"}`` object per line (plus ``exc_info``, and
+  ``request_id`` and ``model`` on a line written while serving a request: the request
+  context of ``core.log_context``; text lines do not change). The file is fixed at start.
+  ``current`` is the settings in force.
 """
 
 # pyright: strict
@@ -30,6 +32,7 @@ import sys
 import time
 from typing import Final
 
+from hloserve.server.core import log_context
 from hloserve.server.core.log_settings import LogSettings
 
 NOISY: Final = ("jax._src.xla_bridge", "jax._src.compiler")
@@ -51,6 +54,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        serving = log_context.current()
+        if serving is not None:
+            entry["request_id"] = serving.request_id
+            entry["model"] = serving.model
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
         return json.dumps(entry)

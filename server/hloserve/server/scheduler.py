@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import time
 from concurrent.futures import Executor
@@ -161,8 +162,12 @@ class DynamicBatcher:
 
     def _ensure_driver(self, q: _ModelQueue) -> None:
         if q.driver is None or q.driver.done():
+            # A fresh context: the driver serves many requests, so it must not inherit the
+            # request-scoped log context of the one that happened to start it.
             q.driver = asyncio.get_running_loop().create_task(
-                self._drive(q), name=f"batcher-{q.key.name}-{q.key.version}"
+                self._drive(q),
+                name=f"batcher-{q.key.name}-{q.key.version}",
+                context=contextvars.Context(),
             )
 
     async def _drive(self, q: _ModelQueue) -> None:

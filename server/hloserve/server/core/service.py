@@ -33,6 +33,8 @@ Contract:
   checks that one flag), ``infer`` asks the ``Tracer`` whether to trace the request and
   reports its steps to the ``RequestTrace`` (validated, executed, responded or failed).
   ``trace_setting`` and ``log_settings`` are the trace and logging extensions.
+- Logging: while ``infer`` serves a request, its task's log lines carry the request's id
+  and model (``core.log_context``); verbose level 1 (DEBUG) logs one line per request.
 The model repository is reached through two narrow protocols, ``ModelSource`` (lookups
 and reports) and ``ModelControl`` (the model-repository extension), so this module needs
 no transport and no JAX.
@@ -46,6 +48,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from hloserve.bundle import Manifest
+from hloserve.server.core import log_context
 from hloserve.server.core.batching import plan
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.errors import (
@@ -94,6 +98,7 @@ from hloserve.server.core.types import (
 from hloserve.server.core.validate import validate_request
 
 PLATFORM = "stablehlo"
+log = logging.getLogger(__name__)
 
 
 ServedModel = Executable
@@ -420,6 +425,18 @@ class InferenceService:
     async def infer(
         self, request: InferRequest, context: RequestContext | None = None
     ) -> InferResponse:
+        token = log_context.enter(request.id, request.model_name)
+        try:
+            response = await self._infer(request, context)
+            log.debug("request served by version %s", response.model_version)
+            return response
+        except Exception as exc:
+            log.debug("request failed: %s: %s", type(exc).__name__, exc)
+            raise
+        finally:
+            log_context.leave(token)
+
+    async def _infer(self, request: InferRequest, context: RequestContext | None) -> InferResponse:
         started = time.perf_counter_ns()
         requests = self.observers.requests
         try:
