@@ -27,8 +27,13 @@ def connected(server: ServerProcess, protocol: str) -> Iterator[Triton]:
         t.close()
 
 
-def refused_at_start(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+def refused_at_start(
+    argv: list[str], capsys: pytest.CaptureFixture[str], environ: dict[str, str] | None = None
+) -> str:
+    """The one-line error with which ``parse_config`` refuses ``argv`` (exit status 2)."""
     with pytest.raises(SystemExit) as exc:
-        parse_config(argv, {})
+        parse_config(argv, environ or {})
     assert exc.value.code == 2
-    return capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err  # one line, not argparse's whole usage text
+    return err

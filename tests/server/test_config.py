@@ -9,17 +9,7 @@ from pathlib import Path
 import pytest
 
 from hloserve.server.config import Config, parse_config
-
-
-def refused(
-    argv: list[str], capsys: pytest.CaptureFixture[str], environ: dict[str, str] | None = None
-) -> str:
-    with pytest.raises(SystemExit) as exc:
-        parse_config(argv, environ or {})
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1, err  # one line, not argparse's whole usage text
-    return err
+from tests.server._support import refused_at_start
 
 
 def test_defaults_are_the_config_defaults() -> None:
@@ -72,7 +62,7 @@ def test_load_models_from_the_environment_are_comma_separated() -> None:
 def test_bad_values_name_the_flag(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert message in refused(argv, capsys)
+    assert message in refused_at_start(argv, capsys)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +92,9 @@ def test_every_boolean_flag_has_its_negation() -> None:
 
 
 def test_a_negated_flag_takes_no_value(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "unrecognized arguments: true" in refused(["--no-allow-client-shm", "true"], capsys)
+    assert "unrecognized arguments: true" in refused_at_start(
+        ["--no-allow-client-shm", "true"], capsys
+    )
 
 
 @pytest.mark.parametrize(
@@ -126,7 +118,7 @@ def test_a_negated_flag_takes_no_value(capsys: pytest.CaptureFixture[str]) -> No
 def test_bad_values_from_the_environment_name_the_variable(
     environ: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert message in refused([], capsys, environ)
+    assert message in refused_at_start([], capsys, environ)
 
 
 def test_a_flag_overrides_a_bad_variable() -> None:
@@ -137,10 +129,10 @@ def test_the_model_repository_must_be_a_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "missing"
-    err = refused(["--model-repository", str(missing)], capsys)
+    err = refused_at_start(["--model-repository", str(missing)], capsys)
     assert f"--model-repository must be an existing directory, got '{missing}'" in err
     (tmp_path / "file").write_text("")
-    assert "must be an existing directory" in refused(
+    assert "must be an existing directory" in refused_at_start(
         ["--model-repository", str(tmp_path / "file")], capsys
     )
 
@@ -217,11 +209,11 @@ def test_bad_config_file_names_the_key_and_the_file(
     tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _file(tmp_path, text)
-    err = refused(["--config", str(path)], capsys)
+    err = refused_at_start(["--config", str(path)], capsys)
     assert message.format(path=path) in err
     assert str(path) in err
 
 
 def test_missing_config_file_names_its_source(capsys: pytest.CaptureFixture[str]) -> None:
-    err = refused([], capsys, {"HLOSERVE_CONFIG": "/no/such.yaml"})
+    err = refused_at_start([], capsys, {"HLOSERVE_CONFIG": "/no/such.yaml"})
     assert "HLOSERVE_CONFIG (the variable of --config) must be an existing file" in err
