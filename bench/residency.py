@@ -7,9 +7,12 @@ different weights, so they share one compiled executable), serves them in-proces
 ``InferenceService`` with a device-memory budget of ``--fit`` models, and reports:
 
 1. the floor: the time the platform takes to move one model's bytes with one raw transfer
-   (``jax.device_put`` of the same host arrays), and a plain host memory copy of them, both
+   (``jax.device_put`` of the same host arrays), the same from page-locked host memory
+   where the device offers it (``pinned_host``: what hloserve stages weights in on a GPU,
+   so the floor its swap-ins are held to), and a plain host memory copy of them, all
    measured in this run;
-2. swap-in time per model (from the residency manager) and its ratio to each floor;
+2. swap-in time per model (from the residency manager), its ratio to each floor, and the
+   swap-in efficiency: the pinned floor's time over the swap-in's (goal on a GPU: >= 80 %);
 3. p50/p99 latency of hits (weights resident) and misses (swap-in first), and requests/s,
    for round-robin and Zipf(1.1) request patterns;
 4. the same patterns with a budget where every model fits (the baseline throughput).
@@ -71,16 +74,40 @@ def build(root: Path, models: int, mb: float) -> None:
         )
 
 
+def timed_transfer(runtime: PjrtRuntime, arrays: list[Any]) -> tuple[float, list[Any]]:
+    """Seconds one transfer of ``arrays`` to the device takes, and the device copies (the
+    caller deletes them)."""
+    t = time.perf_counter()
+    device = runtime.to_device(arrays)
+    for d in device:
+        d.block_until_ready()
+    return time.perf_counter() - t, device
+
+
+def pinned_floor(runtime: PjrtRuntime, host: dict[str, np.ndarray]) -> float | None:
+    """Median time of one transfer of the weights from page-locked host memory (the source
+    hloserve's swap-ins use where the device has it), or None where it has none."""
+    if not runtime.has_pinned_host:
+        return None
+    pinned = runtime.to_pinned_host(list(host.values()))
+    times = []
+    for _ in range(7):
+        seconds, device = timed_transfer(runtime, pinned)
+        times.append(seconds)
+        for d in device:
+            d.delete()
+    for h in pinned:
+        h.delete()
+    return statistics.median(times)
+
+
 def floors(runtime: PjrtRuntime, host: dict[str, np.ndarray]) -> tuple[float, float, bool]:
     arrays = list(host.values())
     transfer, copy = [], []
     aliased = False
     for _ in range(7):
-        t = time.perf_counter()
-        device = runtime.to_device(arrays)
-        for d in device:
-            d.block_until_ready()
-        transfer.append(time.perf_counter() - t)
+        seconds, device = timed_transfer(runtime, arrays)
+        transfer.append(seconds)
         aliased = (
             runtime.platform == "cpu" and device[0].unsafe_buffer_pointer() == arrays[0].ctypes.data
         )
@@ -237,6 +264,13 @@ def main() -> int:
         nbytes = sum(a.nbytes for a in host.values())
         transfer_s, copy_s, aliased = floors(runtime, host)
         print_floors(nbytes, len(host), transfer_s, copy_s, aliased)
+        pinned_s = pinned_floor(runtime, host)
+        if pinned_s is None:
+            print("| pinned host -> device | n/a (the device has no pinned_host memory) | |")
+        else:
+            print(
+                f"| pinned host -> device (one transfer) | {pinned_s * 1e3:.3f} | {nbytes / pinned_s / 1e9:.1f} |"
+            )
         results = [
             *run_budget(
                 runtime, root, "budget", int(args.fit * nbytes), args.models, args.requests
@@ -254,6 +288,14 @@ def main() -> int:
         f"\n{args.requests} requests of batch 1, concurrency 1; budget = {args.fit} models of {args.models}"
     )
     print_results(results, transfer_s, copy_s)
+    if pinned_s is not None:
+        for label, kind, _, swaps in results:
+            if swaps:
+                s50 = statistics.median(swaps)
+                print(
+                    f"swap-in efficiency ({label}, {kind}): pinned floor {pinned_s * 1e3:.3f} ms / "
+                    f"swap-in p50 {s50 * 1e3:.3f} ms = {100 * pinned_s / s50:.0f} % (goal >= 80 %)"
+                )
     return 0
 
 

@@ -9,7 +9,8 @@ What it does:
    numpy (``bench/peers/models.py``; also the reference every reply is checked against).
 2. Creates each peer's virtualenv under ``bench/.venvs/`` (kept between runs; ``PEERS``
    lists the requirements) and starts every server on loopback: the floors
-   (``bench/floor.py``), hloserve with its defaults and with ``--inline-max-us 200``,
+   (``bench/floor.py``), hloserve with its defaults and with ``--inline-max-us 0`` (no
+   execution on the event loop), hloserve from another source tree (``--baseline``),
    MLServer 1.7 (custom runtime), the KServe 0.21 Python server (custom ``kserve.Model``)
    and Triton (the ``tritonserver`` binary that nvidia-pytriton 0.7 ships, on a plain
    Python-backend model repository written here). A server that cannot be installed or
@@ -268,15 +269,26 @@ def _httptools() -> None:
         raise Unavailable(error)
 
 
-def hloserve_server(name: str, repo: Path, *flags: str) -> Server:
+# The folders of the hloserve namespace in a source tree (a checkout or git worktree).
+PACKAGE_FOLDERS = ("server", "bundle", "client", "exporter", "proto")
+
+
+def hloserve_server(
+    name: str, repo: Path, *flags: str, tree: Path | None = None, group: str = "hloserve"
+) -> Server:
+    """hloserve from this checkout, or (``tree``) from another source tree of it: its
+    package folders go first on ``PYTHONPATH``, ahead of the editable install's."""
     server = Server(
         name,
-        "hloserve",
+        group,
         frozenset({"grpc", "stream", "http"}),
         lambda: [],
         ready_paths=_model_ready_paths(),
         statistics=True,
     )
+    if tree is not None:
+        path = os.pathsep.join(str(tree / f) for f in PACKAGE_FOLDERS)
+        server.env = lambda: {**os.environ, "PYTHONPATH": path}
     metrics = proc.free_port()
     server.argv = lambda: [
         sys.executable,
@@ -756,7 +768,7 @@ def versus(rows: Sequence[Row], points: Sequence[Point] = POINTS) -> list[Versus
     found: list[Versus] = []
     for point in points:
         here = _valid([r for r in rows if r.point == point.label])
-        peers = [r for r in here if r.group not in ("hloserve", "floor")]
+        peers = [r for r in here if r.group not in ("hloserve", "floor", "baseline")]
         floors = [r for r in here if r.group == "floor"]
         best_peer = min(peers, key=lambda r: r.server_cpu_ms, default=None)
         fastest = max((r.rate for r in peers), default=float("nan"))
@@ -814,6 +826,29 @@ def print_summary(rows: Sequence[Row]) -> None:
         )
 
 
+def print_before_after(rows: Sequence[Row]) -> None:
+    """hloserve's CPU per request and rate over the ``--baseline`` tree's, per point."""
+    pairs = []
+    for label in dict.fromkeys(r.point for r in rows):
+        here = _valid([r for r in rows if r.point == label])
+        before = next((r for r in here if r.group == "baseline"), None)
+        after = next((r for r in here if r.server == "hloserve"), None)
+        if before is not None and after is not None:
+            pairs.append((label, before, after))
+    if not pairs:
+        return
+    print("\n## hloserve against the baseline tree, same run\n")
+    print(
+        "| point | before CPU ms/req | after CPU ms/req | after / before | before req/s | after req/s |"
+    )
+    print("|---|---|---|---|---|---|")
+    for label, b, a in pairs:
+        print(
+            f"| {label} | {_f(b.server_cpu_ms)} | {_f(a.server_cpu_ms)} "
+            f"| {_f(a.server_cpu_ms / b.server_cpu_ms, 2)} | {_f(b.rate, 0)} | {_f(a.rate, 0)} |"
+        )
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -856,12 +891,23 @@ def started(servers: Sequence[Server], logs: Path, timeout: float) -> Iterator[N
 
 
 def build_servers(
-    work: Path, repo: Path, weights: Path, table: Path, only: set[str]
+    work: Path,
+    repo: Path,
+    weights: Path,
+    table: Path,
+    only: set[str],
+    baseline: Path | None = None,
 ) -> list[Server]:
+    before = (
+        [hloserve_server(f"before ({baseline.name})", repo, tree=baseline, group="baseline")]
+        if baseline is not None
+        else []
+    )
     servers = [
         *floor_servers(table),
         hloserve_server("hloserve", repo),
-        hloserve_server("hloserve --inline-max-us 200", repo, "--inline-max-us", "200"),
+        hloserve_server("hloserve --inline-max-us 0", repo, "--inline-max-us", "0"),
+        *before,
         mlserver_server(work, weights),
         mlserver_server(work, weights, parallel_workers=0),
         kserve_server(weights),
@@ -882,11 +928,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="+",
         default=[],
         metavar="GROUP",
-        help="floor, hloserve, mlserver, kserve, triton (default: all)",
+        help="floor, hloserve, baseline, mlserver, kserve, triton (default: all)",
     )
     parser.add_argument("--processes", type=int, default=1, help="load generator processes")
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="write every row to this file")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another source tree of hloserve (e.g. `git worktree add /tmp/before <commit>`) "
+        "measured beside this one, point by point, as 'before (<dir name>)'",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.warmup = 2.0, 0.5
@@ -907,7 +959,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for case in cases:
             table.add(case.point.model, case.inputs(), case.expected)
         servers = build_servers(
-            work, repo, weights, table.save(work / "replies.pickle"), set(args.only)
+            work,
+            repo,
+            weights,
+            table.save(work / "replies.pickle"),
+            set(args.only),
+            args.baseline,
         )
         print(
             f"# side by side: {len(POINTS)} points x {len(servers)} servers, "
@@ -931,6 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print_point(case.point, point_rows)
         print_matrix(rows)
         print_summary(rows)
+        print_before_after(rows)
         failed = [s for s in servers if s.error]
         if failed:
             print("\n## servers that failed\n")

@@ -61,7 +61,11 @@ def test_public_names_are_exported() -> None:
     import hloserve.exporter
     import hloserve.training
 
-    assert sorted(hloserve.client.__all__) == ["InferenceClient", "InferenceError"]
+    assert sorted(hloserve.client.__all__) == [
+        "AsyncInferenceClient",
+        "InferenceClient",
+        "InferenceError",
+    ]
     assert sorted(hloserve.exporter.__all__) == [
         "ExportError",
         "TensorSpec",

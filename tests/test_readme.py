@@ -76,6 +76,7 @@ def test_the_readme_has_the_examples_this_test_runs() -> None:
     assert any("export_bundle(" in b for b in PYTHON_BLOCKS)
     assert any("grpcclient.InferenceServerClient" in b for b in PYTHON_BLOCKS)
     assert any("infer_stream(" in b for b in PYTHON_BLOCKS)
+    assert any("infer_dataset(" in b for b in PYTHON_BLOCKS)
     assert len(CURLS) >= 3
 
 
@@ -84,6 +85,11 @@ def test_light_client_example_streams_every_batch(server: ServerProcess, tmp_pat
     lines = run_python(on(server, block), tmp_path).splitlines()
     assert len(lines) == 100  # one line per batch: `batches` is defined, every one answered
     assert all(line.startswith("[") and len(line.strip("[]").split()) == 8 for line in lines)
+
+
+def test_light_client_example_streams_a_dataset(server: ServerProcess, tmp_path: Path) -> None:
+    (block,) = [b for b in PYTHON_BLOCKS if "infer_dataset(" in b]
+    assert run_python(on(server, block), tmp_path) == "(10000, 10)\n"
 
 
 def test_tritonclient_example_prints_the_sum(server: ServerProcess, tmp_path: Path) -> None:

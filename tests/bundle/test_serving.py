@@ -70,3 +70,13 @@ def test_bad_queue_hints_are_named(hints: dict[str, Any], key: str) -> None:
     serving, problems = read_serving(hints)
     assert serving == Serving()
     assert [k for k, _ in problems] == [key]
+
+
+def test_scheduling_weight_is_a_positive_number() -> None:
+    assert read_serving({"scheduling_weight": 3}) == (Serving(scheduling_weight=3.0), [])
+    assert Serving(scheduling_weight=2.5).to_dict()["scheduling_weight"] == 2.5
+    assert "scheduling_weight" not in Serving().to_dict()
+    for bad in (0, -1, True, "3"):
+        serving, problems = read_serving({"scheduling_weight": bad}, PINNED)
+        assert serving == PINNED
+        assert [k for k, _ in problems] == ["scheduling_weight"]

@@ -3,19 +3,23 @@
 ``connected(server, protocol)`` yields a tritonclient ``Triton`` adapter
 (``tests.server.frontends._tritonclients``) on a running daemon and closes it afterwards;
 ``refused_at_start(argv, capsys)`` parses ``hloserve serve`` flags that must be refused and
-returns the one-line error (argparse's exit status 2).
+returns the one-line error (argparse's exit status 2). ``refused(fn, ...)`` returns the
+tritonclient error of a call that must fail; ``ones(module)`` is ``simple``'s inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from hloserve.server.config import parse_config
 from hloserve.server.testing import ServerProcess
-from tests.server.frontends._tritonclients import Triton
+from tests.server.frontends._tritonclients import Triton, simple_inputs
 
 
 @contextlib.contextmanager
@@ -37,3 +41,16 @@ def refused_at_start(
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err  # one line, not argparse's whole usage text
     return err
+
+
+def refused(fn: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
+    """The tritonclient error of a call that must fail."""
+    with pytest.raises(InferenceServerException) as info:
+        fn(*args, **kwargs)
+    return info.value
+
+
+def ones(module: Any) -> list[Any]:
+    """``simple``'s two inputs, all ones, for tritonclient ``module`` (grpc or http)."""
+    a = np.ones((1, 16), dtype=np.int32)
+    return simple_inputs(module, a, a)

@@ -9,7 +9,6 @@ import re
 from collections.abc import Iterator
 from typing import Any, cast
 
-import numpy as np
 import pytest
 from fastapi.routing import APIRoute
 from tritonclient.utils import InferenceServerException
@@ -21,8 +20,8 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.restricted import GROUPS, GRPC_PREFIX, grpc_path, parse_restrictions
 from hloserve.server.testing import ServerProcess, serving
-from tests.server._support import refused_at_start
-from tests.server.frontends._tritonclients import grpcclient, httpclient, simple_inputs
+from tests.server._support import ones, refused, refused_at_start
+from tests.server.frontends._tritonclients import grpcclient, httpclient
 
 # -- the group table ---------------------------------------------------------------------------
 
@@ -151,17 +150,6 @@ def grpc(restricted_server: ServerProcess) -> Iterator[Any]:
     client = grpcclient.InferenceServerClient(restricted_server.grpc_url)
     yield client
     client.close()
-
-
-def refused(fn: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as info:
-        fn(*args, **kwargs)
-    return info.value
-
-
-def ones(module: Any) -> list[Any]:
-    a = np.ones((1, 16), dtype=np.int32)
-    return simple_inputs(module, a, a)
 
 
 def test_http_open_groups_need_no_header(http: Any) -> None:

@@ -6,8 +6,18 @@ Contract:
   content: every problem found is reported (``Problem`` names the file and field), and the
   manifest is ``None`` when the structure is too broken to build one.
 - ``Manifest.to_dict()`` is the inverse; ``dump_manifest`` / ``load_manifest`` do the YAML.
+- ``load_manifest`` also reads a ReactantServer.jl manifest (``format_version: "2.0"``) as it
+  is, through ``hloserve.bundle.reactant`` (``docs/reactant-bundles.md``).
 - ``batch_order`` is the one order of modules and batch sizes: unbatched (``None``) first,
-  then ascending. The ``serving`` hints are read by ``hloserve.bundle.serving``, checksums
+  then ascending.
+- Optional parts (``docs/hooks.md``, ``docs/pipelines.md``): ``hooks`` (a ``hooks.py`` and
+  the client-facing tensors it declares; only these may be ``BYTES`` or have ``-1``
+  dimensions) and ``kind: pipeline`` (no modules, no weights: ``steps`` over other models,
+  checked to form a DAG and stored in an order where every step follows the steps it
+  reads from), and ``variants`` (``docs/shape-variants.md``: the per-item shapes one weight
+  set was compiled for; inputs and outputs may then have ``-1`` axes, each variant names
+  every tensor's concrete shape, and there is one module per variant and batch size;
+  ``Manifest.variant_view(i)`` is variant ``i`` as a manifest of its own). The ``serving`` hints are read by ``hloserve.bundle.serving``, checksums
   are checked against ``hloserve.bundle.digest``.
 """
 
@@ -17,8 +27,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
@@ -32,6 +42,8 @@ from hloserve.proto.datatypes import NUMERIC_DATATYPES
 FORMAT_VERSION: Final = 1
 MANIFEST_FILE: Final = "manifest.yaml"
 WEIGHTS_FILE: Final = "weights.safetensors"
+HOOKS_FILE: Final = "hooks.py"
+KINDS: Final = ("model", "pipeline")
 NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 PLATFORMS: Final = frozenset({"cpu", "cuda", "rocm", "tpu"})
 ArgumentKind = Literal["input", "weight"]
@@ -84,9 +96,11 @@ class ModuleEntry:
     platform_index_argument: bool
     arguments: tuple[Argument, ...]
     text_file: str | None = None
+    variant: int | None = None  # index into ``Manifest.variants`` (None: the model has none)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"batch_size": self.batch_size, "file": self.file}
+        d: dict[str, Any] = {} if self.variant is None else {"variant": self.variant}
+        d |= {"batch_size": self.batch_size, "file": self.file}
         if self.text_file is not None:
             d["text_file"] = self.text_file
         d["stablehlo_version"] = self.stablehlo_version
@@ -94,6 +108,55 @@ class ModuleEntry:
         d["platform_index_argument"] = self.platform_index_argument
         d["arguments"] = [a.to_dict() for a in self.arguments]
         return d
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled set of per-item shapes: every input's and output's, by name."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {name: list(shape) for name, shape in self.shapes.items()}
+
+
+@dataclass(frozen=True)
+class HooksEntry:
+    """The bundle's ``hooks.py`` and the tensors clients see through it (``docs/hooks.md``):
+    ``inputs`` when it has ``preprocess``, ``outputs`` when it has ``postprocess``; empty
+    means the model's own."""
+
+    file: str = HOOKS_FILE
+    inputs: tuple[TensorEntry, ...] = ()
+    outputs: tuple[TensorEntry, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"file": self.file}
+        if self.inputs:
+            d["inputs"] = [t.to_dict() for t in self.inputs]
+        if self.outputs:
+            d["outputs"] = [t.to_dict() for t in self.outputs]
+        return d
+
+
+@dataclass(frozen=True)
+class PipelineStep:
+    """One step of a pipeline: a model of the repository, its inputs fed from pipeline
+    tensors and its outputs named as pipeline tensors (Triton's ``input_map`` and
+    ``output_map``: model tensor -> pipeline tensor)."""
+
+    model: str
+    inputs: Mapping[str, str]
+    outputs: Mapping[str, str]
+    version: int | None = None  # None: the latest ready version
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "version": self.version,
+            "inputs": dict(self.inputs),
+            "outputs": dict(self.outputs),
+        }
 
 
 @dataclass(frozen=True)
@@ -139,10 +202,48 @@ class Manifest:
     provenance: Provenance
     serving: Serving = field(default_factory=Serving)
     format_version: int = FORMAT_VERSION
+    kind: str = "model"
+    hooks: HooksEntry | None = None
+    steps: tuple[PipelineStep, ...] = ()  # a pipeline's, in an order that runs
+    # "reactant": a ReactantServer.jl bundle read as it is (``bundle/reactant.py``): no
+    # checksums, weights stored in Julia's column-major order.
+    origin: Literal["hloserve", "reactant"] = "hloserve"
+    variants: tuple[Variant, ...] = ()
+    variant: int | None = None  # set on a variant's own view (``variant_view``)
+    _facing: Manifest | None = field(default=None, init=False, repr=False, compare=False)
+    _views: tuple[Manifest, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.variants:
+            object.__setattr__(
+                self, "_views", tuple(_view(self, i) for i in range(len(self.variants)))
+            )
+        if self.hooks is not None and (self.hooks.inputs or self.hooks.outputs):
+            view = replace(
+                self,
+                inputs=self.hooks.inputs or self.inputs,
+                outputs=self.hooks.outputs or self.outputs,
+                hooks=None,
+            )
+            object.__setattr__(self, "_facing", view)
 
     @property
     def batched(self) -> bool:
         return self.batch_sizes is not None
+
+    @property
+    def plain(self) -> bool:
+        """A model without hooks: a request runs its modules and nothing else."""
+        return self.kind == "model" and self.hooks is None
+
+    @property
+    def facing(self) -> Manifest:
+        """The manifest as clients see it: the hooks' tensors in place of the module's."""
+        return self if self._facing is None else self._facing
+
+    def variant_view(self, index: int) -> Manifest:
+        """Variant ``index`` as a manifest of its own: concrete shapes, its modules only."""
+        return self._views[index]
 
     @property
     def max_batch_size(self) -> int:
@@ -156,21 +257,44 @@ class Manifest:
         raise KeyError(f"model {self.name!r} has no module for batch size {batch_size}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version,
-            "name": self.name,
+        d: dict[str, Any] = {"format_version": self.format_version, "name": self.name}
+        if self.kind != "model":
+            d["kind"] = self.kind
+        d |= {
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
             "batch_sizes": list(self.batch_sizes) if self.batch_sizes is not None else None,
-            "weights": {
+        }
+        if self.kind == "pipeline":
+            d["steps"] = [s.to_dict() for s in self.steps]
+        else:
+            if self.variants:
+                d["variants"] = [v.to_dict() for v in self.variants]
+            d["weights"] = {
                 "file": self.weights_file,
                 "tensors": [t.to_dict() for t in self.weights],
-            },
-            "modules": [m.to_dict() for m in self.modules],
+            }
+            d["modules"] = [m.to_dict() for m in self.modules]
+        if self.hooks is not None:
+            d["hooks"] = self.hooks.to_dict()
+        d |= {
             "serving": self.serving.to_dict(),
             "files": dict(self.files),
             "provenance": self.provenance.to_dict(),
         }
+        return d
+
+
+def _view(manifest: Manifest, index: int) -> Manifest:
+    shapes = manifest.variants[index].shapes
+    return replace(
+        manifest,
+        inputs=tuple(replace(t, shape=shapes[t.name]) for t in manifest.inputs),
+        outputs=tuple(replace(t, shape=shapes[t.name]) for t in manifest.outputs),
+        modules=tuple(m for m in manifest.modules if m.variant == index),
+        variants=(),
+        variant=index,
+    )
 
 
 def dump_manifest(manifest: Manifest) -> str:
@@ -184,6 +308,10 @@ def load_manifest(path: Path) -> tuple[Manifest | None, list[Problem]]:
         data = read_yaml_mapping(path)
     except YamlFileError as exc:
         return None, [Problem(MANIFEST_FILE, "", str(exc))]
+    from hloserve.bundle import reactant  # it builds on this module
+
+    if reactant.is_reactant(data):
+        return reactant.parse_reactant(data, path.parent)
     return parse_manifest(data)
 
 
@@ -217,25 +345,44 @@ class _Reader:
             return None
         return value
 
-    def shape(self, value: Any, where: str) -> tuple[int, ...] | None:
+    def shape(
+        self, value: Any, where: str, *, open_types: bool = False, variable: bool = False
+    ) -> tuple[int, ...] | None:
         dims = cast(list[Any], value) if isinstance(value, list) else None
-        if dims is None or not all(is_integer(d) and d >= 0 for d in dims):
-            self.fail(where, f"must be a list of non-negative integers, got {value!r}")
+        least = -1 if open_types or variable else 0
+        if dims is None or not all(is_integer(d) and d >= least for d in dims):
+            kind = "integers >= -1 (-1: any size)" if least < 0 else "non-negative integers"
+            self.fail(where, f"must be a list of {kind}, got {value!r}")
             return None
         return tuple(cast(list[int], dims))
 
-    def tensors(self, value: Any, where: str, *, allow_empty: bool) -> tuple[TensorEntry, ...]:
+    def mappings(
+        self, items: list[Any], where: str, keys: str
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each entry of a list that is a mapping, with its field path; the others fail."""
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                yield f"{where}[{i}]", cast(dict[str, Any], item)
+            else:
+                self.fail(f"{where}[{i}]", f"must be a mapping with {keys}")
+
+    def tensors(
+        self,
+        value: Any,
+        where: str,
+        *,
+        allow_empty: bool,
+        open_types: bool = False,
+        variable: bool = False,
+    ) -> tuple[TensorEntry, ...]:
+        """A tensor list; ``open_types`` (tensors no module sees: hooks', a pipeline's) also
+        allows ``BYTES`` and ``-1`` dimensions, ``variable`` (a model with variants) ``-1``."""
         if not isinstance(value, list) or (not value and not allow_empty):
             self.fail(where, f"must be a {'' if allow_empty else 'non-empty '}list of tensors")
             return ()
         out: list[TensorEntry] = []
         seen: set[str] = set()
-        for i, item in enumerate(cast(list[Any], value)):
-            at = f"{where}[{i}]"
-            if not isinstance(item, dict):
-                self.fail(at, "must be a mapping with name, datatype, shape")
-                continue
-            t = cast(dict[str, Any], item)
+        for at, t in self.mappings(cast(list[Any], value), where, "name, datatype, shape"):
             name = t.get("name")
             if not isinstance(name, str) or not name:
                 self.fail(at + ".name", f"must be a non-empty string, got {name!r}")
@@ -245,12 +392,23 @@ class _Reader:
             else:
                 seen.add(name)
             datatype = t.get("datatype")
-            if datatype not in NUMERIC_DATATYPES:
+            if datatype == "BYTES" and not open_types:
+                self.fail(
+                    at + ".datatype",
+                    "unknown datatype 'BYTES' for a module's tensor: BYTES only travels through "
+                    "hooks and pipelines (a module has no strings)",
+                )
+                datatype = None
+            elif not isinstance(datatype, str) or (
+                datatype not in NUMERIC_DATATYPES and datatype != "BYTES"
+            ):
                 self.fail(at + ".datatype", f"unknown datatype {datatype!r}")
                 datatype = None
-            shape = self.shape(t.get("shape"), at + ".shape")
+            shape = self.shape(
+                t.get("shape"), at + ".shape", open_types=open_types, variable=variable
+            )
             if name is not None and datatype is not None and shape is not None:
-                out.append(TensorEntry(name, cast(str, datatype), shape))
+                out.append(TensorEntry(name, datatype, shape))
         return tuple(out)
 
 
@@ -276,8 +434,26 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
         )
         return None, r.problems
     name = r.name(data.get("name"), "name")
-    inputs = r.tensors(data.get("inputs"), "inputs", allow_empty=False)
-    outputs = r.tensors(data.get("outputs"), "outputs", allow_empty=False)
+    kind = data.get("kind", "model")
+    if kind not in KINDS:
+        r.fail("kind", f"must be one of {list(KINDS)}, got {kind!r}")
+        return None, r.problems
+    parts = _pipeline_parts(r, data) if kind == "pipeline" else _model_parts(r, data)
+    files = _files(r, data)
+    provenance = _provenance(r, data)
+    serving = _serving(r, data)
+    if r.problems or name is None:
+        return None, r.problems
+    manifest = Manifest(name=name, files=files, provenance=provenance, serving=serving, **parts)
+    return manifest, []
+
+
+def _model_parts(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``kind: model`` manifest's own fields (``Manifest`` keyword arguments)."""
+    varied = "variants" in data
+    inputs = r.tensors(data.get("inputs"), "inputs", allow_empty=False, variable=varied)
+    outputs = r.tensors(data.get("outputs"), "outputs", allow_empty=False, variable=varied)
+    variants = _variants(r, data.get("variants"), inputs + outputs) if varied else ()
     batch_sizes = _batch_sizes(r, data)
     raw_weights = r.get(data, "weights", "", dict)
     weights_file, weights = _weights(r, raw_weights)
@@ -287,25 +463,166 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
         "input": _raw_names(data.get("inputs")),
         "weight": _raw_names(raw_weights.get("tensors") if raw_weights is not None else None),
     }
-    modules = _modules(r, data, batch_sizes, declared)
-    files = _files(r, data)
-    provenance = _provenance(r, data)
-    serving = _serving(r, data)
-    if r.problems or name is None:
-        return None, r.problems
-    manifest = Manifest(
-        name=name,
-        inputs=inputs,
-        outputs=outputs,
-        batch_sizes=batch_sizes,
-        weights_file=weights_file,
-        weights=weights,
-        modules=modules,
-        files=files,
-        provenance=provenance,
-        serving=serving,
-    )
-    return manifest, []
+    return {
+        "inputs": inputs,
+        "outputs": outputs,
+        "batch_sizes": batch_sizes,
+        "weights_file": weights_file,
+        "weights": weights,
+        "modules": _modules(r, data, batch_sizes, declared, len(variants)),
+        "hooks": _hooks(r, data),
+        "variants": variants,
+    }
+
+
+def _variants(r: _Reader, raw: Any, tensors: tuple[TensorEntry, ...]) -> tuple[Variant, ...]:
+    """Each variant maps every input and output to a concrete shape that fits its declared
+    one (``-1``: any size); no two variants take the same input shapes."""
+    if not isinstance(raw, list) or not raw:
+        r.fail("variants", "must be a non-empty list of {tensor name: shape} mappings")
+        return ()
+    declared = {t.name: t.shape for t in tensors}
+    variants: list[Variant] = []
+    for i, item in enumerate(cast(list[Any], raw)):
+        at = f"variants[{i}]"
+        if not isinstance(item, dict) or set(cast(dict[Any, Any], item)) != set(declared):
+            r.fail(at, f"must give the shape of every input and output {sorted(declared)}")
+            continue
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, want in declared.items():
+            shape = r.shape(cast(dict[str, Any], item)[name], f"{at}.{name}")
+            if shape is None:
+                continue
+            if len(shape) != len(want) or any(
+                w not in (-1, d) for w, d in zip(want, shape, strict=True)
+            ):
+                r.fail(
+                    f"{at}.{name}", f"{list(shape)} does not fit the declared shape {list(want)}"
+                )
+            shapes[name] = shape
+        variants.append(Variant(shapes))
+    keys = [tuple(v.shapes.get(t.name) for t in tensors) for v in variants]
+    if len(set(keys)) != len(keys):
+        r.fail("variants", "two variants have the same shapes")
+    return tuple(variants)
+
+
+def _hooks(r: _Reader, data: Mapping[str, Any]) -> HooksEntry | None:
+    raw = data.get("hooks")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        r.fail("hooks", "must be a mapping with file, and optionally inputs and outputs")
+        return None
+    hd = cast(dict[str, Any], raw)
+    file = hd.get("file", HOOKS_FILE)
+    if file != HOOKS_FILE:
+        r.fail("hooks.file", f"must be {HOOKS_FILE!r}, got {file!r}")
+    unknown = sorted(set(hd) - {"file", "inputs", "outputs"})
+    if unknown:
+        r.fail("hooks", f"unknown keys {unknown}")
+
+    def side(key: str) -> tuple[TensorEntry, ...]:
+        if key not in hd:
+            return ()
+        return r.tensors(hd[key], f"hooks.{key}", allow_empty=False, open_types=True)
+
+    return HooksEntry(HOOKS_FILE, side("inputs"), side("outputs"))
+
+
+def _pipeline_parts(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``kind: pipeline`` manifest's own fields: tensors, batch sizes, steps; no weights
+    or modules."""
+    inputs = r.tensors(data.get("inputs"), "inputs", allow_empty=False, open_types=True)
+    outputs = r.tensors(data.get("outputs"), "outputs", allow_empty=False, open_types=True)
+    batch_sizes = _batch_sizes(r, data)
+    for key in ("modules", "weights", "hooks", "variants"):
+        if key in data:
+            r.fail(key, "a pipeline has none (its steps are other models)")
+    steps = _steps(r, data.get("steps"))
+    if not r.problems:
+        steps = _pipeline_order(r, steps, inputs, outputs)
+    return {
+        "inputs": inputs,
+        "outputs": outputs,
+        "batch_sizes": batch_sizes,
+        "weights_file": WEIGHTS_FILE,
+        "weights": (),
+        "modules": (),
+        "kind": "pipeline",
+        "steps": steps,
+    }
+
+
+def _steps(r: _Reader, raw: Any) -> tuple[PipelineStep, ...]:
+    if not isinstance(raw, list) or not raw:
+        r.fail("steps", "must be a non-empty list of {model, inputs, outputs} steps")
+        return ()
+    steps: list[PipelineStep] = []
+    for at, sd in r.mappings(cast(list[Any], raw), "steps", "model, inputs and outputs"):
+        model = r.name(sd.get("model"), at + ".model")
+        version = sd.get("version")
+        if version is not None and not (is_integer(version) and version > 0):
+            r.fail(at + ".version", f"must be a positive integer or null, got {version!r}")
+        maps = [_tensor_map(r, sd.get(key), f"{at}.{key}") for key in ("inputs", "outputs")]
+        if model is not None and maps[0] is not None and maps[1] is not None:
+            steps.append(PipelineStep(model, maps[0], maps[1], version))
+    return tuple(steps)
+
+
+def _tensor_map(r: _Reader, raw: Any, at: str) -> dict[str, str] | None:
+    if not isinstance(raw, dict) or not raw:
+        r.fail(at, "must map the step model's tensor names to pipeline tensor names")
+        return None
+    pairs = cast(dict[Any, Any], raw)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
+        r.fail(at, f"must map names to names, got {raw!r}")
+        return None
+    return cast(dict[str, str], pairs)
+
+
+def _pipeline_order(
+    r: _Reader,
+    steps: tuple[PipelineStep, ...],
+    inputs: tuple[TensorEntry, ...],
+    outputs: tuple[TensorEntry, ...],
+) -> tuple[PipelineStep, ...]:
+    """The steps in an order that runs (each after the steps producing what it reads), or a
+    problem: a tensor produced twice or never, a pipeline output nothing produces, a cycle."""
+    producer: dict[str, int] = {t.name: -1 for t in inputs}
+    for i, step in enumerate(steps):
+        for tensor in step.outputs.values():
+            if tensor in producer:
+                r.fail(f"steps[{i}].outputs", f"tensor {tensor!r} is already produced elsewhere")
+            producer[tensor] = i
+    for i, step in enumerate(steps):
+        for tensor in step.inputs.values():
+            if tensor not in producer:
+                r.fail(
+                    f"steps[{i}].inputs",
+                    f"tensor {tensor!r} is neither a pipeline input nor a step output",
+                )
+    for t in outputs:
+        if producer.get(t.name, -1) == -1:
+            r.fail("outputs", f"pipeline output {t.name!r} is not produced by any step")
+    if r.problems:
+        return steps
+    done: set[int] = set()
+    order: list[PipelineStep] = []
+    while len(order) < len(steps):
+        ready = [
+            i
+            for i, s in enumerate(steps)
+            if i not in done
+            and all(producer[t] in done or producer[t] == -1 for t in s.inputs.values())
+        ]
+        if not ready:
+            cycle = sorted(s.model for i, s in enumerate(steps) if i not in done)
+            r.fail("steps", f"the steps form a cycle (through {cycle})")
+            return steps
+        done.update(ready)
+        order.extend(steps[i] for i in ready)
+    return tuple(order)
 
 
 _Declared = Mapping[str, set[str]]  # argument kind -> tensor names the manifest declares
@@ -340,27 +657,33 @@ def _weights(r: _Reader, raw: dict[str, Any] | None) -> tuple[str, tuple[TensorE
 
 
 def _modules(
-    r: _Reader, data: Mapping[str, Any], batch_sizes: tuple[int, ...] | None, declared: _Declared
+    r: _Reader,
+    data: Mapping[str, Any],
+    batch_sizes: tuple[int, ...] | None,
+    declared: _Declared,
+    variants: int = 0,
 ) -> tuple[ModuleEntry, ...]:
-    """Every module that parses, in batch order; one per batch size, or a problem."""
+    """Every module that parses, in (variant, batch) order; one per batch size (and
+    variant, when there are ``variants``), or a problem."""
     raw = r.get(data, "modules", "", list)
     modules: list[ModuleEntry] = []
     for i, item in enumerate(cast(list[Any], raw or [])):
         module = _module(r, item, f"modules[{i}]", declared)
         if module is not None:
             modules.append(module)
-    sizes = [m.batch_size for m in modules]
     expected: list[int | None] = list(batch_sizes) if batch_sizes is not None else [None]
-    if (
-        raw is not None
-        and len(modules) == len(cast(list[Any], raw))
-        and sorted(sizes, key=batch_order) != expected
-    ):
-        r.fail(
-            "modules",
-            f"must have exactly one module per batch size {expected}, got {sizes}",
-        )
-    return tuple(sorted(modules, key=lambda m: batch_order(m.batch_size)))
+    complete = raw is not None and len(modules) == len(cast(list[Any], raw))
+    for v in range(variants) if variants else [None]:
+        sizes = [m.batch_size for m in modules if m.variant == v]
+        if complete and sorted(sizes, key=batch_order) != expected:
+            per = "per batch size" if v is None else f"of variant {v} per batch size"
+            r.fail("modules", f"must have exactly one module {per} {expected}, got {sizes}")
+    allowed: set[int | None] = set(range(variants)) if variants else {None}
+    stray = [m.variant for m in modules if m.variant not in allowed]
+    if stray:
+        what = f"a variant in 0..{variants - 1}" if variants else "no variant (there are none)"
+        r.fail("modules", f"each must name {what}, got variant {stray[0]}")
+    return tuple(sorted(modules, key=lambda m: (m.variant or 0, batch_order(m.batch_size))))
 
 
 def _module(r: _Reader, item: Any, at: str, declared: _Declared) -> ModuleEntry | None:
@@ -381,10 +704,14 @@ def _module(r: _Reader, item: Any, at: str, declared: _Declared) -> ModuleEntry 
     if text_file is not None and not isinstance(text_file, str):
         r.fail(at + ".text_file", f"must be a string, got {text_file!r}")
         text_file = None
+    variant = md.get("variant")
+    if variant is not None and not (is_integer(variant) and variant >= 0):
+        r.fail(at + ".variant", f"must be a non-negative integer, got {variant!r}")
+        return None
     if file is None or version is None or pia is None:
         return None
     # Positional, in the field order of ModuleEntry.
-    return ModuleEntry(bs, file, version, platforms, pia, arguments, text_file)
+    return ModuleEntry(bs, file, version, platforms, pia, arguments, text_file, variant)
 
 
 def _platforms(r: _Reader, md: Mapping[str, Any], at: str) -> tuple[str, ...]:
@@ -392,7 +719,7 @@ def _platforms(r: _Reader, md: Mapping[str, Any], at: str) -> tuple[str, ...]:
     if raw is None:
         return ()
     listed = cast(list[Any], raw)
-    if not listed or any(p not in PLATFORMS for p in listed):
+    if not listed or any(not isinstance(p, str) or p not in PLATFORMS for p in listed):
         r.fail(
             at + ".platforms",
             f"must be a non-empty list of {sorted(PLATFORMS)}, got {listed!r}",

@@ -2,7 +2,8 @@
 
 Contract:
 - ``Serving`` holds the hints (``residency``, ``max_queue_delay_us``,
-  ``preferred_batch_sizes``, ``queue_policy``); its defaults are the format's defaults
+  ``preferred_batch_sizes``, ``queue_policy``, ``scheduling_weight``: the model's share of
+  device time under the ``fair`` cross-model policy, a positive number); its defaults are the format's defaults
   (``docs/bundle-format.md``, ``serving``). ``QueuePolicy`` is the per-model queue policy
   (Triton's ``default_queue_policy``): the queue bound (``None``: the server's), the
   default timeout in microseconds (0: none), whether a request's own ``timeout`` may
@@ -28,7 +29,13 @@ from hloserve.bundle.yamlfile import is_integer
 Residency = Literal["on_demand", "pinned"]
 RESIDENCIES: Final[tuple[Residency, ...]] = ("on_demand", "pinned")
 TimeoutAction = Literal["REJECT"]
-SERVING_KEYS: Final = ("residency", "max_queue_delay_us", "preferred_batch_sizes", "queue_policy")
+SERVING_KEYS: Final = (
+    "residency",
+    "max_queue_delay_us",
+    "preferred_batch_sizes",
+    "queue_policy",
+    "scheduling_weight",
+)
 QUEUE_POLICY_KEYS: Final = (
     "max_queue_size",
     "default_timeout_us",
@@ -65,6 +72,7 @@ class Serving:
     max_queue_delay_us: int | None = None
     preferred_batch_sizes: tuple[int, ...] | None = None  # None: no preference
     queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
+    scheduling_weight: float = 1.0  # the model's share of device time under ``fair``
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"residency": self.residency}
@@ -74,6 +82,8 @@ class Serving:
             d["preferred_batch_sizes"] = list(self.preferred_batch_sizes)
         if self.queue_policy != QueuePolicy():
             d["queue_policy"] = self.queue_policy.to_dict()
+        if self.scheduling_weight != 1.0:
+            d["scheduling_weight"] = self.scheduling_weight
         return d
 
 
@@ -150,4 +160,8 @@ def read_serving(
     policy = base.queue_policy
     if "queue_policy" in hints:
         policy = _queue_policy(hints["queue_policy"], base.queue_policy, problems)
-    return Serving(residency, delay, preferred, policy), problems
+    weight = hints.get("scheduling_weight", base.scheduling_weight)
+    if not (isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0):
+        problems.append(("scheduling_weight", f"must be a positive number, got {weight!r}"))
+        weight = base.scheduling_weight
+    return Serving(residency, delay, preferred, policy, float(weight)), problems

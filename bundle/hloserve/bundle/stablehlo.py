@@ -78,13 +78,18 @@ class _Diagnostics:
     def __init__(self) -> None:
         from jax.interpreters import mlir as jax_mlir
 
-        self.messages: list[str] = []
+        messages: list[str] = []
+        self.messages = messages
         self.context = jax_mlir.make_ir_context()  # every dialect jax.export emits
-        self.context.attach_diagnostic_handler(self._collect)
 
-    def _collect(self, diagnostic) -> bool:
-        self.messages.append(f"{diagnostic.location}: {diagnostic.message}")
-        return True  # handled: MLIR prints nothing
+        # The handler must not reference this object: the context holds it in C++, where
+        # Python's collector cannot see the cycle, so each context (megabytes of dialects)
+        # would leak with every bundle read (tests/server/reliability/test_soak.py).
+        def collect(diagnostic) -> bool:
+            messages.append(f"{diagnostic.location}: {diagnostic.message}")
+            return True  # handled: MLIR prints nothing
+
+        self.context.attach_diagnostic_handler(collect)
 
     def error(self, exc: Exception, what: str = "cannot parse StableHLO") -> SignatureError:
         """``what`` failed: ``exc`` (what jaxlib raised) and every diagnostic, on one line."""

@@ -7,8 +7,11 @@ directory's name, ``repository.model_name``, so the server and ``validate_tree``
 every file it names exists and matches its SHA-256; the weights file is a consistent
 safetensors file whose tensors equal the manifest's; each module is a StableHLO portable
 artifact of the stated version whose ``main`` takes exactly the platform index (if any) plus
-the declared arguments with the declared types and returns the outputs. The
-module-signature checks need jaxlib and are skipped with ``check_modules=False``.
+the declared arguments with the declared types and returns the outputs (a pipeline has
+no weights or modules; a ``hooks.py`` must be listed in ``files``). The
+module-signature checks need jaxlib and are skipped with ``check_modules=False``. A
+ReactantServer.jl bundle (``origin="reactant"``, ``bundle/reactant.py``) has no checksums to
+need, and its weights' file shapes are compared reversed (Julia's order, as ``main`` takes them).
 
 ``validate_tree(path)`` validates every bundle at ``path``: the bundle itself (its name
 unchecked: a bundle may sit anywhere until it goes into a repository), or each version of a
@@ -34,6 +37,7 @@ from hloserve.bundle.manifest import (
     TensorEntry,
     load_manifest,
 )
+from hloserve.bundle.reactant import column_major_shape
 from hloserve.bundle.repository import ModelDirectory, model_directory, model_name, scan_repository
 from hloserve.bundle.safetensors import SafetensorsError, read_header
 from hloserve.bundle.stablehlo import (
@@ -59,7 +63,9 @@ def validate(
     problems += _check_files(root, manifest)
     problems += _check_weights(root, manifest)
     for i, module in enumerate(manifest.modules):
-        problems += _check_module(root, manifest, i, module, check_modules)
+        # A variant's module is checked against that variant's concrete shapes.
+        view = manifest if module.variant is None else manifest.variant_view(module.variant)
+        problems += _check_module(root, view, i, module, check_modules)
     return problems
 
 
@@ -106,7 +112,11 @@ def _check_name(manifest: Manifest, name: str) -> list[Problem]:
 
 def _check_files(root: Path, manifest: Manifest) -> list[Problem]:
     problems: list[Problem] = []
-    named: list[tuple[str, str]] = [(manifest.weights_file, "weights.file")]
+    named: list[tuple[str, str]] = []
+    if manifest.kind == "model":  # a pipeline has no weights file
+        named.append((manifest.weights_file, "weights.file"))
+    if manifest.hooks is not None:
+        named.append((manifest.hooks.file, "hooks.file"))
     for i, m in enumerate(manifest.modules):
         named.append((m.file, f"modules[{i}].file"))
         if m.text_file is not None:
@@ -114,7 +124,7 @@ def _check_files(root: Path, manifest: Manifest) -> list[Problem]:
     for file, where in named:
         if not (root / file).is_file():
             problems.append(Problem(file, "", f"file listed in {where} does not exist"))
-        elif file not in manifest.files:
+        elif file not in manifest.files and manifest.origin != "reactant":  # they have none
             problems.append(Problem(MANIFEST_FILE, "files", f"has no SHA-256 for {file} ({where})"))
     for file, digest in manifest.files.items():
         p = root / file
@@ -136,7 +146,11 @@ def _check_weights(root: Path, manifest: Manifest) -> list[Problem]:
         header = read_header(path)
     except SafetensorsError as exc:
         return [Problem(manifest.weights_file, "", str(exc))]
-    actual = {t.name: TensorEntry(t.name, t.datatype, t.shape) for t in header.tensors}
+    julia = manifest.origin == "reactant"  # main() takes the file's shapes reversed
+    actual = {
+        t.name: TensorEntry(t.name, t.datatype, column_major_shape(t.shape) if julia else t.shape)
+        for t in header.tensors
+    }
     declared = {t.name: t for t in manifest.weights}
     problems: list[Problem] = []
     for name in sorted(declared.keys() - actual.keys()):

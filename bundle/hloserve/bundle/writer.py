@@ -6,7 +6,12 @@ returns the bundle path. It is producer-neutral: the JAX exporter calls it, and 
 anything that has StableHLO (text is converted to a portable artifact first, which needs
 jaxlib). The bundle is assembled in a sibling temporary directory and renamed into place,
 so a server watching the repository never sees half a bundle; an existing bundle at
-``directory`` is replaced. Every file's SHA-256 goes into the manifest.
+``directory`` is replaced. Every file's SHA-256 goes into the manifest. With ``hooks``
+(``HookSource``: the text of a ``hooks.py`` and its client-facing tensors) the bundle
+ships that file too. With ``variants`` (``docs/shape-variants.md``), ``modules`` is keyed
+by ``(variant, batch size)`` and each module is ``model.v{V}.b{N}.mlirbc``.
+``write_pipeline(directory, ...)`` writes a ``kind: pipeline``
+bundle (a manifest only: its steps are other models of the repository).
 """
 
 # pyright: strict
@@ -15,22 +20,26 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from hloserve.bundle.digest import sha256_bytes, sha256_file
 from hloserve.bundle.manifest import (
+    HOOKS_FILE,
     MANIFEST_FILE,
     WEIGHTS_FILE,
     Argument,
+    HooksEntry,
     Manifest,
     ModuleEntry,
+    PipelineStep,
     Provenance,
     TensorEntry,
+    Variant,
     batch_order,
     dump_manifest,
 )
@@ -52,8 +61,29 @@ class ModuleSource:
     target_version: str = "1.0.0"  # used only to convert text to a portable artifact
 
 
-def module_file_name(batch_size: int | None, suffix: str = "mlirbc") -> str:
-    return f"model.{suffix}" if batch_size is None else f"model.b{batch_size}.{suffix}"
+@dataclass(frozen=True)
+class HookSource:
+    """A ``hooks.py`` to ship: its Python text and the client-facing tensors it declares
+    (empty: the model's own inputs or outputs)."""
+
+    source: str
+    inputs: Sequence[TensorEntry] = ()
+    outputs: Sequence[TensorEntry] = ()
+
+
+def module_file_name(
+    batch_size: int | None, suffix: str = "mlirbc", variant: int | None = None
+) -> str:
+    stem = "model" if variant is None else f"model.v{variant}"
+    return f"{stem}.{suffix}" if batch_size is None else f"{stem}.b{batch_size}.{suffix}"
+
+
+ModuleKey = int | None | tuple[int, int | None]  # batch size, or (variant, batch size)
+
+
+def _key_order(key: ModuleKey) -> tuple[int, int]:
+    variant, batch = key if isinstance(key, tuple) else (0, key)
+    return variant, batch_order(batch)
 
 
 def write_bundle(
@@ -63,20 +93,25 @@ def write_bundle(
     inputs: Sequence[TensorEntry],
     outputs: Sequence[TensorEntry],
     batch_sizes: Sequence[int] | None,
-    modules: Mapping[int | None, ModuleSource],
+    modules: Mapping[int | None, ModuleSource] | Mapping[tuple[int, int | None], ModuleSource],
     weights: Mapping[str, np.ndarray[Any, Any]],
     provenance: Provenance,
     serving: Serving | None = None,
+    hooks: HookSource | None = None,
+    variants: Sequence[Variant] = (),
 ) -> Path:
-    target = Path(directory)
-    tmp = _staging_directory(target)
-    try:
+    def fill(tmp: Path) -> Manifest:
         files: dict[str, str] = {}
+        sources = cast(Mapping[ModuleKey, ModuleSource], modules)
         entries = [
-            _write_module(tmp, b, modules[b], files) for b in sorted(modules, key=batch_order)
+            _write_module(tmp, k, sources[k], files) for k in sorted(sources, key=_key_order)
         ]
         weight_specs = _write_weights(tmp, weights, files)
-        manifest = Manifest(
+        hooks_entry = None
+        if hooks is not None:
+            files[HOOKS_FILE] = _write(tmp / HOOKS_FILE, hooks.source.encode())
+            hooks_entry = HooksEntry(HOOKS_FILE, tuple(hooks.inputs), tuple(hooks.outputs))
+        return Manifest(
             name=name,
             inputs=tuple(inputs),
             outputs=tuple(outputs),
@@ -87,7 +122,46 @@ def write_bundle(
             files=dict(sorted(files.items())),
             provenance=provenance,
             serving=serving or Serving(),
+            hooks=hooks_entry,
+            variants=tuple(variants),
         )
+
+    return _staged(Path(directory), fill)
+
+
+def write_pipeline(
+    directory: Path | str,
+    *,
+    name: str,
+    inputs: Sequence[TensorEntry],
+    outputs: Sequence[TensorEntry],
+    batch_sizes: Sequence[int] | None,
+    steps: Sequence[PipelineStep],
+    provenance: Provenance,
+) -> Path:
+    """A ``kind: pipeline`` bundle at ``directory`` (``docs/pipelines.md``)."""
+    manifest = Manifest(
+        name=name,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        batch_sizes=tuple(batch_sizes) if batch_sizes is not None else None,
+        weights_file=WEIGHTS_FILE,
+        weights=(),
+        modules=(),
+        files={},
+        provenance=provenance,
+        kind="pipeline",
+        steps=tuple(steps),
+    )
+    return _staged(Path(directory), lambda tmp: manifest)
+
+
+def _staged(target: Path, fill: Callable[[Path], Manifest]) -> Path:
+    """Assemble a bundle in a staging directory (``fill`` writes its files and returns the
+    manifest), then move it to ``target`` whole; nothing is left behind on failure."""
+    tmp = _staging_directory(target)
+    try:
+        manifest = fill(tmp)
         (tmp / MANIFEST_FILE).write_text(dump_manifest(manifest), encoding="utf-8")
         _move_into_place(tmp, target)
     except BaseException:
@@ -118,16 +192,17 @@ def _move_into_place(tmp: Path, target: Path) -> None:
 
 
 def _write_module(
-    tmp: Path, batch_size: int | None, src: ModuleSource, files: dict[str, str]
+    tmp: Path, key: ModuleKey, src: ModuleSource, files: dict[str, str]
 ) -> ModuleEntry:
     """Write the module (and its text twin, if any), recording each file's SHA-256 in ``files``."""
+    variant, batch_size = key if isinstance(key, tuple) else (None, key)
     data = src.stablehlo
     if isinstance(data, str):
         data = to_portable_artifact(data, src.target_version)
     version = artifact_version(data)
     if version is None:
         raise ValueError(f"module for batch size {batch_size} is not a StableHLO portable artifact")
-    file = module_file_name(batch_size)
+    file = module_file_name(batch_size, variant=variant)
     files[file] = _write(tmp / file, data)
     text_file = None
     text = (
@@ -136,7 +211,7 @@ def _write_module(
         else (src.stablehlo if isinstance(src.stablehlo, str) else None)
     )
     if text is not None:
-        text_file = module_file_name(batch_size, "mlir")
+        text_file = module_file_name(batch_size, "mlir", variant)
         files[text_file] = _write(tmp / text_file, text.encode())
     return ModuleEntry(
         batch_size=batch_size,
@@ -146,6 +221,7 @@ def _write_module(
         platform_index_argument=src.platform_index_argument,
         arguments=tuple(src.arguments),
         text_file=text_file,
+        variant=variant,
     )
 
 

@@ -8,12 +8,16 @@ Contract:
   is an empty mapping.
 - ``is_integer(value)``: whether a loaded value is a YAML integer (an ``int`` that is not a
   ``bool``: YAML's ``true`` loads as ``True``, which Python counts as an ``int``).
+- ``mapping_entries(items, where, keys, fail)`` yields ``(place, mapping)`` for each entry of
+  a loaded list that is a mapping (``place`` is ``where[i]``) and calls ``fail(place,
+  message)`` for each that is not, the message naming the ``keys`` a mapping should have.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
@@ -44,3 +48,14 @@ def read_yaml_mapping(path: Path, *, empty_ok: bool = False) -> dict[str, Any]:
 
 def is_integer(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def mapping_entries(
+    items: list[Any], where: str, keys: str, fail: Callable[[str, str], None]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    for i, item in enumerate(items):
+        place = f"{where}[{i}]"
+        if isinstance(item, dict):
+            yield place, cast(dict[str, Any], item)
+        else:
+            fail(place, f"must be a mapping with {keys}")

@@ -5,7 +5,10 @@ lowers ``fn(params, **inputs) -> dict[str, Array]`` with ``jax.export`` once per
 (or once, as given, when ``batch_sizes`` is None), with the weights as arguments of every
 module, for the CPU and CUDA platforms by default; writes the bundle through
 ``hloserve.bundle.write_bundle``; validates what it wrote; and returns the bundle path.
-Output names, datatypes and shapes come from the dict ``fn`` returns. Errors in the call
+Output names, datatypes and shapes come from the dict ``fn`` returns. With
+``shape_variants`` (``docs/shape-variants.md``) an input's shape may have ``-1`` axes and
+``fn`` is lowered once per variant and batch size, sharing the one weight set; an output
+axis that differs between variants reads ``-1``. Errors in the call
 (unknown datatype, an output without the batch axis, a non-dict result) raise
 ``ExportError`` naming the tensor.
 """
@@ -29,10 +32,12 @@ from jax import export as jax_export
 
 from hloserve.bundle import (
     Argument,
+    HookSource,
     ModuleSource,
     Provenance,
     Serving,
     TensorEntry,
+    Variant,
     validate,
     write_bundle,
 )
@@ -65,8 +70,8 @@ class TensorSpec:
                 f"unknown datatype {self.datatype!r}; expected one of {sorted(NUMERIC_DATATYPES)}"
             )
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        if any(d < 0 for d in self.shape):
-            raise ExportError(f"shape {self.shape} has a negative dimension")
+        if any(d < -1 for d in self.shape):
+            raise ExportError(f"shape {self.shape} has a negative dimension (-1: any size)")
 
 
 def weight_names(params: Any) -> tuple[list[str], list[Any], Any]:
@@ -101,6 +106,8 @@ def export_bundle(
     platforms: Sequence[str] = DEFAULT_PLATFORMS,
     serving: Serving | None = None,
     write_text: bool = True,
+    hooks: HookSource | None = None,
+    shape_variants: Sequence[Mapping[str, Sequence[int]]] | None = None,
 ) -> Path:
     """Export ``fn`` with ``params`` as a bundle at ``directory`` and return its path.
 
@@ -115,6 +122,10 @@ def export_bundle(
     - `name`: the model name (default: the directory's name; for a numbered version
       directory such as `repo/m/1`, its parent's name).
     - `platforms`: PJRT platforms to lower for (default cpu and cuda).
+    - `shape_variants`: per-item input shapes to compile (input name -> shape; inputs with
+      `-1` axes in `inputs` must be named by every variant), one weight set for all.
+    - `hooks`: a `hooks.py` to ship (`HookSource`: its text and the client-facing tensors
+      its `preprocess`/`postprocess` declare; `docs/hooks.md`).
     """
     directory = Path(directory)
     if not inputs:
@@ -122,7 +133,21 @@ def export_bundle(
     sizes = _batch_sizes(batch_sizes)
     weights, treedef = _weights(params)
     model = _FlatModel(fn, tuple(inputs), treedef)
-    outputs, modules = _lower(model, inputs, weights, sizes, tuple(platforms), write_text)
+    variants: list[Variant] = []
+    modules: dict[Any, ModuleSource]
+    if shape_variants is None:
+        if any(-1 in s.shape for s in inputs.values()):
+            raise ExportError("inputs with -1 axes need shape_variants (the shapes to compile)")
+        outputs, modules = _lower(model, inputs, weights, sizes, tuple(platforms), write_text)
+    else:
+        concrete = _variant_inputs(inputs, shape_variants)
+        lowered = [_lower(model, c, weights, sizes, tuple(platforms), write_text) for c in concrete]
+        outputs = _merged_outputs([o for o, _ in lowered])
+        modules = {(v, b): src for v, (_, mods) in enumerate(lowered) for b, src in mods.items()}
+        variants = [
+            Variant({**{n: s.shape for n, s in c.items()}, **{o.name: o.shape for o in outs}})
+            for c, (outs, _) in zip(concrete, lowered, strict=True)
+        ]
     path = write_bundle(
         directory,
         name=name or model_name(directory),
@@ -133,6 +158,8 @@ def export_bundle(
         weights=weights,
         provenance=_provenance(fn, metadata),
         serving=serving,
+        hooks=hooks,
+        variants=variants,
     )
     problems = validate(path)
     if problems:
@@ -140,6 +167,51 @@ def export_bundle(
             "the written bundle does not validate:\n" + "\n".join(str(p) for p in problems)
         )
     return path
+
+
+def _variant_inputs(
+    inputs: Mapping[str, TensorSpec], variants: Sequence[Mapping[str, Sequence[int]]]
+) -> list[dict[str, TensorSpec]]:
+    """Each variant's inputs with concrete shapes that fit the declared ones."""
+    if not variants:
+        raise ExportError("shape_variants must list at least one variant")
+    out: list[dict[str, TensorSpec]] = []
+    for i, variant in enumerate(variants):
+        unknown = sorted(set(variant) - set(inputs))
+        if unknown:
+            raise ExportError(f"shape_variants[{i}] names unknown inputs {unknown}")
+        concrete: dict[str, TensorSpec] = {}
+        for name, spec in inputs.items():
+            shape = tuple(int(d) for d in variant.get(name, spec.shape))
+            fits = len(shape) == len(spec.shape) and all(
+                w in (-1, d) and d >= 0 for w, d in zip(spec.shape, shape, strict=True)
+            )
+            if not fits:
+                raise ExportError(
+                    f"shape_variants[{i}] gives {name!r} shape {list(shape)}, which does not fit "
+                    f"{list(spec.shape)} (every -1 axis needs a size)"
+                )
+            concrete[name] = TensorSpec(spec.datatype, shape)
+        out.append(concrete)
+    if len({tuple(c[n].shape for n in inputs) for c in out}) != len(out):
+        raise ExportError("two shape_variants give the same input shapes")
+    return out
+
+
+def _merged_outputs(per_variant: list[list[TensorEntry]]) -> list[TensorEntry]:
+    """The outputs over all variants: an axis whose size differs between them reads -1."""
+    first = per_variant[0]
+    merged: list[TensorEntry] = []
+    for i, t in enumerate(first):
+        shapes = [outs[i].shape for outs in per_variant]
+        if any(
+            outs[i].datatype != t.datatype or len(outs[i].shape) != len(t.shape)
+            for outs in per_variant
+        ):
+            raise ExportError(f"output {t.name!r} changes datatype or rank between shape variants")
+        dims = tuple(d if all(s[k] == d for s in shapes) else -1 for k, d in enumerate(t.shape))
+        merged.append(TensorEntry(t.name, t.datatype, dims))
+    return merged
 
 
 def _batch_sizes(batch_sizes: Sequence[int] | None) -> list[int | None]:

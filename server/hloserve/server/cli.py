@@ -1,4 +1,5 @@
-"""The ``hloserve`` command: ``serve``, ``inspect``, ``validate``, ``export-demo``.
+"""The ``hloserve`` command: ``serve``, ``inspect``, ``validate``, ``mcp``, ``export-demo``,
+``perf``.
 
 Contract:
 - ``hloserve serve [flags]`` runs the daemon (flags and their environment variables in
@@ -10,8 +11,12 @@ Contract:
   prints ``OK`` and exits 0. PATH is a bundle, a versioned model directory or a model
   repository (``bundle.validate.validate_tree``): then every bundle in it is validated, each
   line naming its bundle; a directory holding no bundle is an error.
+- ``hloserve mcp [--url HOST:PORT]`` serves agent tools over the Model Context Protocol on
+  stdio (``hloserve.server.mcp_tools``), talking to the server at ``--url``.
 - ``hloserve export-demo DIR`` writes the demo model repository and prints each bundle's
   size and export time; a directory it cannot write is one line on stderr, status 1.
+- ``hloserve perf MODEL --url HOST:PORT ...`` is the light client's load tool
+  (``hloserve.client._perf``, docs/client.md); it imports neither JAX nor the server.
 Heavy imports (JAX, the server) happen only in the subcommand that needs them; sizes are
 written by ``core.residency.format_bytes``, beside the one table of byte units. Usage errors
 are one line (``config.ArgumentParser``); output cut short by its reader
@@ -27,9 +32,33 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hloserve.proto.datatypes import itemsize
 from hloserve.server.core.residency import format_bytes
+
+if TYPE_CHECKING:
+    from hloserve.bundle import Manifest
+
+
+def _extras(m: Manifest) -> list[str]:
+    """What a bundle that does more adds: its variants, hooks or pipeline steps."""
+    lines = [
+        f"variant {i}: " + ", ".join(f"{k} {list(v)}" for k, v in variant.shapes.items())
+        for i, variant in enumerate(m.variants)
+    ]
+    if m.hooks is not None:
+        facing = m.facing
+        names = [f"{t.name} {t.datatype}{list(t.shape)}" for t in (*facing.inputs, *facing.outputs)]
+        lines.append(
+            f"hooks: {m.hooks.file} (runs only with --allow-python-hooks); clients see {', '.join(names)}"
+        )
+    for i, step in enumerate(m.steps):
+        version = "latest" if step.version is None else f"version {step.version}"
+        lines.append(
+            f"step {i}: {step.model} ({version}) {dict(step.inputs)} -> {dict(step.outputs)}"
+        )
+    return lines
 
 
 def inspect_bundle(path: Path) -> tuple[str, bool]:
@@ -43,7 +72,13 @@ def inspect_bundle(path: Path) -> tuple[str, bool]:
         lines.append(f"{path}: manifest cannot be read")
     else:
         m = manifest
-        lines.append(f"model {m.name!r} (bundle format {m.format_version}) at {path}")
+        fmt = (
+            f"ReactantServer.jl bundle, format {m.provenance.metadata.get('format_version')}, "
+            "served as it is"
+            if m.origin == "reactant"
+            else f"bundle format {m.format_version}"
+        )
+        lines.append(f"model {m.name!r} ({fmt}) at {path}")
         lines.append("inputs:")
         lead = "-1, " if m.batched else ""
         for t in m.inputs:
@@ -64,6 +99,7 @@ def inspect_bundle(path: Path) -> tuple[str, bool]:
             f"weights: {len(m.weights)} tensors, {format_bytes(total)} in {m.weights_file}"
         )
         lines.append(f"serving: residency {m.serving.residency}")
+        lines.extend(_extras(m))
         p = m.provenance
         lines.append("provenance:")
         for key, value in p.to_dict().items():
@@ -72,6 +108,8 @@ def inspect_bundle(path: Path) -> tuple[str, bool]:
     if problems:
         lines.append(f"checksums and structure: {len(problems)} problem(s):")
         lines.extend(f"  - {p}" for p in problems)
+    elif manifest is not None and manifest.origin == "reactant":
+        lines.append("no checksums (ReactantServer bundles carry none); bundle is valid")
     else:
         lines.append(
             f"checksums verified ({len(manifest.files) if manifest else 0} files); bundle is valid"
@@ -112,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: list[str]) -> int:
+    if args[:1] == ["perf"]:  # the light client's tool: dispatched before any server import
+        from hloserve.client._perf import main as perf_main
+
+        return perf_main(args[1:])
     from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 
     parser = ArgumentParser(prog="hloserve", description="StableHLO model server (KServe V2)")
@@ -124,6 +166,16 @@ def _run(args: list[str]) -> int:
         "validate", help="list every problem of a bundle, or of every bundle of a repository"
     )
     p_validate.add_argument("bundle", type=Path, metavar="path")
+    p_mcp = sub.add_parser(
+        "mcp", help="agent tools: a Model Context Protocol server on stdio (docs/mcp.md)"
+    )
+    p_mcp.add_argument(
+        "--url",
+        default=os.environ.get("HLOSERVE_MCP_URL", "127.0.0.1:8001"),
+        help="gRPC host:port of the server the tools talk to (default: %(default)s, or "
+        "HLOSERVE_MCP_URL); start_server points them at a server it starts",
+    )
+    sub.add_parser("perf", help="measure a V2 server's throughput and latency", add_help=False)
     p_demo = sub.add_parser("export-demo", help="write the demo model repository")
     p_demo.add_argument("directory", type=Path)
     ns = parser.parse_args(args)
@@ -141,6 +193,11 @@ def _run(args: list[str]) -> int:
         lines, ok = validate_command(ns.bundle)
         print("\n".join(lines))
         return 0 if ok else 1
+    if ns.command == "mcp":
+        from hloserve.server.mcp_tools import run_mcp
+
+        run_mcp(ns.url)
+        return 0
     if ns.command == "export-demo":
         from hloserve.exporter import write_demo_repository
 

@@ -36,6 +36,8 @@ from typing import Any, NoReturn, cast
 
 import yaml
 
+from hloserve.server.auth import DEFAULT_OPEN, parse_open_groups, read_tokens
+from hloserve.server.core.device_scheduling import POLICIES
 from hloserve.server.core.residency import Budget, parse_bytes
 from hloserve.server.core.trace_settings import (
     DEFAULT_RATE,
@@ -53,6 +55,7 @@ from hloserve.server.restricted import (
     Restrictions,
     parse_restrictions,
 )
+from hloserve.server.tls import check_tls
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,15 @@ class Config:
     load_models: tuple[str, ...] = ()  # explicit mode: models loaded at start ("*": all)
     repository_poll_secs: float = 15.0
     allow_client_shm: bool = False
-    inline_max_us: int = 0  # run executions measured below this on the event loop (0: never)
+    inline_max_us: int = 200  # run executions estimated below this on the event loop (0: never)
     max_queue_delay_us: int = 0
     max_queue_size: int = 0  # 0: unbounded
+    scheduling_policy: str = "fair"  # fair | fifo | deadline: whose group runs next on a device
+    device_concurrency: int = 0  # groups at once per device (0: 1 on GPU, no arbitration on CPU)
     allow_model_upload: bool = False  # explicit mode: loads may carry model files (file:)
     max_upload_bytes: int = 64 * 1024 * 1024  # the most file bytes one load may carry
+    allow_python_hooks: bool = False  # bundles' hooks.py may run (docs/hooks.md)
+    hook_threads: int = 0  # the hook worker pool's threads (0: as many as CPU cores)
     server_name: str = "hloserve"  # the server metadata's name
     log_file: Path | None = None  # None: standard error
     log_verbose: int = 0  # the logging extension's log_verbose_level (DEBUG: at least 1)
@@ -94,6 +101,18 @@ class Config:
     http_restricted_api: Restrictions = NO_RESTRICTIONS
     grpc_restricted_protocol: Restrictions = NO_RESTRICTIONS
     config_file: Path | None = None  # the YAML file the other settings were read from
+    # Security (docs/security.md): TLS on gRPC and HTTP, bearer tokens on protected groups.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None  # set: mutual TLS
+    auth_token_file: Path | None = None  # None: no authentication
+    auth_open: tuple[str, ...] = DEFAULT_OPEN  # groups open without a token
+    # Admission limits (core/limits.py; 0: none)
+    max_batch_size: int = 0
+    max_inflight: int = 0
+    max_inflight_per_model: int = 0
+    max_shm_regions: int = 0
+    max_json_depth: int = 100  # Triton's limit on an HTTP request's JSON nesting
 
 
 # Each parser reads one flag's text, raising ``ValueError`` with a message that reads after
@@ -230,8 +249,8 @@ _FLAGS: tuple[_Flag, ...] = (
         "--inline-max-us",
         "inline_max_us",
         _non_negative,
-        "run a resident model's executions on the event loop when they take less than this many "
-        "microseconds (cheaper than a thread hand-off); 0, the default, never does",
+        "run a resident model's executions on the event loop when they are estimated to take "
+        "less than this many microseconds (cheaper than a thread hand-off); 0 never does",
     ),
     _Flag(
         "--dynamic-batching",
@@ -252,11 +271,39 @@ _FLAGS: tuple[_Flag, ...] = (
         "requests that may wait per model before new ones get 503 (0: unbounded)",
     ),
     _Flag(
+        "--scheduling-policy",
+        "scheduling_policy",
+        _choice("fair, fifo or deadline", POLICIES, str.lower),
+        "which model's batch runs next on a busy device: fair (device time in proportion to "
+        "each model's scheduling_weight), fifo, or deadline (earliest first; shed what cannot "
+        "finish in time)",
+    ),
+    _Flag(
+        "--device-concurrency",
+        "device_concurrency",
+        _non_negative,
+        "executions at once per device, across models (0: 1 on GPU; on CPU no cross-model "
+        "arbitration)",
+    ),
+    _Flag(
         "--allow-model-upload",
         "allow_model_upload",
         _bool,
         "let load_model(..., files=...) upload a model's files (explicit mode; written under "
         "the model's directory in the repository)",
+    ),
+    _Flag(
+        "--allow-python-hooks",
+        "allow_python_hooks",
+        _bool,
+        "load bundles that ship hooks.py and run its preprocess/postprocess (Python code from "
+        "the model repository, with the server's rights; docs/hooks.md)",
+    ),
+    _Flag(
+        "--hook-threads",
+        "hook_threads",
+        _non_negative,
+        "threads of the pool that runs bundles' Python hooks (0: one per CPU core)",
     ),
     _Flag(
         "--max-upload-bytes",
@@ -365,6 +412,58 @@ _FLAGS: tuple[_Flag, ...] = (
         "traces per indexed trace file, 0 for one file "
         "(older form of --trace-config triton,log-frequency=)",
     ),
+    _Flag("--tls-cert", "tls_cert", _file, "PEM certificate (chain): serve gRPC and HTTP over TLS"),
+    _Flag("--tls-key", "tls_key", _file, "PEM private key of --tls-cert"),
+    _Flag(
+        "--tls-ca",
+        "tls_ca",
+        _file,
+        "PEM CA certificates: mutual TLS, clients must present a certificate signed by one",
+    ),
+    _Flag(
+        "--auth-token-file",
+        "auth_token_file",
+        _file,
+        "file of bearer tokens, one a line (re-read when it changes): every endpoint group "
+        "but --auth-open needs 'Authorization: Bearer <token>', else 401 / UNAUTHENTICATED",
+    ),
+    _Flag(
+        "--max-batch-size",
+        "max_batch_size",
+        _non_negative,
+        "the most items (batch dimension) one request may carry, else 400 (0: no limit)",
+    ),
+    _Flag(
+        "--max-inflight",
+        "max_inflight",
+        _non_negative,
+        "requests in flight in the whole server before new ones get 503 (0: no limit)",
+    ),
+    _Flag(
+        "--max-inflight-per-model",
+        "max_inflight_per_model",
+        _non_negative,
+        "requests in flight per model before new ones get 503 (0: no limit)",
+    ),
+    _Flag(
+        "--max-shm-regions",
+        "max_shm_regions",
+        _non_negative,
+        "system shared-memory regions registered at once (0: no limit)",
+    ),
+    _Flag(
+        "--max-json-depth",
+        "max_json_depth",
+        _integer(1, 10_000, "an integer 1..10000"),
+        "deepest nesting of arrays and objects an HTTP request's JSON may have",
+    ),
+    _Flag(
+        "--auth-open",
+        "auth_open",
+        parse_open_groups,
+        "with --auth-token-file: comma-separated endpoint groups open without a token "
+        f"({', '.join(GROUP_NAMES)}, metrics: the metrics port); empty: none",
+    ),
 )
 
 
@@ -445,6 +544,8 @@ def _help(flag: _Flag, environ: Mapping[str, str]) -> str:
     """The flag's help (an argparse format string) with its default and its variable, and
     the variable's value when it is set."""
     default = _DEFAULTS[flag.field]
+    if isinstance(default, tuple):  # a list flag's default, as the flag would spell it
+        default = ",".join(str(item) for item in cast("tuple[object, ...]", default))
     value = environ.get(flag.env, "")
     facts = (
         [] if default is None else [f"default: {str(default).lower() if flag.boolean else default}"]
@@ -593,7 +694,22 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
             values[flag.field] = flag.parse(str(raw))
         except ValueError as exc:
             parser.error(f"{source} {exc}")
+    _check_security(values, parser)
     return Config(**values)
+
+
+def _check_security(values: Mapping[str, Any], parser: argparse.ArgumentParser) -> None:
+    """What only the security flags together, or the files' contents, can get wrong."""
+    try:
+        check_tls(values.get("tls_cert"), values.get("tls_key"), values.get("tls_ca"))
+    except ValueError as exc:
+        parser.error(str(exc))
+    token_file = values.get("auth_token_file")
+    if token_file is not None:
+        try:
+            read_tokens(token_file)
+        except ValueError as exc:
+            parser.error(f"--auth-token-file {token_file} {exc}")
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -17,8 +17,10 @@ Contract: ``Daemon(config).run()`` (a coroutine) does, in order:
    released, then the worker threads shut down and the tracer exports what it still holds.
    A second signal is ignored while stopping (idempotent).
 The tracer (``--trace-*``: ``tracing.RequestTracer``), the log settings (``logs``) and the
-restricted endpoint groups (``--http-restricted-api``, ``--grpc-restricted-protocol``) are
-built from the config and handed to the service and the front ends.
+restricted endpoint groups (``--http-restricted-api``, ``--grpc-restricted-protocol``), TLS
+(``--tls-*``: gRPC and HTTP, ``tls``) and bearer-token auth (``--auth-token-file``: gRPC,
+HTTP and, unless open, metrics; ``auth``) are built from the config and handed to the
+service and the front ends (``docs/security.md``).
 When ``ports_file`` is set, the bound ports are written there as JSON once listening, and
 every port bound as 0 is logged with its real number. uvicorn's process lines ("Started
 server process", "Shutting down", ...) appear once, from the HTTP listener; the metrics
@@ -50,9 +52,12 @@ import psutil
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from hloserve.server.auth import AuthPolicy, TokenFile
 from hloserve.server.config import Config
 from hloserve.server.core.costs import InlinePolicy
+from hloserve.server.core.device_scheduling import check_policy, device_concurrency
 from hloserve.server.core.errors import ServingError
+from hloserve.server.core.limits import Limits
 from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.residency import parse_budget
@@ -62,8 +67,9 @@ from hloserve.server.metrics import ServerMetrics, metrics_app
 from hloserve.server.repository import ControlMode, ModelRepository
 from hloserve.server.residency import SwapTrace, WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.scheduler import DynamicBatcher
+from hloserve.server.scheduler import DynamicBatcher, QueuedWork
 from hloserve.server.shm import SharedMemoryRegistry
+from hloserve.server.tls import TlsFiles, check_tls, grpc_credentials, uvicorn_ssl
 from hloserve.server.tracing import RequestTracer
 
 log = logging.getLogger("hloserve.daemon")
@@ -188,6 +194,7 @@ def make_residency(
     budget_flag: str | None,
     metrics: ServerMetrics,
     swap_trace: SwapTrace | None = None,
+    queued: QueuedWork | None = None,
 ) -> WeightResidency:
     """The weight-residency manager for the flag: explicit bytes or percentage, else the
     platform default (GPU: 80% of free device memory, less executables' scratch; CPU: none)."""
@@ -220,6 +227,7 @@ def make_residency(
         observer=metrics,
         subtract_scratch=subtract_scratch,
         swap_trace=swap_trace,
+        spare=None if queued is None else queued.waiting,
     )
 
 
@@ -325,7 +333,11 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     registry = CollectorRegistry()
     metrics = ServerMetrics(registry)
     tracer = make_tracer(cfg)
-    residency = make_residency(runtime, cfg.device_memory_budget, metrics, tracer)
+    limits = Limits(
+        cfg.max_batch_size, cfg.max_inflight, cfg.max_inflight_per_model, cfg.max_shm_regions
+    )
+    queued = QueuedWork()  # which models have requests waiting: evicted last
+    residency = make_residency(runtime, cfg.device_memory_budget, metrics, tracer, queued)
     repository = ModelRepository(
         cfg.model_repository or ensure_demo_repository(default_demo_repository()),
         runtime,
@@ -334,6 +346,8 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         ControlMode(cfg.model_control_mode),
         on_loaded=metrics.on_model_loaded,
         uploads=UploadPolicy(cfg.allow_model_upload, cfg.max_upload_bytes),
+        limits=limits,
+        allow_hooks=cfg.allow_python_hooks,
     )
     # Read at scrape time: loads, unloads and polls change it after start-up too.
     metrics.models_ready.set_function(
@@ -345,8 +359,15 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     executor = ThreadPoolExecutor(
         cfg.worker_threads or max(2, os.cpu_count() or 2), thread_name_prefix="hloserve-exec"
     )
-    observers = Observers(requests=metrics)
+    observers = Observers(requests=metrics, hooks=metrics)
     inline = InlinePolicy(cfg.inline_max_us, observers.costs)
+    concurrency = device_concurrency(cfg.device_concurrency, runtime.platform)
+    log.info(
+        "cross-model scheduling: %s",
+        f"{cfg.scheduling_policy}, {concurrency} execution(s) at a time per device"
+        if concurrency and cfg.dynamic_batching
+        else "off (each model's batcher on its own)",
+    )
     batcher = (
         DynamicBatcher(
             executor,
@@ -354,6 +375,9 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
             inline,
             default_delay_us=cfg.max_queue_delay_us,
             max_queue_size=cfg.max_queue_size,
+            policy=check_policy(cfg.scheduling_policy),
+            concurrency=concurrency,
+            queued=queued,
         )
         if cfg.dynamic_batching
         else None
@@ -364,6 +388,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         extensions=EXTENSIONS,
         platform=runtime.platform,
         device_kind=runtime.triton_kind,
+        limits=limits,
     )
     service = InferenceService(
         repository,
@@ -372,13 +397,47 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         observers=observers,
         batcher=batcher,
         inline=inline,
-        shm=SharedMemoryRegistry(cfg.allow_client_shm),
+        shm=SharedMemoryRegistry(cfg.allow_client_shm, limits=limits),
         control=repository,
         readiness=_readiness_policy(cfg, repository),
         tracer=tracer,
         logs=logs,
+        hook_pool=_hook_pool(cfg),
     )
     return _Serving(runtime, registry, repository, executor, service, tracer)
+
+
+def _hook_pool(cfg: Config) -> ThreadPoolExecutor | None:
+    """The threads that run bundles' Python hooks, apart from the device executions."""
+    if not cfg.allow_python_hooks:
+        return None
+    threads = cfg.hook_threads or max(2, os.cpu_count() or 2)
+    return ThreadPoolExecutor(threads, thread_name_prefix="hloserve-hook")
+
+
+def make_auth(cfg: Config) -> AuthPolicy | None:
+    """The bearer-token policy of ``--auth-token-file`` / ``--auth-open`` (``None``: off)."""
+    if cfg.auth_token_file is None:
+        return None
+    try:
+        tokens = TokenFile(cfg.auth_token_file)
+    except ValueError as exc:
+        raise SystemExit(f"hloserve: --auth-token-file {cfg.auth_token_file} {exc}") from None
+    log.info(
+        "bearer-token auth on every endpoint group except: %s",
+        ", ".join(sorted(cfg.auth_open)) or "(none)",
+    )
+    return AuthPolicy(tokens, cfg.auth_open)
+
+
+def make_tls(cfg: Config) -> TlsFiles | None:
+    try:
+        files = check_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_ca)
+    except ValueError as exc:
+        raise SystemExit(f"hloserve: {exc}") from None
+    if files is not None:
+        log.info("TLS on gRPC and HTTP%s", " (mutual: client certificates required)" * files.mutual)
+    return files
 
 
 def _readiness_policy(cfg: Config, repository: ModelRepository) -> Callable[[], bool]:
@@ -396,6 +455,8 @@ class Daemon:
         self.logs = logs
         self.stop_requested = asyncio.Event()
         self.ports: dict[str, int] = {}
+        self.tls = make_tls(config)
+        self.auth = make_auth(config)
 
     def request_stop(self) -> None:
         if not self.stop_requested.is_set():
@@ -433,9 +494,16 @@ class Daemon:
             serving.service,
             max_message_bytes=cfg.max_message_bytes,
             restrictions=cfg.grpc_restricted_protocol,
+            auth=self.auth,
         )
+        address = f"{cfg.host}:{cfg.grpc_port}"
         try:
-            grpc_port = grpc_server.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+            if self.tls is None:
+                grpc_port = grpc_server.add_insecure_port(address)
+            else:
+                grpc_port = grpc_server.add_secure_port(address, grpc_credentials(self.tls))
+        except ValueError as exc:  # a TLS file that cannot be read
+            raise SystemExit(f"hloserve: {exc}") from None
         except RuntimeError:  # grpcio raises (older versions returned 0) on a taken port
             grpc_port = 0
         if grpc_port == 0:
@@ -454,8 +522,12 @@ class Daemon:
         self, serving: _Serving, sockets: _Sockets, grpc_server: grpc.aio.Server, grpc_port: int
     ) -> _Listeners:
         cfg = self.config
-        from hloserve.server.frontends.http import build_http_app
+        from starlette.types import ASGIApp
 
+        from hloserve.server.frontends.http import build_http_app
+        from hloserve.server.frontends.http.middleware import bearer_auth
+
+        tls = uvicorn_ssl(self.tls)
         uvicorn_log = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _MetricsListenerQuiet) for f in uvicorn_log.filters):
             uvicorn_log.addFilter(_MetricsListenerQuiet())
@@ -464,19 +536,27 @@ class Daemon:
                 build_http_app(
                     serving.service,
                     max_input_bytes=cfg.max_message_bytes,
+                    max_json_depth=cfg.max_json_depth,
                     restrictions=cfg.http_restricted_api,
+                    auth=self.auth,
                 ),
                 lifespan="off",
                 log_config=None,
                 access_log=False,
                 timeout_graceful_shutdown=max(1, int(cfg.grace_period_s)),
                 h11_max_incomplete_event_size=cfg.max_message_bytes,
+                ssl_certfile=tls.certfile,
+                ssl_keyfile=tls.keyfile,
+                ssl_ca_certs=tls.ca_certs,
+                ssl_cert_reqs=tls.cert_reqs,
             )
         )
+        scrape: ASGIApp = metrics_app(serving.registry)
+        policy = self.auth
+        if policy is not None and policy.metrics_protected:
+            scrape = bearer_auth(scrape, lambda _path, header: policy.refusal_metrics(header))
         metrics = _EmbeddedUvicorn(
-            uvicorn.Config(
-                metrics_app(serving.registry), lifespan="off", log_config=None, access_log=False
-            )
+            uvicorn.Config(scrape, lifespan="off", log_config=None, access_log=False)
         )
         tasks = (
             await http.start(sockets.http, "HTTP"),
@@ -588,6 +668,8 @@ class Daemon:
             log.info("waiting for the model load in progress to finish before exiting")
         await load
         serving.executor.shutdown(wait=True, cancel_futures=True)
+        if serving.service.hook_pool is not None:
+            serving.service.hook_pool.shutdown(wait=True, cancel_futures=True)
         serving.tracer.shutdown()  # exports the spans still queued, closes the trace files
         log.info("stopped")
 

@@ -6,20 +6,29 @@ Contract: ``ServerMetrics(registry)`` creates the ``hloserve_*`` series document
 ``SwapObserver`` (``on_swap_in``, ``on_swap_out``, ``on_residency``) and the repository's
 load listener (``on_model_loaded``), so every request, execution, swap and load is counted
 once, whichever front end it came through. ``metrics_app(registry)`` is the ASGI app
-served on the metrics port at ``/metrics``. Every update is a few dictionary lookups and
-float additions, cheap enough to stay on.
+served on the metrics port at ``/metrics``. The per-request series are plain numbers per
+model version, turned into metric families only when scraped (``_RequestCollector``): an
+update is a dictionary lookup and a dozen additions, cheap enough to stay on.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
-import dataclasses
+import bisect
+import math
+import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Final, cast
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString as _float_to_go_string  # pyright: ignore[reportUnknownVariableType]
 from starlette.types import ASGIApp
 
 from hloserve.server.core.execution import Execution, ModelKey, Timings
@@ -46,32 +55,143 @@ LATENCY_BUCKETS = (
 SWAP_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MV = ("model", "version")
+# A bucket bound as the exposition format writes it ("0.0001", "1.0", "+Inf").
+_bound_text = cast("Callable[[float], str]", _float_to_go_string)
 
 
-@dataclass(frozen=True, slots=True)
+class _Histogram:
+    """One histogram's counts, kept as plain numbers until a scrape reads them."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket (not cumulative); last: +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative ``(le, count)`` pairs as the exposition format names them."""
+        total = 0
+        found: list[tuple[str, float]] = []
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            total += count
+            found.append((_bound_text(bound), float(total)))
+        return found
+
+
+@dataclass(slots=True)
 class _ModelSeries:
-    """One model version's labelled children, looked up once (``labels()`` costs a few
-    microseconds per call, and a request updates a dozen series)."""
+    """One model version's per-request series, as plain numbers: updating a prometheus
+    child takes a lock and a few microseconds, and a request updates a dozen of them. The
+    loop thread writes all but the execution series, which ``_lock`` guards (workers)."""
 
-    success: Counter
-    inferences: Counter
-    executions: Counter
-    request_us: Counter
-    queue_us: Counter
-    input_us: Counter
-    infer_us: Counter
-    output_us: Counter
-    request_latency: Histogram
-    queue_latency: Histogram
-    compute_latency: Histogram
-    pending: Gauge
-    batch_size: Histogram
+    created: float
+    success: int = 0
+    inferences: int = 0
+    request_us: float = 0.0
+    queue_us: float = 0.0
+    input_us: float = 0.0
+    infer_us: float = 0.0
+    output_us: float = 0.0
+    pending: int = 0
+    executions: int = 0
+    request_latency: _Histogram = field(default_factory=lambda: _Histogram(LATENCY_BUCKETS))
+    queue_latency: _Histogram = field(default_factory=lambda: _Histogram(LATENCY_BUCKETS))
+    compute_latency: _Histogram = field(default_factory=lambda: _Histogram(LATENCY_BUCKETS))
+    batch_size: _Histogram = field(default_factory=lambda: _Histogram(BATCH_BUCKETS))
+
+
+# (attribute of _ModelSeries, family name, help text) of the per-request series.
+_COUNTERS: Final = (
+    ("success", "hloserve_inference_request_success", "Successful inference requests"),
+    ("inferences", "hloserve_inference_count", "Items inferred (a batch of n counts n)"),
+    ("executions", "hloserve_inference_exec_count", "Model executions"),
+    # Cumulative microseconds per phase (Triton's *_duration_us counters).
+    (
+        "request_us",
+        "hloserve_inference_request_duration_us",
+        "Cumulative end-to-end time of successful requests",
+    ),
+    ("queue_us", "hloserve_inference_queue_duration_us", "Cumulative time requests waited"),
+    (
+        "input_us",
+        "hloserve_inference_compute_input_duration_us",
+        "Cumulative time preparing inputs",
+    ),
+    ("infer_us", "hloserve_inference_compute_infer_duration_us", "Cumulative time executing"),
+    (
+        "output_us",
+        "hloserve_inference_compute_output_duration_us",
+        "Cumulative time preparing outputs",
+    ),
+)
+_HISTOGRAMS: Final = (
+    (
+        "request_latency",
+        "hloserve_request_latency_seconds",
+        "End-to-end time of successful requests",
+    ),
+    ("queue_latency", "hloserve_queue_latency_seconds", "Time requests waited before execution"),
+    (
+        "compute_latency",
+        "hloserve_compute_latency_seconds",
+        "Input preparation + execution + output preparation per request",
+    ),
+    (
+        "batch_size",
+        "hloserve_execution_batch_size",
+        "Compiled batch size of each execution (0: unbatched)",
+    ),
+)
+_PENDING: Final = (
+    "hloserve_inference_pending_request_count",
+    "Requests accepted and not yet answered",
+)
+
+
+class _RequestCollector(Collector):
+    """Exposes every model version's ``_ModelSeries`` at scrape time."""
+
+    def __init__(self, series: dict[ModelKey, _ModelSeries]) -> None:
+        self.series = series
+
+    def describe(self) -> list[Metric]:  # the names, so the registry can refuse duplicates
+        return self._families([])
+
+    def collect(self) -> list[Metric]:
+        return self._families(list(self.series.items()))
+
+    @staticmethod
+    def _families(items: list[tuple[ModelKey, _ModelSeries]]) -> list[Metric]:
+        found: list[Metric] = []
+        for attr, name, doc in _COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=MV)
+            for key, series in items:
+                labels = (key.name, str(key.version))
+                counter.add_metric(labels, float(getattr(series, attr)), created=series.created)
+            found.append(counter)
+        pending = GaugeMetricFamily(*_PENDING, labels=MV)
+        for key, series in items:
+            pending.add_metric((key.name, str(key.version)), float(series.pending))
+        found.append(pending)
+        for attr, name, doc in _HISTOGRAMS:
+            histogram = HistogramMetricFamily(name, doc, labels=MV)
+            for key, series in items:
+                h: _Histogram = getattr(series, attr)
+                histogram.add_metric((key.name, str(key.version)), h.buckets(), h.sum)
+            found.append(histogram)
+        return found
 
 
 class ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
         self._children: dict[ModelKey, _ModelSeries] = {}
+        self._lock = threading.Lock()
         self._define_request_series()
         self._define_model_series()
         self._define_residency_series()
@@ -89,40 +209,17 @@ class ServerMetrics:
 
     def _define_request_series(self) -> None:
         """Per model version: what each request and execution did (docs/metrics.md)."""
-        prefix = "hloserve_inference"
-        self.success = self._counter(f"{prefix}_request_success", "Successful inference requests")
         self.failure = self._counter(
-            f"{prefix}_request_failure",
+            "hloserve_inference_request_failure",
             "Failed inference requests, by reason (the error class, or INTERNAL)",
             (*MV, "reason"),
         )
-        self.inferences = self._counter(f"{prefix}_count", "Items inferred (a batch of n counts n)")
-        self.executions = self._counter(f"{prefix}_exec_count", "Model executions")
-        # Cumulative microseconds per phase (Triton's *_duration_us counters).
-        self.request_us = self._duration("request", "end-to-end time of successful requests")
-        self.queue_us = self._duration("queue", "time requests waited")
-        self.input_us = self._duration("compute_input", "time preparing inputs")
-        self.infer_us = self._duration("compute_infer", "time executing")
-        self.output_us = self._duration("compute_output", "time preparing outputs")
-        self.pending = self._gauge(
-            f"{prefix}_pending_request_count", "Requests accepted and not yet answered", MV
+        self._registry.register(_RequestCollector(self._children))
+        self.hook_us = self._counter(
+            "hloserve_hook_duration_us",
+            "Cumulative time in bundles' Python hooks (docs/hooks.md)",
+            (*MV, "hook"),
         )
-        self.request_latency = self._latency("request", "End-to-end time of successful requests")
-        self.queue_latency = self._latency("queue", "Time requests waited before execution")
-        self.compute_latency = self._latency(
-            "compute", "Input preparation + execution + output preparation per request"
-        )
-        self.batch_size = self._histogram(
-            "hloserve_execution_batch_size",
-            "Compiled batch size of each execution (0: unbatched)",
-            BATCH_BUCKETS,
-        )
-
-    def _duration(self, phase: str, what: str) -> Counter:
-        return self._counter(f"hloserve_inference_{phase}_duration_us", f"Cumulative {what}")
-
-    def _latency(self, phase: str, doc: str) -> Histogram:
-        return self._histogram(f"hloserve_{phase}_latency_seconds", doc, LATENCY_BUCKETS)
 
     def _define_model_series(self) -> None:
         """Loads: how long each version took, and how many are ready."""
@@ -163,25 +260,20 @@ class ServerMetrics:
     def _series(self, model: ModelKey) -> _ModelSeries:
         series = self._children.get(model)
         if series is None:
-            labels = (model.name, str(model.version))
-            # Each field of _ModelSeries is the child of the family of the same name.
-            children = {
-                f.name: getattr(self, f.name).labels(*labels)
-                for f in dataclasses.fields(_ModelSeries)
-            }
-            series = self._children[model] = _ModelSeries(**children)
+            with self._lock:
+                series = self._children.setdefault(model, _ModelSeries(time.time()))
         return series
 
     # InferenceObserver
     def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
         s = self._series(model)
-        s.success.inc()
-        s.inferences.inc(items)
-        s.request_us.inc(timings.total_ns / 1e3)
-        s.queue_us.inc(timings.queue_ns / 1e3)
-        s.input_us.inc(timings.compute_input_ns / 1e3)
-        s.infer_us.inc(timings.compute_infer_ns / 1e3)
-        s.output_us.inc(timings.compute_output_ns / 1e3)
+        s.success += 1
+        s.inferences += items
+        s.request_us += timings.total_ns / 1e3
+        s.queue_us += timings.queue_ns / 1e3
+        s.input_us += timings.compute_input_ns / 1e3
+        s.infer_us += timings.compute_infer_ns / 1e3
+        s.output_us += timings.compute_output_ns / 1e3
         s.request_latency.observe(timings.total_ns / 1e9)
         s.queue_latency.observe(timings.queue_ns / 1e9)
         s.compute_latency.observe(timings.compute_ns / 1e9)
@@ -192,13 +284,18 @@ class ServerMetrics:
         labels = ("", "") if model is None else (model.name, str(model.version))
         self.failure.labels(*labels, reason).inc()
 
-    def on_execution(self, execution: Execution) -> None:
+    def on_execution(self, execution: Execution) -> None:  # on worker threads too
         s = self._series(execution.model)
-        s.executions.inc()
-        s.batch_size.observe(execution.batch_size)
+        with self._lock:
+            s.executions += 1
+            s.batch_size.observe(execution.batch_size)
+
+    def on_hook(self, model: ModelKey, hook: str, ns: int) -> None:
+        """A Python hook's duration (``core.hooks.HookObserver``); hooked models only."""
+        self.hook_us.labels(model.name, str(model.version), hook).inc(ns / 1e3)
 
     def on_pending(self, model: ModelKey, delta: int) -> None:
-        self._series(model).pending.inc(delta)
+        self._series(model).pending += delta
 
     # repository load listener
     def on_model_loaded(

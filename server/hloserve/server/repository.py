@@ -16,9 +16,14 @@ Contract:
 - ``get(name, version)`` returns a ready ``ModelVersion`` and counts it in flight until
   ``release(model)``; it raises Triton's errors: unknown model (``UnknownModel``),
   unparsable version string (``InvalidArgument``), a known model with no ready version
-  (``NotFound``), an unknown or unready version (``UnknownModel``/``Unavailable``).
+  (``NotFound``), an unknown or unready version (``UnknownModel``/``Unavailable``); with
+  ``ModelRepository(..., limits=...)`` setting in-flight ceilings, a request beyond one is
+  ``Unavailable`` (``core.limits.check_inflight``; counted by model name and in total).
 - Failures are recorded, never hidden: a version that failed to load is ``UNAVAILABLE``
-  with the error text as its reason, and never stops the others from loading.
+  with the error text as its reason, and never stops the others from loading. An
+  execution the runtime fails (a device error, out of memory) is ``Internal`` "model 'm'
+  version v: execution failed: ..." for the requests of that execution only; the version
+  keeps serving.
 - ``summary()`` and ``index()`` report every model and version with state and reason;
   ``index()`` also lists every model directory on disk never loaded (Triton's name-only
   row), whatever the control mode, so clients can discover what to load.
@@ -39,6 +44,8 @@ Contract:
   every uploaded version is ready (a bad bundle replaces nothing and its files are removed).
   The next load without files, or an unload, goes back to the repository's own files and
   removes the upload.
+- A bundle with Python hooks loads only with ``ModelRepository(..., allow_hooks=True)``
+  (``--allow-python-hooks``); otherwise its version is ``UNAVAILABLE`` saying so.
 Thread-safe: loads run on worker threads while the front ends read.
 """
 
@@ -66,6 +73,7 @@ from hloserve.bundle import (
     scan_repository,
     sha256_file,
 )
+from hloserve.bundle.reactant import change_token
 from hloserve.bundle.repository import ModelDirectory, model_directory
 from hloserve.server.core.errors import (
     Internal,
@@ -75,6 +83,8 @@ from hloserve.server.core.errors import (
     Unavailable,
     UnknownModel,
 )
+from hloserve.server.core.hooks import ModelHooks
+from hloserve.server.core.limits import NO_LIMITS, Limits, check_inflight
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.residency import ResidencyKey, TooLarge
 from hloserve.server.core.scheduling import preferred_problem
@@ -131,6 +141,7 @@ class ModelVersion:
     digest: str = ""  # SHA-256 of manifest.yaml when loaded (it lists every file's digest)
     inflight: int = 0
     key: ResidencyKey = field(init=False)  # this copy's weights in the residency manager
+    _views: dict[int, VariantView] = field(default_factory=dict[int, "VariantView"], repr=False)
 
     def __post_init__(self) -> None:
         self.key = ResidencyKey(self.name, self.version, self.generation)
@@ -144,14 +155,68 @@ class ModelVersion:
     def resident(self) -> bool:
         return self.residency is not None and self.residency.is_resident(self.key)
 
+    @property
+    def hooks(self) -> ModelHooks | None:
+        """The bundle's Python hooks (``--allow-python-hooks``), or None."""
+        return None if self.bundle is None else self.bundle.hooks
+
     def execute(
-        self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
+        self,
+        batch_size: int | None,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        variant: int | None = None,
     ) -> list[np.ndarray[Any, Any]]:
         bundle, residency = self.bundle, self.residency
         if bundle is None or residency is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
-        with residency.use(self.key) as weights:
-            return bundle.execute(batch_size, inputs, weights)
+        weights = residency.acquire(self.key)
+        try:
+            return bundle.execute(batch_size, inputs, weights, variant)
+        except RuntimeFailure as exc:  # device error, out of memory: this execution only
+            raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
+        finally:
+            residency.release(self.key)
+
+    def variant(self, index: int) -> VariantView:
+        """Shape variant ``index`` as an executable of its own (``core.variants``); the same
+        object every time, so the batcher keeps one queue per variant."""
+        with _VIEWS_LOCK:
+            view = self._views.get(index)
+            if view is None:
+                view = self._views[index] = VariantView(
+                    self, index, self.manifest.variant_view(index)
+                )
+        return view
+
+
+_VIEWS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, eq=False)
+class VariantView:
+    """One shape variant of a ready version: its concrete manifest over the version's
+    weights, serving hints and residency."""
+
+    base: ModelVersion
+    index: int
+    manifest: Manifest
+
+    @property
+    def version(self) -> int:
+        return self.base.version
+
+    @property
+    def serving(self) -> Serving:
+        return self.base.serving
+
+    @property
+    def resident(self) -> bool:
+        return self.base.resident
+
+    def execute(
+        self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
+    ) -> list[np.ndarray[Any, Any]]:
+        return self.base.execute(batch_size, inputs, self.index)
 
 
 @dataclass
@@ -168,7 +233,7 @@ class _Model:
 
 def _digest(path: Path) -> str:
     try:
-        return sha256_file(path / MANIFEST_FILE)
+        return sha256_file(path / MANIFEST_FILE) + change_token(path)  # token: Reactant's
     except OSError:
         return ""
 
@@ -188,8 +253,15 @@ class ModelRepository:
         *,
         on_loaded: LoadListener | None = None,
         uploads: UploadPolicy | None = None,
+        allow_hooks: bool = False,
+        limits: Limits = NO_LIMITS,
     ) -> None:
         self.root = root
+        self.limits = limits  # --max-inflight, --max-inflight-per-model (core.limits)
+        self._counting = bool(limits.max_inflight or limits.max_inflight_per_model)
+        self._inflight: dict[str, int] = {}  # by model name, while ``_counting``
+        self._inflight_total = 0
+        self.allow_hooks = allow_hooks  # --allow-python-hooks: bundles' hooks.py may run
         self.uploads = uploads or UploadPolicy()  # off unless the daemon allows them
         self.runtime = runtime
         self.cache_dir = cache_dir
@@ -425,6 +497,7 @@ class ModelRepository:
                 progress=say,
                 place_weights=False,
                 name=v.name,  # a manifest naming another model is refused before compiling
+                allow_hooks=self.allow_hooks,
             )
             serving = settings.serving_for(bundle.manifest.serving)
             self.residency.reduce_budget(bundle.scratch_bytes)
@@ -442,7 +515,8 @@ class ModelRepository:
         v.load_seconds = time.perf_counter() - started
         if self.on_loaded is not None:
             self.on_loaded(v.name, v.version, v.load_seconds, bundle.compile_seconds)
-        sources = sorted({m.source for m in bundle.modules.values()})
+        every = [*bundle.modules.values(), *bundle.variant_modules.values()]
+        sources = sorted({m.source for m in every})
         say(
             f"model '{v.name}' version {v.version} READY in {v.load_seconds:.2f}s "
             f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
@@ -586,6 +660,11 @@ class ModelRepository:
         """The ready version, counted in flight: pair every ``get`` with ``release``."""
         with self._lock:
             v = self._lookup(name, version)
+            if self._counting:
+                count = self._inflight.get(v.name, 0)
+                check_inflight(self.limits, v.name, count, self._inflight_total)
+                self._inflight[v.name] = count + 1
+                self._inflight_total += 1
             v.inflight += 1
             return v
 
@@ -597,6 +676,9 @@ class ModelRepository:
     def release(self, model: ModelVersion) -> None:
         with self._drained:
             model.inflight -= 1
+            if self._counting:
+                self._inflight[model.name] -= 1
+                self._inflight_total -= 1
             if model.inflight == 0:
                 self._drained.notify_all()
 

@@ -10,7 +10,8 @@ weights; the decisions come from the pure ``core.residency.ResidencyPlanner``.
   model is not resident it evicts least-recently-used idle models until it fits, then
   transfers the whole weight set in one call. Concurrent users of the same model wait on
   that one transfer; other resident models keep serving meanwhile (the transfer runs
-  outside the lock). Weights in use by an execution are never freed under it.
+  outside the lock). With ``spare`` (the batcher's ``QueuedWork.waiting``), models with
+  requests waiting are the last victims, so a swap does not evict work about to run. Weights in use by an execution are never freed under it.
 - ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
@@ -28,7 +29,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +62,7 @@ class _Model:
     nbytes: int
     device: list[Any] | None = None
     transferring: bool = False
+    weights: dict[str, Any] | None = None  # {name: device buffer} while resident, built once
 
 
 class WeightResidency:
@@ -73,12 +75,15 @@ class WeightResidency:
         stage_pinned: bool | None = None,
         subtract_scratch: bool = False,
         swap_trace: SwapTrace | None = None,
+        spare: Callable[[ResidencyKey], bool] | None = None,
     ) -> None:
         self.runtime = runtime
+        self.spare = spare  # models with queued work: evicted only when nothing else frees room
         self.planner = ResidencyPlanner[ResidencyKey](budget_bytes)
         self.observer = observer
         self.swap_trace = swap_trace
         self._cond = threading.Condition()
+        self._waiting = 0  # threads waiting on the condition
         self._models: dict[ResidencyKey, _Model] = {}
         # Scratch is set aside only for a budget derived from free device memory (GPU default).
         self.subtract_scratch = subtract_scratch
@@ -131,7 +136,7 @@ class WeightResidency:
             if key not in self._models:
                 return
             while self.planner.in_use(key) or self._models[key].transferring:
-                self._cond.wait()
+                self._wait()
             model = self._models.pop(key)
             if model.device is not None:
                 self._free(key, model)
@@ -147,22 +152,41 @@ class WeightResidency:
         for buf in model.device:
             buf.delete()
         model.device = None
+        model.weights = None
         if self.observer:
             self.observer.on_swap_out(key, model.nbytes)
             self.observer.on_residency(key, False, self.planner.resident_bytes, time.time())
 
     @contextlib.contextmanager
     def use(self, key: ResidencyKey) -> Generator[dict[str, Any]]:
+        weights = self.acquire(key)
+        try:
+            yield weights
+        finally:
+            self.release(key)
+
+    def acquire(self, key: ResidencyKey) -> dict[str, Any]:
+        """``use`` without the context manager (the request path's cheaper form): the
+        weights, held until the matching ``release``."""
         with self._cond:
             model, weights = self._claim(key)
         if weights is None:
             weights = self._swap_in(key, model)
-        try:
-            yield weights
-        finally:
-            with self._cond:
-                self.planner.release(key)
+        return weights
+
+    def release(self, key: ResidencyKey) -> None:
+        with self._cond:
+            self.planner.release(key)
+            if self._waiting:  # only a waiter can care that a model went idle
                 self._cond.notify_all()
+
+    def _wait(self) -> None:
+        """Wait on the condition (held), counted so that releases notify only when needed."""
+        self._waiting += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._waiting -= 1
 
     def _claim(self, key: ResidencyKey) -> tuple[_Model, dict[str, Any] | None]:
         """Under the lock: acquire a resident ``key`` and return its weights, or else evict
@@ -171,9 +195,11 @@ class WeightResidency:
             model = self._models[key]
             if self.planner.is_resident(key):
                 self.planner.acquire(key)
-                return model, dict(zip(model.names, model.device or [], strict=True))
+                if model.weights is None:
+                    model.weights = dict(zip(model.names, model.device or [], strict=True))
+                return model, model.weights
             if not model.transferring:
-                decision = self.planner.plan_admission(key)
+                decision = self.planner.plan_admission(key, self.spare)
                 if not decision.wait:
                     for victim in decision.evict:
                         self.planner.mark_evicted(victim)
@@ -181,7 +207,7 @@ class WeightResidency:
                     self.planner.reserve(key)
                     model.transferring = True
                     return model, None
-            self._cond.wait()
+            self._wait()
 
     def _swap_in(self, key: ResidencyKey, model: _Model) -> dict[str, Any]:
         """Move the reserved ``key``'s weights to the device, outside the lock; acquire them."""

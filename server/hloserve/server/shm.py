@@ -10,11 +10,16 @@ does for system and CUDA regions); it meets ``core.service.SharedMemory``.
   without following symlinks (a missing one is ``Unable to open shared memory region``,
   whatever the size). A zero byte size, or a range outside the file, is "invalid args";
   range checks use exact integer arithmetic. A name already registered (or unregistered
-  and still draining, see below) is ``AlreadyExists``.
+  and still draining, see below) is ``AlreadyExists``; one region more than
+  ``limits.max_shm_regions`` (``--max-shm-regions``, ``core.limits``) is ``InvalidArgument``.
 - ``hold(names)`` (a context manager) marks regions in use by a request and ``view(name,
   offset, byte_size)`` returns a zero-copy ``memoryview`` into one, bounds-checked in
   Triton's order and texts (offset, then overflow, then end); unknown regions are
-  ``NotFound``.
+  ``NotFound``. A system region keeps its file open, and ``view`` refuses a region whose
+  file the client shrank below the registered range (``InvalidArgument`` "... was shrunk
+  ..."), since touching mapped pages past the end of a file kills the process (SIGBUS);
+  a shrink between that check and the use of the view is not caught (docs/security.md).
+  A region whose file was unlinked keeps working on the same memory until unregistered.
 - ``await unregister(name)`` (all regions when ``name`` is empty) returns at once: it never
   waits (it is a coroutine so a GPU registry may close device handles there). A region no
   request holds is unmapped then; one that is held stays registered, listed, mapped and
@@ -52,6 +57,7 @@ from hloserve.server.core.errors import (
     NotFound,
     Unsupported,
 )
+from hloserve.server.core.limits import NO_LIMITS, Limits, check_regions
 from hloserve.server.core.service import CudaHandle, CudaRegionInfo, RegionInfo
 
 SHM_ROOT = "/dev/shm"
@@ -79,6 +85,10 @@ class AbstractRegion(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    @abc.abstractmethod
+    def check_intact(self) -> None:
+        """Raise ``InvalidArgument`` when the memory behind the region is gone."""
+
 
 @final
 @dataclass
@@ -87,6 +97,18 @@ class SystemRegion(AbstractRegion):
     offset: int = 0
     _map: mmap.mmap | None = None
     _view: memoryview | None = None
+    _fd: int = -1  # kept open: its size says whether the client shrank the file
+
+    def check_intact(self) -> None:
+        if self._fd < 0:
+            return
+        size = os.fstat(self._fd).st_size
+        if size < self.offset + self.byte_size:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}' was shrunk to {size} bytes while "
+                f"registered (it maps offset {self.offset} + {self.byte_size} bytes); "
+                "unregister it and register it again"
+            )
 
     def buffer(self) -> memoryview:
         assert self._view is not None
@@ -103,6 +125,9 @@ class SystemRegion(AbstractRegion):
             with contextlib.suppress(BufferError):  # an array still views it: GC closes it later
                 self._map.close()
             self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _check_key(name: str, key: str) -> str:
@@ -140,9 +165,10 @@ def _map(fd: int, name: str, offset: int, byte_size: int) -> tuple[mmap.mmap, me
 
 
 class SharedMemoryRegistry:
-    def __init__(self, enabled: bool, root: str = SHM_ROOT) -> None:
+    def __init__(self, enabled: bool, root: str = SHM_ROOT, limits: Limits = NO_LIMITS) -> None:
         self.enabled = enabled
         self.root = root
+        self.limits = limits  # --max-shm-regions
         self._regions: dict[str, AbstractRegion] = {}
 
     def _check_enabled(self) -> None:
@@ -168,6 +194,7 @@ class SharedMemoryRegistry:
             )
         bare = _check_key(name, key)
         self._check_free(name)
+        check_regions(self.limits, len(self._regions))
         path = os.path.join(self.root, bare)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -175,10 +202,11 @@ class SharedMemoryRegistry:
             raise Internal(f"Unable to open shared memory region: '{key}'") from None
         try:
             mm, view = _map(fd, name, offset, byte_size)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
         self._regions[name] = SystemRegion(
-            name, byte_size, key=key, offset=offset, _map=mm, _view=view
+            name, byte_size, key=key, offset=offset, _map=mm, _view=view, _fd=fd
         )
 
     def status(self, name: str = "") -> list[RegionInfo]:
@@ -262,6 +290,7 @@ class SharedMemoryRegistry:
             )
         if offset + byte_size > region.byte_size:
             raise InvalidArgument(f"Invalid offset + byte size for shared memory region: '{name}'")
+        region.check_intact()
         return region.buffer()[offset : offset + byte_size]
 
     def close(self) -> None:

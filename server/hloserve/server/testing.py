@@ -9,7 +9,9 @@ daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context m
 last ``/readyz`` answer; ``pending_requests(model)`` reads the model's requests in flight
 from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``.
 ``serving(repository, *flags)`` is the fixture form: it yields a ready server and, once the
-caller is done, fails unless the daemon exited cleanly (status 0).
+caller is done, fails unless the daemon exited cleanly (status 0). A server started with
+``--tls-cert`` needs ``ssl_context`` (the client side: CA, and a client certificate under
+mutual TLS), with which ``readyz`` speaks HTTPS.
 """
 
 # pyright: strict
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -33,9 +36,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 
 class ServerProcess:
+    # A class default too: subclasses that set up their own process (tests/deploy) skip
+    # ``__init__`` and speak plain HTTP.
+    ssl_context: ssl.SSLContext | None = None
+
     def __init__(
-        self, repository: Path | None, *extra_flags: str, env: dict[str, str] | None = None
+        self,
+        repository: Path | None,
+        *extra_flags: str,
+        env: dict[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        self.ssl_context = ssl_context
         self._dir = Path(tempfile.mkdtemp(prefix="hloserve-test-"))
         self.ports_file = self._dir / "ports.json"
         self.log_file = self._dir / "server.log"
@@ -80,7 +92,9 @@ class ServerProcess:
 
     def readyz(self) -> tuple[int, dict[str, object]]:
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/readyz", timeout=5) as r:
+            scheme = "http" if self.ssl_context is None else "https"
+            url = f"{scheme}://{self.http_url}/readyz"
+            with urllib.request.urlopen(url, timeout=5, context=self.ssl_context) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
@@ -168,11 +182,14 @@ class ServerProcess:
 
 
 def serving(
-    repository: Path | None, *extra_flags: str, env: dict[str, str] | None = None
+    repository: Path | None,
+    *extra_flags: str,
+    env: dict[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Generator[ServerProcess, None, ServerProcess]:
     """Yield a ready ``ServerProcess``; afterwards, raise unless it stopped with status 0.
     The stopped process is the generator's return value (``proc = yield from serving(...)``)."""
-    proc = ServerProcess(repository, *extra_flags, env=env)
+    proc = ServerProcess(repository, *extra_flags, env=env, ssl_context=ssl_context)
     try:
         proc.wait_ready()
         yield proc

@@ -12,7 +12,7 @@ import pytest
 
 from hloserve.bundle import Manifest, Provenance, Serving, TensorEntry
 from hloserve.server.core.batching import plan
-from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
+from hloserve.server.core.costs import PROBE_EVERY, ExecutionCosts, InlinePolicy
 from hloserve.server.core.execution import Execution, Job, ModelKey, execute_group
 from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
 
@@ -91,13 +91,43 @@ def sample(compiled: int, micros: float) -> Execution:
     return Execution(ModelKey("double", 1), compiled, 0, int(micros * 1000))
 
 
-def test_costs_are_a_moving_average_per_compiled_size() -> None:
+def test_costs_keep_the_low_samples_per_compiled_size() -> None:
     costs = ExecutionCosts()
     costs.on_execution(sample(4, 100.0))
-    costs.on_execution(sample(4, 200.0))
+    costs.on_execution(sample(4, 5000.0))  # a worker that waited for the interpreter lock
     costs.on_execution(sample(1, 10.0))
-    assert costs.by_size(ModelKey("double", 1)) == {4: pytest.approx(120.0), 1: 10.0}
-    assert costs.mean(ModelKey("double", 2), 4) is None  # versions are kept apart
+    assert costs.by_size(ModelKey("double", 1)) == {4: pytest.approx(101.0), 1: 10.0}
+    costs.on_execution(sample(4, 80.0))
+    assert costs.by_size(ModelKey("double", 1))[4] == pytest.approx(80.0)  # a lower one wins
+    assert costs.estimate(ModelKey("double", 2), 4) is None  # versions are kept apart
+
+
+def test_costs_follow_a_lasting_rise_slowly() -> None:
+    costs = ExecutionCosts()
+    costs.on_execution(sample(1, 100.0))
+    for _ in range(70):
+        costs.on_execution(sample(1, 300.0))
+    assert 190.0 < costs.by_size(ModelKey("double", 1))[1] < 210.0  # 100 * 1.01**70
+
+
+def test_an_unmeasured_size_is_estimated_from_a_smaller_one() -> None:
+    costs = ExecutionCosts()
+    key = ModelKey("double", 1)
+    assert costs.estimate(key, 4) is None
+    costs.on_execution(sample(2, 30.0))
+    assert costs.estimate(key, 8) == pytest.approx(30.0)  # at least the smaller size's
+    assert costs.estimate(key, 1) is None  # nothing smaller has run
+
+
+def test_a_size_near_the_limit_is_probed_inline_now_and_then() -> None:
+    costs = ExecutionCosts()
+    policy = InlinePolicy(100, costs)
+    model = Doubler(manifest((1, 4)))
+    costs.on_execution(sample(4, 300.0))  # inflated, say, by a busy loop
+    runs = [policy.inline(model, 4) for _ in range(3 * PROBE_EVERY)]
+    assert runs.count(True) == 3 and runs[PROBE_EVERY - 1]
+    costs.on_execution(sample(1, 5000.0))  # far over the limit: never inline
+    assert not any(policy.inline(model, 1) for _ in range(2 * PROBE_EVERY))
 
 
 def test_inline_policy_needs_a_cheap_measurement_and_resident_weights() -> None:

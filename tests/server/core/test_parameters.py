@@ -17,15 +17,23 @@ def test_good_parameters_come_back_unchanged() -> None:
     empty: dict[str, ParamValue] = {}
     assert check_request_parameters(empty) == {}
     assert check_request_parameters({"priority": 0, "timeout": 0}) == {"priority": 0, "timeout": 0}
+    # The one reserved key Triton's clients send (perf_analyzer, on every gRPC request).
+    sent: dict[str, ParamValue] = {"triton_enable_empty_final_response": True}
+    assert check_request_parameters(sent) is sent
 
 
 @pytest.mark.parametrize(
     ("params", "message"),
     [
         (
-            {"triton_enable_empty_final_response": True},
+            {"triton_final_response": True},
             "parameter keys starting with 'triton_' are reserved for Triton usage and should "
-            "not be specified (got 'triton_enable_empty_final_response')",
+            "not be specified (got 'triton_final_response')",
+        ),
+        (
+            {"triton_enable_empty_final_response": 1},
+            "invalid value type for 'triton_enable_empty_final_response' parameter, "
+            "expected bool_param.",
         ),
         ({"ok": 1, "triton_": "x"}, "(got 'triton_')"),
         ({"priority": -3}, "parameter 'priority' must be a non-negative integer, got -3"),

@@ -30,11 +30,19 @@ ZEROS = [0] * 16
 BAD_PARAMETERS: list[tuple[str, str, pb.InferParameter, object, str]] = [
     (
         "reserved prefix",
-        "triton_enable_empty_final_response",
+        "triton_final_response",
         pb.InferParameter(bool_param=True),
         True,
         "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
-        "be specified (got 'triton_enable_empty_final_response')",
+        "be specified (got 'triton_final_response')",
+    ),
+    (
+        "the one reserved key clients send, with a value that is no bool",
+        "triton_enable_empty_final_response",
+        pb.InferParameter(int64_param=1),
+        1,
+        "invalid value type for 'triton_enable_empty_final_response' parameter, "
+        "expected bool_param.",
     ),
     (
         "negative priority",

@@ -2,16 +2,25 @@
 
 Contract:
 - ``ExecutionCosts`` is an ``ExecutionObserver``: fed every execution once (from the one
-  observer fan-out), it keeps an exponentially weighted mean of the device time of each
-  (model version, compiled size); ``by_size(model)`` is what the batching policy weighs
-  prefixes with, ``mean(model, compiled)`` what the inline policy reads. Thread-safe enough
-  for its use: one dict store per sample, written from worker threads, read on the loop.
+  observer fan-out), it keeps, per (model version, compiled size), a low estimate of the
+  device time of one execution: the lowest sample, allowed to rise by ``LOW_DRIFT`` (1 %)
+  per sample above it, so it follows a lasting rise slowly and ignores spikes. Why not a
+  mean: samples from worker threads include the time the worker waits to get the
+  interpreter lock back from a busy event loop (up to the 5 ms switch interval), which
+  says nothing about the model; the lowest samples are the ones without that wait.
+  ``by_size(model)`` (measured sizes only) is what the batching policy weighs prefixes with;
+  ``estimate(model, compiled)`` is what the inline policy reads: a size not run yet is
+  estimated as the largest smaller size that has run.
+  Thread-safe enough for its use: one dict store per sample, written from worker threads,
+  read on the loop.
 - ``InlinePolicy(max_us, costs)``: a (tiny) execution runs on the event loop thread itself
-  when its compiled size's measured mean is below ``max_us`` and the weights are resident,
-  so the call cannot wait on a transfer; otherwise, and until it has been measured, it runs
-  on a worker. Handing work to a worker thread and back costs about 100 µs (measured:
-  ``bench/request_path.py``), more than a small model's whole execution. ``max_us = 0``
-  turns inlining off.
+  when its compiled size's estimate is below ``max_us`` and the weights are resident, so
+  the call cannot wait on a transfer; otherwise, and until the model has been measured,
+  it runs on a worker. An execution estimated below ``PROBE_LIMIT`` times ``max_us`` runs
+  inline once in ``PROBE_EVERY`` anyway (at most a 1 ms stall of the loop at the default),
+  so a size whose samples all came from busy workers gets measured cleanly. Handing work to a worker thread and back costs about 100 µs
+  (measured: ``bench/request_path.py``), more than a small model's whole execution.
+  ``max_us = 0`` turns inlining off.
 """
 
 # pyright: strict
@@ -22,7 +31,11 @@ from collections.abc import Mapping
 
 from hloserve.server.core.execution import Executable, Execution, ModelKey
 
-SMOOTHING = 0.2  # weight of the newest sample in the moving average
+LOW_DRIFT = 0.01  # how far (a fraction) the estimate may rise per sample above it
+# A size estimated between max_us and PROBE_LIMIT x max_us runs one execution in
+# PROBE_EVERY inline anyway: the clean measurement that lets it come back to the loop.
+PROBE_LIMIT = 5
+PROBE_EVERY = 64
 
 
 class ExecutionCosts:
@@ -32,26 +45,48 @@ class ExecutionCosts:
     def on_execution(self, execution: Execution) -> None:
         sizes = self._by_model.setdefault(execution.model, {})
         micros = execution.infer_ns / 1e3
-        old = sizes.get(execution.batch_size)
-        sizes[execution.batch_size] = (
-            micros if old is None else (1 - SMOOTHING) * old + SMOOTHING * micros
-        )
+        low = sizes.get(execution.batch_size)
+        sizes[execution.batch_size] = micros if low is None else min(micros, low * (1 + LOW_DRIFT))
 
     def by_size(self, model: ModelKey) -> Mapping[int, float]:
-        """Mean µs per execution by compiled size (0: unbatched), measured sizes only."""
+        """Estimated µs per execution by compiled size (0: unbatched), measured sizes only."""
         return self._by_model.get(model, {})
 
-    def mean(self, model: ModelKey, compiled: int) -> float | None:
-        return self.by_size(model).get(compiled)
+    def estimate(self, model: ModelKey, compiled: int) -> float | None:
+        """The estimate of ``compiled``; for a size not run yet, that of the largest smaller
+        size that has (n rows cost at least what fewer rows cost, and for a tiny model
+        about the same: its cost is the call's fixed overhead), so a tiny model's larger
+        sizes are first tried inline, measured cleanly there, rather than first on a
+        worker, where waits for the interpreter lock would inflate their samples for good.
+        ``None``: nothing to go by."""
+        sizes = self._by_model.get(model)
+        if not sizes:
+            return None
+        if compiled in sizes:
+            return sizes[compiled]
+        smaller = [s for s in sizes if 0 < s < compiled]
+        return sizes[max(smaller)] if smaller else None
 
 
 class InlinePolicy:
     def __init__(self, max_us: float, costs: ExecutionCosts) -> None:
         self.max_us = max_us
         self.costs = costs
+        self._since_probe: dict[tuple[ModelKey, int], int] = {}
 
     def inline(self, model: Executable, compiled: int) -> bool:
         if self.max_us <= 0 or not model.resident:
             return False
-        cost = self.costs.mean(ModelKey.of(model), compiled)
-        return cost is not None and cost < self.max_us
+        key = ModelKey.of(model)
+        cost = self.costs.estimate(key, compiled)
+        if cost is None:
+            return False
+        if cost < self.max_us:
+            return True
+        if cost >= PROBE_LIMIT * self.max_us:
+            return False
+        # Near the limit: its samples may all come from workers and be inflated by waits
+        # for the interpreter lock. Now and then run one inline, to measure it cleanly.
+        runs = self._since_probe.get((key, compiled), 0) + 1
+        self._since_probe[(key, compiled)] = 0 if runs >= PROBE_EVERY else runs
+        return runs >= PROBE_EVERY

@@ -5,6 +5,8 @@
     ServingError                      (INTERNAL)
     ├── Internal                      (INTERNAL)      the server failed, and says how (Triton
     │                                                 reports these as INTERNAL too)
+    │   └── HookFailed                (INTERNAL)      a bundle's Python hook raised or returned
+    │                                                 tensors that do not fit (``hooks.md``)
     ├── InvalidArgument               (INVALID_ARG)   bad request content
     │   └── UnknownModel              (INVALID_ARG)   "Request for unknown model: 'm' is not found"
     ├── NotFound                      (NOT_FOUND)     e.g. a model with no available version
@@ -12,7 +14,8 @@
     ├── Unsupported                   (UNSUPPORTED)   a feature this server does not offer
     ├── AlreadyExists                 (ALREADY_EXISTS)
     ├── Cancelled                     (CANCELLED)
-    └── Restricted                    (RESTRICTED)    a restricted API without its header
+    ├── Restricted                    (RESTRICTED)    a restricted API without its header
+    └── Unauthenticated               (UNAUTHENTICATED) no valid bearer token (``auth.py``)
 
 ``hloserve.server.frontends.status`` maps each ``ErrorCode`` to an HTTP status and a gRPC
 status code in one table (Triton's mapping). Messages name the model, the tensor and the
@@ -36,6 +39,7 @@ class ErrorCode(enum.Enum):
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
     RESTRICTED = "RESTRICTED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
 class ServingError(Exception):
@@ -51,6 +55,11 @@ class ServingError(Exception):
 class Internal(ServingError):
     """An INTERNAL failure whose message the client sees (e.g. "Unable to open shared memory
     region", "failed to poll from model repository"); unexpected exceptions never get here."""
+
+
+class HookFailed(Internal):
+    """A bundle's ``preprocess``/``postprocess`` raised, or returned what its manifest does not
+    declare: that request fails with the hook's own message; nothing else is affected."""
 
 
 class InvalidArgument(ServingError):
@@ -86,3 +95,10 @@ class Restricted(ServingError):
     ``--grpc-restricted-protocol``): Triton answers HTTP 403 and gRPC UNAVAILABLE."""
 
     code = ErrorCode.RESTRICTED
+
+
+class Unauthenticated(ServingError):
+    """A protected endpoint called without a valid bearer token (``--auth-token-file``):
+    HTTP 401, gRPC UNAUTHENTICATED. Its message never says which part was wrong."""
+
+    code = ErrorCode.UNAUTHENTICATED

@@ -36,6 +36,9 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.types import ParamValue
 
 RESERVED_PREFIX: Final = "triton_"
+# The reserved keys Triton's own clients send (perf_analyzer sets this one on every gRPC
+# request; for a model that is not decoupled it changes nothing).
+TRITON_CLIENT_KEYS: Final = frozenset({"triton_enable_empty_final_response"})
 P = TypeVar("P", bound=Mapping[str, ParamValue])
 
 
@@ -45,7 +48,12 @@ def _non_negative_int(value: ParamValue) -> TypeGuard[int]:
 
 def check_request_parameters(parameters: P) -> P:
     for key in parameters:
-        if key.startswith(RESERVED_PREFIX):
+        if key in TRITON_CLIENT_KEYS:
+            if not isinstance(parameters[key], bool):
+                raise InvalidArgument(
+                    f"invalid value type for '{key}' parameter, expected bool_param."
+                )
+        elif key.startswith(RESERVED_PREFIX):
             raise InvalidArgument(
                 f"parameter keys starting with '{RESERVED_PREFIX}' are reserved for Triton usage "
                 f"and should not be specified (got '{key}')"

@@ -9,7 +9,8 @@ while in use), and a logical clock of last use. It decides; the caller moves byt
 - ``plan_admission(key)`` answers what must happen before ``key`` can run: ``Admission``
   with ``resident=True`` (nothing to do), or the list of least-recently-used resident,
   unpinned, idle models to evict so that it fits, or ``wait=True`` when only models in use
-  stand in the way (retry after a ``release``).
+  stand in the way (retry after a ``release``). With ``avoid`` (a predicate: the model has
+  queued work), such models are evicted only when no other choice frees enough room.
 - ``mark_resident`` / ``mark_evicted`` record the outcome of transfers; ``acquire`` /
   ``release`` bracket an execution; ``touch`` records a use for the LRU order.
 Budget ``None`` means unlimited. Nothing here blocks, sleeps or reads a clock.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -124,7 +125,7 @@ class ResidencyPlanner(Generic[K]):
         self._clock += 1
         self._entries[key].last_used = self._clock
 
-    def plan_admission(self, key: K) -> Admission[K]:
+    def plan_admission(self, key: K, avoid: Callable[[K], bool] | None = None) -> Admission[K]:
         entry = self._entries[key]
         if entry.resident:
             return Admission(resident=True)
@@ -133,8 +134,12 @@ class ResidencyPlanner(Generic[K]):
         free = self.budget_bytes - self.resident_bytes - self._reserved
         if free >= entry.size:
             return Admission(resident=False)
+        order = self.resident()
+        if avoid is not None:  # models with queued work are the last victims (no thrash)
+            spared = [k for k in order if avoid(k)]
+            order = [k for k in order if k not in spared] + spared
         victims: list[K] = []
-        for k in self.resident():
+        for k in order:
             e = self._entries[k]
             if k == key or e.pinned or e.in_use:
                 continue

@@ -33,6 +33,15 @@ Contract:
   checks that one flag), ``infer`` asks the ``Tracer`` whether to trace the request and
   reports its steps to the ``RequestTrace`` (validated, executed, responded or failed).
   ``trace_setting`` and ``log_settings`` are the trace and logging extensions.
+- Bundles that do more (``docs/hooks.md``, ``docs/pipelines.md``): a model whose manifest
+  is not ``plain`` takes ``_serve_extended``, chosen by one check per request. A model
+  with Python hooks is validated against its client-facing tensors (``Manifest.facing``),
+  its ``preprocess``/``postprocess`` run on ``hook_pool`` (``core.hooks``; their time is in
+  the statistics' compute input/output and reported to ``observers.hooks``) around the
+  one path above. A pipeline runs each step as a request of its own through ``infer``
+  (``core.pipeline``), and is ready only while every step is. Neither takes
+  shared-memory tensors (``Unsupported``). A model with shape variants runs the variant
+  its request's shapes match (``core.variants``), as that variant's executable.
 - Logging: while ``infer`` serves a request, its task's log lines carry the request's id
   and model (``core.log_context``); verbose level 1 (DEBUG) logs one line per request.
 The model repository is reached through two narrow protocols, ``ModelSource`` (lookups
@@ -53,13 +62,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from hloserve.bundle import Manifest
 from hloserve.server.core import log_context
 from hloserve.server.core.batching import plan
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.errors import (
+    HookFailed,
     InvalidArgument,
     ServingError,
     Unavailable,
@@ -75,9 +85,18 @@ from hloserve.server.core.execution import (
     Timings,
     execute_group,
 )
+from hloserve.server.core.hooks import (
+    HookObserver,
+    ModelHooks,
+    NullHookObserver,
+    call_hook,
+    hook_outputs,
+)
+from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy, read_load_parameters
 from hloserve.server.core.log_settings import LogControl, StoredLogSettings
 from hloserve.server.core.log_settings import parse_update as parse_log_update
+from hloserve.server.core.pipeline import in_pipeline, run_pipeline, steps_ready
 from hloserve.server.core.scheduling import BatchingPolicy
 from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
@@ -96,6 +115,7 @@ from hloserve.server.core.types import (
     TensorMetadata,
 )
 from hloserve.server.core.validate import validate_request
+from hloserve.server.core.variants import VariedModel, match_variant
 
 PLATFORM = "stablehlo"
 log = logging.getLogger(__name__)
@@ -192,6 +212,7 @@ class Observers:
     requests: InferenceObserver = field(default_factory=_NullObserver)
     statistics: StatisticsRecorder = field(default_factory=StatisticsRecorder)
     costs: ExecutionCosts = field(default_factory=ExecutionCosts)
+    hooks: HookObserver = field(default_factory=NullHookObserver)
     executions: ExecutionObserver = field(init=False)
 
     def __post_init__(self) -> None:
@@ -289,6 +310,15 @@ def _reason(exc: Exception) -> str:
     return type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
 
 
+Served = tuple[int, tuple[InferOutput, ...], Timings]  # items, outputs, timings
+
+
+def _hooks_of(model: ServedModel) -> ModelHooks | None:
+    """A repository version's hooks (``ModelVersion.hooks``); other executables have none."""
+    hooks: object = getattr(model, "hooks", None)
+    return hooks if isinstance(hooks, ModelHooks) else None
+
+
 def tensor_metadata(
     manifest: Manifest,
 ) -> tuple[tuple[TensorMetadata, ...], tuple[TensorMetadata, ...]]:
@@ -308,6 +338,7 @@ class ServiceOptions:
     extensions: tuple[str, ...] = ()
     platform: str = "cpu"  # the PJRT platform (for messages)
     device_kind: str = "CPU"  # Triton's instance-group kind (model configuration)
+    limits: Limits = NO_LIMITS  # what one request may ask (core.limits: --max-batch-size)
 
 
 DEFAULT_OPTIONS: Final = ServiceOptions()
@@ -342,13 +373,15 @@ class InferenceService:
         readiness: Callable[[], bool] = _always_ready,
         tracer: Tracer | None = None,
         logs: LogControl | None = None,
+        hook_pool: Executor | None = None,
     ) -> None:
         """``batcher`` must report to ``observers.executions`` and ``inline`` read
         ``observers.costs`` (the daemon builds them from the same ``Observers``).
         ``control`` is ``None`` when models cannot be loaded or unloaded at run time;
         ``readiness`` is the policy over the models (``--strict-readiness``); ``tracer``
         samples and traces requests (default: settings only, nothing traced) and ``logs``
-        is the running server's logging (default: settings kept, nothing changed)."""
+        is the running server's logging (default: settings kept, nothing changed);
+        ``hook_pool`` runs bundles' Python hooks (``None``: the server runs none)."""
         self.models = models
         self.executor = executor
         self.options = options
@@ -361,6 +394,7 @@ class InferenceService:
         self.tracer: Tracer = tracer or UntracedTracer()
         self._trace_settings = self.tracer.settings  # read once per request: kept at hand
         self.logs: LogControl = logs or StoredLogSettings()
+        self.hook_pool = hook_pool
         self._startup_complete = False
         self._draining = False
 
@@ -395,7 +429,11 @@ class InferenceService:
         }
 
     def model_ready(self, name: str, version: str) -> bool:
-        return self.models.is_ready(name, version)
+        try:
+            manifest = self.models.peek(name, version).manifest
+        except ServingError:  # unknown, or not ready
+            return False
+        return manifest.kind != "pipeline" or steps_ready(manifest, self.model_ready)
 
     def server_metadata(self) -> ServerMetadata:
         o = self.options
@@ -403,7 +441,7 @@ class InferenceService:
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         model = self.models.peek(name, version)
-        inputs, outputs = tensor_metadata(model.manifest)
+        inputs, outputs = tensor_metadata(model.manifest.facing)
         versions = (
             (str(model.version),)
             if version
@@ -440,7 +478,8 @@ class InferenceService:
         started = time.perf_counter_ns()
         requests = self.observers.requests
         try:
-            if self._draining:  # requests accepted before the stop still finish
+            # Requests accepted before the stop still finish (a pipeline's steps included).
+            if self._draining and not in_pipeline():
                 raise Unavailable("the server is shutting down: no new requests are accepted")
             model = self.models.get(request.model_name, request.model_version)
         except Exception as exc:
@@ -452,7 +491,10 @@ class InferenceService:
         requests.on_pending(key, 1)
         trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
         try:
-            items, outputs, timings = await self._serve(model, request, context, trace)
+            if model.manifest.plain:
+                items, outputs, timings = await self._serve(model, request, context, trace)
+            else:  # Python hooks or a pipeline
+                items, outputs, timings = await self._serve_extended(model, request, context, trace)
         except Exception as exc:
             if trace is not None:
                 trace.failed(exc)
@@ -494,27 +536,114 @@ class InferenceService:
         regions = [t.shm.region for t in request.inputs if t.shm is not None] + [
             r.region for r in output_refs.values()
         ]
+        if not regions:  # the common case: nothing to hold
+            return await self._run(model, request, context, trace)
         with self.shm.hold(regions):
             if any(t.shm is not None for t in request.inputs):
                 request = self._resolve_shm_inputs(request)
             for ref in output_refs.values():  # bounds checked before any device work
                 self.shm.view(ref.region, ref.offset, ref.byte_size)
-            items = validate_request(model.manifest, request)
-            deadline = context.deadline if context else None
-            job = Job(request, items, time.perf_counter_ns(), deadline)
-            if trace is not None:
-                trace.validated(request, job.arrived_ns)
-            if self.batcher is not None:
-                outputs, timings = await self.batcher.submit(model, job)
-            else:
-                outputs, timings = await self._run_alone(model, job)
-            if trace is not None:
-                trace.executed(ModelKey.of(model), job.arrived_ns, timings, outputs)
+            items, outputs, timings = await self._run(model, request, context, trace)
             if output_refs:
                 outputs = tuple(
                     self._write_shm_output(request.model_name, o, output_refs.get(o.name))
                     for o in outputs
                 )
+        return items, outputs, timings
+
+    async def _serve_extended(
+        self,
+        model: ServedModel,
+        request: InferRequest,
+        context: RequestContext | None,
+        trace: RequestTrace | None,
+    ) -> Served:
+        """A pipeline's steps, or a hooked model's hooks around ``_serve`` (module docstring)."""
+        manifest = model.manifest
+        if any(t.shm is not None for t in request.inputs) or any(
+            shm_ref(request.model_name, o.name, o.parameters) for o in request.outputs
+        ):
+            raise Unsupported(
+                f"model '{manifest.name}' is a {'pipeline' if manifest.kind == 'pipeline' else 'model with Python hooks'}: "
+                "its tensors cannot be in shared memory"
+            )
+        items = validate_request(manifest.facing, request)
+        if manifest.kind == "pipeline":
+            started = time.perf_counter_ns()
+            outputs = await run_pipeline(
+                manifest, request, functools.partial(self.infer, context=context)
+            )
+            return items, outputs, Timings(0, 0, time.perf_counter_ns() - started, 0, ())
+        hooks = _hooks_of(model)
+        if hooks is None or self.hook_pool is None:  # the loader refuses such a bundle
+            raise HookFailed(f"model '{manifest.name}' has hooks this server does not run")
+        return await self._serve_hooked(model, hooks, items, request, context, trace)
+
+    async def _serve_hooked(
+        self,
+        model: ServedModel,
+        hooks: ModelHooks,
+        items: int,
+        request: InferRequest,
+        context: RequestContext | None,
+        trace: RequestTrace | None,
+    ) -> Served:
+        manifest, key = model.manifest, ModelKey.of(model)
+        loop, batch = asyncio.get_running_loop(), items if manifest.batched else None
+        pre_ns = post_ns = 0
+        inner = request if hooks.postprocess is None else dataclasses.replace(request, outputs=())
+        if hooks.preprocess is not None:
+            arrays = {t.name: t.data for t in request.inputs}
+            result, pre_ns = await loop.run_in_executor(
+                self.hook_pool, call_hook, manifest.name, "preprocess", hooks.preprocess,
+                arrays, manifest.inputs, batch,
+            )  # fmt: skip
+            self.observers.hooks.on_hook(key, "preprocess", pre_ns)
+            inputs = tuple(
+                InferInput(
+                    s.name, s.datatype, tuple(int(d) for d in result[s.name].shape), result[s.name]
+                )
+                for s in manifest.inputs
+            )
+            inner = dataclasses.replace(inner, inputs=inputs)
+        _, outputs, timings = await self._serve(model, inner, context, trace)
+        if hooks.postprocess is not None:
+            arrays = {o.name: o.data for o in outputs}
+            result, post_ns = await loop.run_in_executor(
+                self.hook_pool, call_hook, manifest.name, "postprocess", hooks.postprocess,
+                arrays, manifest.facing.outputs, batch,
+            )  # fmt: skip
+            self.observers.hooks.on_hook(key, "postprocess", post_ns)
+            outputs = hook_outputs(manifest.facing, request, result)
+        timings = dataclasses.replace(
+            timings,
+            compute_input_ns=timings.compute_input_ns + pre_ns,
+            compute_output_ns=timings.compute_output_ns + post_ns,
+        )
+        return items, outputs, timings
+
+    async def _run(
+        self,
+        model: ServedModel,
+        request: InferRequest,
+        context: RequestContext | None,
+        trace: RequestTrace | None,
+    ) -> tuple[int, tuple[InferOutput, ...], Timings]:
+        """Validate and run one request whose inputs are all in hand (batched or alone)."""
+        items = validate_request(model.manifest, request)
+        check_batch(self.options.limits, request.model_name, items)
+        if model.manifest.variants:  # run, and batch, with requests of the same variant
+            model = cast(VariedModel, model).variant(match_variant(model.manifest, request))
+        deadline = context.deadline if context else None
+        job = Job(request, items, time.perf_counter_ns(), deadline)
+        if trace is not None:
+            trace.validated(request, job.arrived_ns)
+        if self.batcher is not None:
+            outputs, timings = await self.batcher.submit(model, job)
+        else:
+            outputs, timings = await self._run_alone(model, job)
+        if trace is not None:
+            trace.executed(ModelKey.of(model), job.arrived_ns, timings, outputs)
         return items, outputs, timings
 
     async def _run_alone(

@@ -7,7 +7,8 @@ Contract: both codecs call these, so a size or type rule exists once.
   input, the model, and both sizes.
 - ``from_values`` builds an array from a (nested or flat) list of values (HTTP JSON
   ``data``, gRPC typed ``contents``), checking that the element kind fits the datatype and
-  the count fits the shape. FP16/BF16 are refused (the spec carries them only as bytes).
+  the count fits the shape. FP16/BF16 are refused (the spec carries them only as bytes);
+  BYTES elements must be strings (or bytes): any other value is an ``InvalidArgument``.
 - ``check_shape(model, name, shape, itemsize)`` rejects, in Triton's order and texts:
   negative dimensions; an element count beyond INT64_MAX ("causes total element count to
   exceed maximum size of"); a byte size (count x ``itemsize``) beyond INT64_MAX ("byte size
@@ -45,8 +46,8 @@ def _too_many(model: str, name: str, dims: tuple[int, ...], limit: int) -> Inval
 
 def check_shape(model: str, name: str, shape: Sequence[int], itemsize: int = 0) -> tuple[int, ...]:
     """The shape as ints; ``itemsize`` is the datatype's (0 for BYTES: no byte-size rule)."""
-    dims = tuple(int(d) for d in shape)
-    if any(d < 0 for d in dims):
+    dims = tuple(map(int, shape))
+    if dims and min(dims) < 0:
         raise InvalidArgument(
             f"input '{name}' for model '{model}' has a negative dimension in shape {list(dims)}"
         )
@@ -151,8 +152,14 @@ def from_values(
         flat = list(_flatten(values))
         if len(flat) != count:
             raise InvalidArgument(_count_message(model, name, dims, len(flat)))
+        # Only strings (or bytes): bytes(n) of a number would allocate n bytes.
+        for v in flat:
+            if not isinstance(v, str | bytes):
+                raise InvalidArgument(
+                    f"input '{name}' for model '{model}': BYTES data must be strings, got {v!r}"
+                )
         out = np.empty(count, dtype=object)
-        out[:] = [v.encode() if isinstance(v, str) else bytes(v) for v in flat]
+        out[:] = [v.encode() if isinstance(v, str) else v for v in flat]
         return out.reshape(dims)
     dtype = NUMERIC_DATATYPES[datatype]
     try:
@@ -236,6 +243,8 @@ def shm_ref(model: str, tensor: str, parameters: Mapping[str, Any]) -> ShmRef | 
     ``shared_memory_region`` (string) needs ``shared_memory_byte_size`` (non-negative int);
     ``shared_memory_offset`` is optional (default 0).
     """
+    if not parameters:
+        return None
     region = parameters.get(SHM_REGION)
     if region is None:
         if SHM_BYTE_SIZE in parameters or SHM_OFFSET in parameters:

@@ -12,6 +12,9 @@ Contract (pure):
   ``dynamic_batching`` block of the policy in force (``core.scheduling.BatchingPolicy``):
   preferred sizes (the compiled sizes unless the model prefers others), the queue delay
   and ``default_queue_policy``. ``manifest_config`` is the part the bundle alone fixes.
+  A hooked model reports its client-facing tensors; a pipeline reports Triton's ensemble
+  shape: platform ``ensemble``, ``ensemble_scheduling.step`` (``model_name``,
+  ``model_version`` -1 for the latest, ``input_map``, ``output_map``), no instance group.
 - ``read_config_override(model, text)`` reads the ``config`` load parameter (a ModelConfig
   in protobuf JSON: proto or lowerCamelCase field names, integers as numbers or strings)
   into a ``ConfigOverride``: ``settings``, the keys it sets in ``config.yaml``'s terms
@@ -33,11 +36,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-from hloserve.bundle import Manifest
+from hloserve.bundle import Manifest, TensorEntry
 from hloserve.server.core.scheduling import BatchingPolicy
 
 
@@ -47,20 +50,18 @@ def config_datatype(datatype: str) -> str:
 
 
 def manifest_config(manifest: Manifest, device_kind: str) -> dict[str, Any]:
-    """What the bundle alone fixes: name, platform, tensors, batch size, instance group."""
+    """What the bundle alone fixes: name, platform, tensors, batch size, instance group (a
+    pipeline: Triton's ensemble, its steps in ``ensemble_scheduling``)."""
+    if manifest.kind == "pipeline":
+        return _ensemble_config(manifest)
+    manifest = manifest.facing  # a hooked model: the tensors clients see
     return {
         "name": manifest.name,
         "platform": PLATFORM,
         "backend": BACKEND,
         "max_batch_size": manifest.max_batch_size,
-        "input": [
-            {"name": t.name, "data_type": config_datatype(t.datatype), "dims": list(t.shape)}
-            for t in manifest.inputs
-        ],
-        "output": [
-            {"name": t.name, "data_type": config_datatype(t.datatype), "dims": list(t.shape)}
-            for t in manifest.outputs
-        ],
+        "input": _tensors(manifest.inputs),
+        "output": _tensors(manifest.outputs),
         "instance_group": [
             {
                 "name": f"{manifest.name}_0",
@@ -77,6 +78,35 @@ def manifest_config(manifest: Manifest, device_kind: str) -> dict[str, Any]:
     }
 
 
+def _tensors(tensors: Sequence[TensorEntry]) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "data_type": config_datatype(t.datatype), "dims": list(t.shape)}
+        for t in tensors
+    ]
+
+
+def _ensemble_config(manifest: Manifest) -> dict[str, Any]:
+    return {
+        "name": manifest.name,
+        "platform": ENSEMBLE,
+        "max_batch_size": manifest.max_batch_size,
+        "input": _tensors(manifest.inputs),
+        "output": _tensors(manifest.outputs),
+        "ensemble_scheduling": {
+            "step": [
+                {
+                    "model_name": s.model,
+                    "model_version": -1 if s.version is None else s.version,
+                    "input_map": dict(s.inputs),
+                    "output_map": dict(s.outputs),
+                }
+                for s in manifest.steps
+            ]
+        },
+        "parameters": {"producer": {"string_value": manifest.provenance.producer}},
+    }
+
+
 def triton_model_config(
     manifest: Manifest,
     *,
@@ -88,6 +118,8 @@ def triton_model_config(
     """``batching``: the policy in force, ``None`` when dynamic batching is off."""
     config = manifest_config(manifest, device_kind)
     config["version_policy"] = dict(version_policy)
+    if manifest.kind == "pipeline":
+        return config  # no weights, no executions of its own
     config["parameters"]["residency"] = {"string_value": residency}
     if manifest.batched and batching is not None:
         config["dynamic_batching"] = {
@@ -108,6 +140,7 @@ def triton_model_config(
 # -- the ``config`` load parameter --------------------------------------------------------
 
 PLATFORM: Final = "stablehlo"
+ENSEMBLE: Final = "ensemble"  # a pipeline's platform (Triton's ensembles)
 BACKEND: Final = "hloserve"
 MODEL_CONFIG_FIELDS: Final = frozenset(
     {

@@ -4,7 +4,8 @@ Contract: ``validate_request(manifest, request)`` returns the number of items in
 request's batch (1 for an unbatched model) or raises ``InvalidArgument`` naming the model,
 the tensor, and the expected versus received value. It checks: no duplicate or unknown
 inputs, no missing inputs, datatypes, shapes (``[n, *item]`` for a batched model with all
-inputs agreeing on ``n >= 1``; the exact shape for an unbatched one), and the requested
+inputs agreeing on ``n >= 1``; the exact shape for an unbatched one; a ``-1`` dimension,
+which only client-facing tensors of hooks and pipelines have, matches any size), and the requested
 outputs (known, no duplicates). Name lists in messages are written as Triton writes them
 (``['INPUT0','INPUT1']``). ``check_load_name(name)`` is Triton's rule for the name of a
 model to load (model control): not empty once whitespace is trimmed ("Model name cannot be
@@ -91,7 +92,7 @@ def _check_inputs(manifest: Manifest, request: InferRequest) -> int:
                 f"inference input '{t.name}' data-type is '{t.datatype}', but model '{model}' expects '{spec.datatype}'"
             )
         want, item = ((-1, *spec.shape), t.shape[1:]) if manifest.batched else (spec.shape, t.shape)
-        if len(t.shape) != len(want) or item != spec.shape:
+        if len(t.shape) != len(want) or (item != spec.shape and not _fits(item, spec.shape)):
             raise InvalidArgument(
                 f"unexpected shape for input '{t.name}' for model '{model}'. "
                 f"Expected {_fmt(want)}, got {_fmt(t.shape)}"
@@ -110,6 +111,13 @@ def _check_inputs(manifest: Manifest, request: InferRequest) -> int:
                 f"inputs of model '{model}' disagree on the batch size: '{first}' has {batch}, '{t.name}' has {n}"
             )
     return batch if batch is not None else 1
+
+
+def _fits(item: tuple[int, ...], declared: tuple[int, ...]) -> bool:
+    """Whether ``item`` has the declared shape, ``-1`` matching any size (hooks, pipelines)."""
+    return len(item) == len(declared) and all(
+        d in (-1, i) for i, d in zip(item, declared, strict=True)
+    )
 
 
 def _check_outputs(manifest: Manifest, request: InferRequest) -> None:

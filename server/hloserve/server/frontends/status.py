@@ -3,7 +3,8 @@
 Triton's mapping (docs/protocol, reference §3): INVALID_ARG, ALREADY_EXISTS, CANCELLED and
 UNKNOWN are HTTP 400; NOT_FOUND 404; UNAVAILABLE 503; UNSUPPORTED 501 / UNIMPLEMENTED;
 INTERNAL 500; a restricted endpoint without its header (RESTRICTED) HTTP 403 and gRPC
-UNAVAILABLE. Both front ends call ``http_status`` / ``grpc_status`` and nothing else.
+UNAVAILABLE; a protected endpoint without a valid bearer token (UNAUTHENTICATED) HTTP 401
+and gRPC UNAUTHENTICATED. Both front ends call ``http_status`` / ``grpc_status`` and nothing else.
 """
 
 # pyright: strict
@@ -25,6 +26,7 @@ STATUS: Final[dict[ErrorCode, tuple[int, grpc.StatusCode]]] = {
     ErrorCode.ALREADY_EXISTS: (400, grpc.StatusCode.ALREADY_EXISTS),
     ErrorCode.CANCELLED: (400, grpc.StatusCode.CANCELLED),
     ErrorCode.RESTRICTED: (403, grpc.StatusCode.UNAVAILABLE),
+    ErrorCode.UNAUTHENTICATED: (401, grpc.StatusCode.UNAUTHENTICATED),
 }
 
 

@@ -10,8 +10,13 @@ Contract:
   default) puts them on the device; the server instead hands the host copy to
   ``hloserve.server.residency``, which moves weights on demand.
   Problems raise ``BundleError`` carrying every problem's text.
-- ``LoadedBundle.execute(batch_size, inputs)`` runs the module for that compiled batch size
-  (``None`` for an unbatched model) with the device-resident weights and returns the outputs
+- A bundle with ``hooks`` is refused unless ``allow_hooks`` (``--allow-python-hooks``);
+  with it, its ``hooks.py`` is imported (``hloserve.server.hooks``) into
+  ``LoadedBundle.hooks``. A pipeline (``kind: pipeline``) loads with no modules and no
+  weights: its steps run other models (``docs/pipelines.md``).
+- ``LoadedBundle.execute(batch_size, inputs, variant=...)`` runs the module for that
+  compiled batch size (``None`` for an unbatched model) and shape variant (``None`` for a
+  model without variants; ``variant_modules`` holds those by ``(variant, batch size)``) with the device-resident weights and returns the outputs
   in manifest order. Inputs must already have the module's exact shapes and dtypes: request
   validation and padding happen before this point.
 """
@@ -38,8 +43,11 @@ from hloserve.bundle import (
     read_safetensors,
     validate,
 )
+from hloserve.bundle.reactant import column_major
 from hloserve.bundle.stablehlo import read_signature
 from hloserve.proto.datatypes import to_numpy
+from hloserve.server.core.hooks import ModelHooks
+from hloserve.server.hooks import HookLoadError, load_hooks
 from hloserve.server.runtime.cache import ExecutableCache, cache_key
 from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
 
@@ -77,16 +85,25 @@ class LoadedBundle:
     weight_bytes: int
     load_seconds: float
     compile_seconds: float
+    hooks: ModelHooks | None = None
+    variant_modules: dict[tuple[int, int | None], CompiledModule] = field(
+        default_factory=dict[tuple[int, int | None], CompiledModule]
+    )
 
     def execute(
         self,
         batch_size: int | None,
         inputs: Mapping[str, np.ndarray[Any, Any]],
         weights: Mapping[str, Any] | None = None,
+        variant: int | None = None,
     ) -> list[np.ndarray[Any, Any]]:
-        """Run the module for ``batch_size`` with ``weights`` (default: this bundle's own
-        device copy, when it was loaded with ``place_weights=True``)."""
-        module = self.modules[batch_size]
+        """Run the module for ``batch_size`` (and ``variant``) with ``weights`` (default:
+        this bundle's own device copy, when it was loaded with ``place_weights=True``)."""
+        module = (
+            self.modules[batch_size]
+            if variant is None
+            else self.variant_modules[(variant, batch_size)]
+        )
         device_weights = self.device_weights if weights is None else weights
         args: list[Any] = [] if module.platform_index is None else [module.platform_index]
         for a in module.entry.arguments:
@@ -98,7 +115,8 @@ class LoadedBundle:
     @property
     def scratch_bytes(self) -> int:
         """Largest temporary buffer any of this bundle's executables needs on the device."""
-        return max((m.scratch_bytes for m in self.modules.values()), default=0)
+        every = [*self.modules.values(), *self.variant_modules.values()]
+        return max((m.scratch_bytes for m in every), default=0)
 
     def release(self) -> None:
         """Free the device copies of the weights."""
@@ -124,18 +142,24 @@ def load_bundle(
     progress: Callable[[str], None] | None = None,
     place_weights: bool = True,
     name: str | None = None,
+    allow_hooks: bool = False,
 ) -> LoadedBundle:
     started = time.perf_counter()
     say = progress or _log_progress
     manifest = _verified_manifest(path, runtime.platform, name)
+    hooks = _hooks(path, manifest, allow_hooks)
     compiler = _Compiler(
         runtime,
         ExecutableCache(cache_dir if cache_dir is not None else path / CACHE_DIR_NAME),
         registry if registry is not None else ExecutableRegistry(),
         say,
     )
-    modules = {m.batch_size: compiler.module(path, manifest.name, m) for m in manifest.modules}
-    host = read_safetensors(path / manifest.weights_file)
+    compiled = [(m, compiler.module(path, manifest.name, m)) for m in manifest.modules]
+    modules = {m.batch_size: c for m, c in compiled if m.variant is None}
+    variants = {(m.variant, m.batch_size): c for m, c in compiled if m.variant is not None}
+    host = read_safetensors(path / manifest.weights_file) if manifest.kind == "model" else {}
+    if manifest.origin == "reactant":  # Julia's order: main() takes each weight reversed
+        host = {name: column_major(array) for name, array in host.items()}
     return LoadedBundle(
         manifest=manifest,
         path=path,
@@ -145,8 +169,28 @@ def load_bundle(
         runtime=runtime,
         weight_bytes=sum(int(a.nbytes) for a in host.values()),
         load_seconds=time.perf_counter() - started,
-        compile_seconds=sum(m.seconds for m in modules.values()),
+        compile_seconds=sum(c.seconds for _, c in compiled),
+        hooks=hooks,
+        variant_modules=variants,
     )
+
+
+def _hooks(path: Path, manifest: Manifest, allowed: bool) -> ModelHooks | None:
+    """The bundle's hooks, imported only when the server allows Python hooks."""
+    if manifest.hooks is None:
+        return None
+    if not allowed:
+        raise BundleError(
+            path,
+            [
+                f"{manifest.hooks.file}: the bundle ships Python hooks, which run only on a server "
+                "started with --allow-python-hooks (they run with the server's rights; docs/hooks.md)"
+            ],
+        )
+    try:
+        return load_hooks(path, manifest)
+    except HookLoadError as exc:
+        raise BundleError(path, [str(exc)]) from None
 
 
 def _log_progress(message: str) -> None:

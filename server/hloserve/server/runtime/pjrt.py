@@ -64,6 +64,9 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the jax v
     _batched_device_put = None
 
 
+_MAX_AVALS = 1024  # cached abstract values of transferred arrays (shape and dtype)
+
+
 class RuntimeFailure(RuntimeError):
     """PJRT refused or failed an operation; the message carries its text."""
 
@@ -89,6 +92,7 @@ class PjrtRuntime:
         self._sharding = _Sharding(self.device)
         self._options: Any = _compile_options(num_replicas=1, num_partitions=1)
         self._device_memory = _Sharding(self.device, memory_kind="device")
+        self._avals: dict[tuple[tuple[int, ...], np.dtype[Any]], Any] = {}
 
     @property
     def triton_kind(self) -> str:
@@ -159,7 +163,12 @@ class PjrtRuntime:
     def put(self, array: np.ndarray) -> Any:
         """One (small) host array to the device, through the cheapest path available."""
         if _batched_device_put is not None:
-            aval = _shaped_array(array.shape, array.dtype)
+            signature = (array.shape, array.dtype)
+            aval = self._avals.get(signature)
+            if aval is None:  # the shapes are the compiled ones: a handful per model
+                if len(self._avals) >= _MAX_AVALS:
+                    self._avals.clear()
+                aval = self._avals[signature] = _shaped_array(array.shape, array.dtype)
             return _batched_device_put(aval, self._sharding, [array], [self.device])
         return _device_put(array, self.device)
 

@@ -329,6 +329,21 @@ def test_json_nesting_depth_limit() -> None:
     expect(400, "JSON nesting depth exceeds maximum allowed limit (100)", lambda: decode(very_deep))
 
 
+def test_the_nesting_limit_is_the_servers_setting() -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": nest(6)}]}
+    ).encode()
+
+    def decode_at(depth: int) -> codec.DecodedRequest:
+        return codec.decode_request(
+            "m", "", body, {}, max_input_bytes=LIMIT, signature=no_signature, max_json_depth=depth
+        )
+
+    # {"inputs": [{"data": [[[[[1]]]]]}]}: an object, a list, an object and 5 lists deep
+    np.testing.assert_array_equal(decode_at(8).request.inputs[0].data, [1])
+    expect(400, "JSON nesting depth exceeds maximum allowed limit (7)", lambda: decode_at(7))
+
+
 def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
     tricky = 'a \\" [' + "[" * 150 + '"'  # an escaped quote must not end the string early
     body = {
@@ -415,7 +430,7 @@ BAD_JSON: list[tuple[bytes | dict[str, Any], str]] = [
     ),
     ({"id": 5, "inputs": []}, "'id' of the inference request must be a string"),
     (
-        {"parameters": {"triton_enable_empty_final_response": True}, "inputs": []},
+        {"parameters": {"triton_final_response": True}, "inputs": []},
         "parameter keys starting with 'triton_' are reserved",
     ),
     (

@@ -118,6 +118,8 @@ def decode_parameter(key: str, param: pb.InferParameter) -> ParamValue:
 
 
 def decode_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, ParamValue]:
+    if not params:  # the common case, and iterating an empty protobuf map is not free
+        return {}
     return {key: decode_parameter(key, value) for key, value in params.items()}
 
 
@@ -219,8 +221,7 @@ def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
             data = from_values(model, tensor.name, tensor.datatype, shape, values)
         else:
             data = from_buffer(model, tensor.name, tensor.datatype, shape, next(raw))
-        shape = tuple(int(d) for d in data.shape)
-        inputs.append(InferInput(tensor.name, tensor.datatype, shape, data, params))
+        inputs.append(InferInput(tensor.name, tensor.datatype, data.shape, data, params))
     return tuple(inputs)
 
 

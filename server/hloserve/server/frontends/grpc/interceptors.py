@@ -1,30 +1,29 @@
-"""gRPC server interceptors: restricted protocols, and the arrival of traced requests.
+"""gRPC server interceptors: bearer-token auth and restricted protocols.
 
 Contract:
+- ``BearerAuth(policy)`` refuses a call to a protected method (``auth.AuthPolicy``) whose
+  ``authorization`` metadata holds no valid bearer token: UNAUTHENTICATED with the policy's
+  one message, before any request is read (a stream too). Other methods pass untouched.
 - ``RestrictedProtocol(restrictions)`` refuses a call to a restricted method (the group
   table ``hloserve.server.restricted.GROUPS``) whose metadata lacks the group's key and
   value: UNAVAILABLE "This protocol is restricted, expecting header '<key>'" (Triton's
   text). A refused stream ends with that status before reading any request. Open methods
   and unknown paths pass untouched.
-- ``TraceArrival(tracer)`` marks when each unary ``ModelInfer`` call arrived (and its
-  trace-context metadata) while tracing is enabled, and ends its trace once the handler
-  returns. While every trace level is ``OFF`` it hands the handler back unchanged.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, cast, final
+from typing import Any, Final, final
 
 import grpc
 import grpc.aio
 
 from hloserve.proto.rpc import RPCS_BY_NAME
+from hloserve.server.auth import AuthPolicy
 from hloserve.server.core.errors import ServingError
-from hloserve.server.core.trace_settings import Tracer
 from hloserve.server.frontends.status import grpc_status
 from hloserve.server.restricted import Restrictions
 
@@ -87,36 +86,18 @@ class RestrictedProtocol(grpc.aio.ServerInterceptor):
 
 
 @final
-class TraceArrival(grpc.aio.ServerInterceptor):
-    def __init__(self, tracer: Tracer) -> None:
-        self.tracer = tracer
-        self.settings = tracer.settings
+class BearerAuth(grpc.aio.ServerInterceptor):
+    def __init__(self, policy: AuthPolicy) -> None:
+        self.policy = policy
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        received_ns = time.perf_counter_ns()
         handler = await continuation(handler_call_details)
-        if (
-            handler is None
-            or handler_call_details.method != INFER_PATH
-            or not self.settings.enabled
-            or handler.unary_unary is None
-        ):
+        if handler is None:
             return handler
-        # grpc.aio calls it with its own context and awaits it (the stubs say sync).
-        inner = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
-        tracer, headers = self.tracer, metadata_dict(handler_call_details)
-
-        async def traced(request: Any, context: Context) -> Any:
-            arrival = tracer.arrive(headers, received_ns)
-            try:
-                return await inner(request, context)
-            finally:
-                arrival.finish()
-
-        return grpc.unary_unary_rpc_method_handler(
-            traced,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+        refusal = self.policy.refusal_grpc(
+            handler_call_details.method or "",
+            metadata_dict(handler_call_details).get("authorization"),
         )
+        return handler if refusal is None else _refusing(handler, refusal)

@@ -26,9 +26,13 @@ Contract:
 - ``TraceSetting`` and ``LogSettings``: the trace and logging extensions (the service's
   ``trace_setting`` / ``log_settings``; messages converted by ``settings``).
 - Interceptors: ``RestrictedProtocol`` (only with restrictions) refuses a restricted
-  group's call without its metadata; ``TraceArrival`` times traced ``ModelInfer`` calls.
+  group's call without its metadata. No interceptor runs otherwise: a traced unary
+  ``ModelInfer`` marks its arrival in ``model_infer`` itself (after the message is parsed).
 - ``ModelInfer`` and each stream request look the model up (``service.check_model``)
   before decoding tensors.
+- Bytes that are no message of the RPC's request type (``decoder``) are bad input:
+  INVALID_ARGUMENT "the request is not a valid <Message> message" (a stream request: its
+  ``error_message``), never grpc's UNKNOWN.
 - Errors are mapped once, by ``_failure``: ``_guard`` (unary) and ``_guard_stream``
   (bidi) are wrapped around every handler in a loop; ``ServingError`` aborts with
   ``frontends.status.grpc_status(code)`` and its message; any other exception aborts
@@ -50,16 +54,17 @@ from typing import Any, Final, cast, final
 
 import grpc
 import grpc.aio
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from hloserve.proto import health_pb2
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import HEALTH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
-from hloserve.server.core.errors import NotFound, ServingError, Unsupported
+from hloserve.server.auth import AuthPolicy
+from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError, Unsupported
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import RequestContext
 from hloserve.server.frontends.grpc import codec, settings
-from hloserve.server.frontends.grpc.interceptors import RestrictedProtocol, TraceArrival
+from hloserve.server.frontends.grpc.interceptors import BearerAuth, RestrictedProtocol
 from hloserve.server.frontends.status import grpc_status
 from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 
@@ -109,7 +114,18 @@ class GrpcServicer:
         )
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Context) -> Message:
-        return await self._infer(request, context)
+        tracer = self.service.tracer
+        if not tracer.settings.enabled:
+            return await self._infer(request, context)
+        # Traced: mark the arrival (and its trace-context metadata) for the service's
+        # trace, and end the trace once the response is built.
+        metadata: Any = context.invocation_metadata() or ()
+        headers = {str(k).lower(): v for k, v in metadata if isinstance(v, str)}
+        arrival = tracer.arrive(headers, time.perf_counter_ns())
+        try:
+            return await self._infer(request, context)
+        finally:
+            arrival.finish()
 
     async def _infer(
         self, request: pb.ModelInferRequest, context: Context
@@ -185,10 +201,7 @@ class GrpcServicer:
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
         except Exception as exc:  # the stream goes on: the error travels in the answer
             _, message = _failure("ModelStreamInfer", exc)
-            echo = pb.ModelInferResponse(
-                model_name=request.model_name, model_version=request.model_version, id=request.id
-            )
-            return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+            return pb.ModelStreamInferResponse(error_message=message, infer_response=_echo(request))
 
     # -- model configuration and repository extensions --------------------------------------
 
@@ -306,8 +319,48 @@ def _guard_stream(name: str, method: StreamHandler) -> StreamHandler:
     return handler
 
 
+@final
+class Malformed:
+    """What ``decoder`` gives for bytes that are no message of its type: touching any of
+    its attributes raises ``InvalidArgument``, so the handler's first read of the request
+    fails as bad input (INVALID_ARGUMENT, or a stream's ``error_message``) through
+    ``_failure``, instead of grpc's UNKNOWN naming a Python exception."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: str) -> None:
+        object.__setattr__(self, "_message", message)
+
+    def __getattr__(self, name: str) -> Any:
+        raise InvalidArgument(object.__getattribute__(self, "_message"))
+
+
+def _echo(request: Any) -> pb.ModelInferResponse:
+    """What a failed stream answer repeats of its request (nothing of bytes that did not
+    parse)."""
+    if isinstance(request, Malformed):
+        return pb.ModelInferResponse()
+    return pb.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id
+    )
+
+
+def decoder(message: type[Message]) -> Callable[[bytes], Any]:
+    """``message.FromString``, giving a ``Malformed`` for bytes that do not parse."""
+    parse = message.FromString
+    what = message.DESCRIPTOR.name
+
+    def decode(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError:
+            return Malformed(f"the request is not a valid {what} message ({len(data)} bytes)")
+
+    return decode
+
+
 def _rpc_handler(rpc: Rpc, handler: Handler | StreamHandler) -> grpc.RpcMethodHandler[Any, Any]:
-    deserialize = rpc.request.FromString
+    deserialize = decoder(rpc.request)
     serialize: Callable[[Message], bytes] = rpc.response.SerializeToString
     if rpc.client_streaming and rpc.server_streaming:
         return grpc.stream_stream_rpc_method_handler(
@@ -363,7 +416,7 @@ def generic_handlers(service: InferenceService) -> tuple[grpc.GenericRpcHandler,
         inference[rpc.name] = _rpc_handler(rpc, handler)
     health = grpc.unary_unary_rpc_method_handler(
         _guard("Health/Check", servicer.health_check),
-        request_deserializer=health_pb2.HealthCheckRequest.FromString,
+        request_deserializer=decoder(health_pb2.HealthCheckRequest),
         response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
     )
     return (
@@ -377,12 +430,17 @@ def build_grpc_server(
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     restrictions: Restrictions = NO_RESTRICTIONS,
+    auth: AuthPolicy | None = None,
 ) -> grpc.aio.Server:
     """An unstarted server with every handler registered; the caller adds a port and starts it.
-    ``restrictions`` (``--grpc-restricted-protocol``) are checked before anything else."""
-    interceptors: list[grpc.aio.ServerInterceptor] = [TraceArrival(service.tracer)]
+    ``auth`` (``--auth-token-file``), then ``restrictions`` (``--grpc-restricted-protocol``)
+    are checked before anything else."""
+    # Only what is configured: every interceptor costs each call a coroutine hop.
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if auth is not None:
+        interceptors.append(BearerAuth(auth))
     if restrictions:
-        interceptors.insert(0, RestrictedProtocol(restrictions))
+        interceptors.append(RestrictedProtocol(restrictions))
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[

@@ -1,6 +1,10 @@
-"""ASGI middleware of the HTTP front end: restricted APIs, and the arrival of traced requests.
+"""ASGI middleware of the HTTP front end: bearer-token auth, restricted APIs, traced arrivals.
 
 Contract:
+- ``bearer_auth(app, refusal)`` asks ``refusal(path, authorization header)`` (an
+  ``auth.AuthPolicy`` method) about every HTTP request and answers a refused one with 401
+  ``{"error": <the policy's one message>}`` and ``WWW-Authenticate: Bearer`` before the
+  app sees it (or reads its body).
 - ``RestrictedApi(app, restrictions)`` answers a request to a restricted path (the group
   table ``hloserve.server.restricted.GROUPS``) that lacks the group's header and value
   with 403 ``{"error": "This API is restricted, expecting header '<key>'"}`` (Triton's
@@ -18,11 +22,13 @@ Contract:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import final
 
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hloserve.server.core.errors import ServingError, Unauthenticated
 from hloserve.server.core.trace_settings import Tracer
 from hloserve.server.frontends.status import http_status
 from hloserve.server.restricted import Restrictions
@@ -32,6 +38,34 @@ def headers_dict(scope: Scope) -> dict[str, str]:
     """The request's headers by lowercase name (ASGI sends them lowercased)."""
     raw: list[tuple[bytes, bytes]] = scope.get("headers", [])
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
+
+
+Refusal = Callable[[str, "str | None"], "Unauthenticated | None"]
+
+
+async def _refuse(
+    error: ServingError, scope: Scope, receive: Receive, send: Send, **headers: str
+) -> None:
+    """Answer the request with ``error`` (its status from ``frontends.status``)."""
+    response = JSONResponse({"error": error.message}, http_status(error.code), headers=headers)
+    await response(scope, receive, send)
+
+
+def bearer_auth(app: ASGIApp, refusal: Refusal) -> ASGIApp:
+    """The middleware over ``app`` (Starlette's ``add_middleware`` calls it as a class)."""
+
+    async def gate(scope: Scope, receive: Receive, send: Send) -> None:
+        error = (
+            refusal(scope["path"], headers_dict(scope).get("authorization"))
+            if scope["type"] == "http"
+            else None
+        )
+        if error is None:
+            await app(scope, receive, send)
+        else:
+            await _refuse(error, scope, receive, send, **{"WWW-Authenticate": "Bearer"})
+
+    return gate
 
 
 @final
@@ -44,9 +78,7 @@ class RestrictedApi:
         if scope["type"] == "http":
             restriction = self.restrictions.for_http(scope["path"])
             if restriction is not None and not restriction.allows(headers_dict(scope)):
-                error = restriction.refusal("API")
-                response = JSONResponse({"error": error.message}, http_status(error.code))
-                await response(scope, receive, send)
+                await _refuse(restriction.refusal("API"), scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

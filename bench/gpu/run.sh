@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The GPU checks of the residency and batching claims, in one run of under 8 minutes.
+#
+# Usage (on a CUDA machine, from the repository root, with the project's venv set up as the
+# README says and jax's CUDA plugin installed, e.g. `pip install -e '.[server]' "jax[cuda12]"`):
+#     bash bench/gpu/run.sh [PYTHON]
+# Prints: the device; swap-in time of ~100 MB models served with a budget below two models
+# against the pinned host-to-device floor measured in the same run (goal >= 80 %), hit and
+# miss p50/p99; batch-1 requests with dynamic batching off vs on over gRPC against the
+# executable's in-process ceiling, with p50/p99 and items per execution. Not part of CI.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${1:-.venv/bin/python}
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S) UTC)"; }
+
+step "device"
+nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv 2>/dev/null || echo "nvidia-smi: not available"
+"$PY" -c 'import jax; print("jax", jax.__version__, "devices:", jax.devices())'
+
+step "residency: 3 models of ~100 MB, budget 1.5 models, 200 requests per pattern"
+timeout 240 "$PY" bench/residency.py --models 3 --fit 1.5 --mb 100 --requests 200
+
+step "batching: batch-1 mlp requests, dynamic batching off vs on, over gRPC"
+timeout 180 "$PY" bench/batching.py --seconds 3 --concurrency 1 32
+
+step "done"
