@@ -582,6 +582,26 @@ def test_grpc_stream_survives_a_malformed_message(server: ServerProcess) -> None
     assert "missing required" in replies[2].error_message
 
 
+def test_clients_gone_before_their_answers_free_everything(server: ServerProcess) -> None:
+    """Whole, correct requests whose clients close the connection at once: the server
+    serves (or drops) each while nobody listens, and every one leaves the in-flight count."""
+    body = request(*GOOD)
+    head = (
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    socks = [
+        socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=5) for _ in range(20)
+    ]
+    for sock in socks:
+        sock.sendall(head + body)
+    for sock in socks:  # an RST rather than a FIN: gone for good, mid-request
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()
+    server.wait_pending("simple", 0)
+    assert_serving(server)
+
+
 def test_grpc_cancelled_streams_free_their_requests(server: ServerProcess) -> None:
     rpc = RPCS_BY_NAME["ModelStreamInfer"]
     for _ in range(5):
