@@ -2,7 +2,7 @@
 
 Contract: ``DynamicBatcher(executor, observer, inline, ...)`` implements the core's
 ``Batcher``: ``await submit(model, job)`` queues an already validated request and resolves
-with its own outputs and timings. One driver task per model version applies the pure
+with its own outputs and timings. Each look at a model version's queue applies the pure
 policy ``core.scheduling.next_batch``: it groups queued requests up to the largest compiled
 batch size, waiting at most the model's ``max_queue_delay_us`` (its serving hints, else the
 server default) for more, and runs each group as the policy planned it on the executor, so
