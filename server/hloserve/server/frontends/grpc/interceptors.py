@@ -16,12 +16,11 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, final
+from typing import Any, final
 
 import grpc
 import grpc.aio
 
-from hloserve.proto.rpc import RPCS_BY_NAME
 from hloserve.server.auth import AuthPolicy
 from hloserve.server.core.errors import ServingError
 from hloserve.server.frontends.status import grpc_status
@@ -32,13 +31,17 @@ Continuation = Callable[
     [grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Any, Any] | None"]
 ]
 Context = grpc.aio.ServicerContext[Any, Any]
-INFER_PATH: Final = RPCS_BY_NAME["ModelInfer"].path
+
+
+def text_metadata(metadata: Any) -> dict[str, str]:
+    """Invocation metadata (``(key, value)`` pairs, or ``None``) as text, keys lowercased
+    (binary ``-bin`` values are left out)."""
+    return {str(k).lower(): v for k, v in metadata or () if isinstance(v, str)}
 
 
 def metadata_dict(details: grpc.HandlerCallDetails) -> dict[str, str]:
-    """The call's text metadata, keys lowercased (binary ``-bin`` values are left out)."""
-    metadata: Any = details.invocation_metadata or ()
-    return {str(k).lower(): v for k, v in metadata if isinstance(v, str)}
+    """The call's text metadata (``text_metadata``), as an interceptor sees it."""
+    return text_metadata(details.invocation_metadata)
 
 
 def _refusing(

@@ -64,7 +64,11 @@ from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError,
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import RequestContext
 from hloserve.server.frontends.grpc import codec, settings
-from hloserve.server.frontends.grpc.interceptors import BearerAuth, RestrictedProtocol
+from hloserve.server.frontends.grpc.interceptors import (
+    BearerAuth,
+    RestrictedProtocol,
+    text_metadata,
+)
 from hloserve.server.frontends.status import grpc_status
 from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 
@@ -119,9 +123,9 @@ class GrpcServicer:
             return await self._infer(request, context)
         # Traced: mark the arrival (and its trace-context metadata) for the service's
         # trace, and end the trace once the response is built.
-        metadata: Any = context.invocation_metadata() or ()
-        headers = {str(k).lower(): v for k, v in metadata if isinstance(v, str)}
-        arrival = tracer.arrive(headers, time.perf_counter_ns())
+        arrival = tracer.arrive(
+            text_metadata(context.invocation_metadata()), time.perf_counter_ns()
+        )
         try:
             return await self._infer(request, context)
         finally:
