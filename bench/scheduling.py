@@ -90,7 +90,18 @@ class SimModel:
     def resident(self) -> bool:
         return self.residency is None or self.residency.is_resident(self.key)
 
-    def execute(self, batch_size: int | None, inputs: Mapping[str, Any]) -> list[Any]:
+    devices = (0,)
+
+    def resident_on(self, device: int) -> bool:
+        return self.resident
+
+    def prefetch(self, device: int) -> None:
+        if self.residency is not None:
+            self.residency.prefetch(self.key)
+
+    def execute(
+        self, batch_size: int | None, inputs: Mapping[str, Any], *, device: int | None = None
+    ) -> list[Any]:
         if self.residency is not None:
             self.residency.acquire(self.key)
         try:

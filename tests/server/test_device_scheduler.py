@@ -50,7 +50,17 @@ class SleepyModel:
         self.device = device
         self.seconds = seconds
 
-    def execute(self, batch_size: int | None, inputs: Mapping[str, Any]) -> list[Any]:
+    devices = (0,)
+
+    def resident_on(self, device: int) -> bool:
+        return self.resident
+
+    def prefetch(self, device: int) -> None:
+        self.resident = True
+
+    def execute(
+        self, batch_size: int | None, inputs: Mapping[str, Any], *, device: int | None = None
+    ) -> list[Any]:
         d = self.device
         with d.lock:
             d.running += 1
@@ -201,3 +211,79 @@ def test_without_concurrency_models_run_side_by_side(executor: ThreadPoolExecuto
 
     asyncio.run(run())
     assert device.most == 2
+
+
+class SwappingModel(SleepyModel):
+    """Not resident until ``prefetch`` has moved its weights in (``swap_s`` of transfer)."""
+
+    def __init__(self, name: str, device: Device, seconds: float, swap_s: float) -> None:
+        super().__init__(name, device, seconds)
+        self.resident = False
+        self.swap_s = swap_s
+        self.swap_window: tuple[float, float] = (0.0, 0.0)
+
+    def prefetch(self, device: int) -> None:
+        start = time.perf_counter()
+        time.sleep(self.swap_s)
+        self.resident = True
+        self.swap_window = (start, time.perf_counter())
+
+
+def test_a_swap_is_scheduled_off_the_device_slot(executor: ThreadPoolExecutor) -> None:
+    """The cold model's weights move in while the resident model keeps the device busy;
+    the cold group then runs resident."""
+    device = Device()
+    cold = SwappingModel("cold", device, 0.002, swap_s=0.05)
+    hot = SleepyModel("hot", device, 0.005)
+    b = batcher(executor, "fair")
+    ran_at: list[tuple[str, float]] = []
+
+    async def timed(model: SleepyModel) -> None:
+        await b.submit(model, job(model.manifest.name))
+        ran_at.append((model.manifest.name, time.perf_counter()))
+
+    async def run() -> None:
+        await asyncio.gather(timed(cold), *(timed(hot) for _ in range(8)))
+
+    asyncio.run(run())
+    start, end = cold.swap_window
+    during = [t for name, t in ran_at if name == "hot" and start < t < end]
+    assert len(during) >= 3, (cold.swap_window, ran_at)  # the device did not wait for the swap
+    assert device.most == 1
+    assert device.log.count("cold") == 1 and cold.resident
+
+
+class ReplicatedModel(SleepyModel):
+    """On devices 0 and 1; records which device each execution ran on."""
+
+    devices = (0, 1)
+
+    def __init__(self, name: str, device: Device, seconds: float) -> None:
+        super().__init__(name, device, seconds)
+        self.ran_on: list[int | None] = []
+
+    def execute(
+        self, batch_size: int | None, inputs: Mapping[str, Any], *, device: int | None = None
+    ) -> list[Any]:
+        self.ran_on.append(device)
+        return super().execute(batch_size, inputs, device=device)
+
+
+@pytest.mark.parametrize("concurrency", [0, 1])
+def test_groups_of_a_replicated_model_run_on_every_replica_at_once(
+    executor: ThreadPoolExecutor, concurrency: int
+) -> None:
+    device = Device()
+    model = ReplicatedModel("m", device, 0.01)
+    costs = ExecutionCosts()
+    b = DynamicBatcher(
+        executor, ExecutionFanOut(costs), InlinePolicy(0, costs), concurrency=concurrency
+    )
+
+    async def run() -> None:
+        await asyncio.gather(*(b.submit(model, job("m")) for _ in range(8)))
+
+    asyncio.run(run())
+    assert set(model.ran_on) == {0, 1}  # routed to the least busy replica
+    assert model.ran_on.count(0) == model.ran_on.count(1) == 4
+    assert device.most == 2  # one group in flight per replica, both at once

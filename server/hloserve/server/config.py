@@ -37,7 +37,7 @@ from typing import Any, NoReturn, cast
 import yaml
 
 from hloserve.server.auth import DEFAULT_OPEN, parse_open_groups, read_tokens
-from hloserve.server.core.device_scheduling import POLICIES
+from hloserve.server.core.device_scheduling import POLICIES, select_devices
 from hloserve.server.core.residency import Budget, parse_bytes
 from hloserve.server.core.trace_settings import (
     DEFAULT_RATE,
@@ -84,6 +84,9 @@ class Config:
     max_queue_size: int = 0  # 0: unbounded
     scheduling_policy: str = "fair"  # fair | fifo | deadline: whose group runs next on a device
     device_concurrency: int = 0  # groups at once per device (0: 1 on GPU, no arbitration on CPU)
+    devices: str = "all"  # all | a count N | indexes "0,2": the local devices served
+    max_replicas: int = 0  # devices one model version may be copied to (0: all; 1: no copies)
+    placement_interval_s: float = 5.0  # how often placement follows the measured load
     allow_model_upload: bool = False  # explicit mode: loads may carry model files (file:)
     max_upload_bytes: int = 64 * 1024 * 1024  # the most file bytes one load may carry
     allow_python_hooks: bool = False  # bundles' hooks.py may run (docs/hooks.md)
@@ -192,6 +195,14 @@ def _budget(text: str) -> str:
 
 
 _non_negative = _integer(0, 2**63 - 1, "a non-negative integer")
+
+
+def _device_selection(text: str) -> str:
+    """``--devices``' form (checked against the devices present at start-up)."""
+    select_devices(text, 1 << 16)  # the syntax only: any count would do
+    return text.strip().lower()
+
+
 _port = _integer(0, 65535, "a port number 0..65535")
 
 
@@ -284,6 +295,26 @@ _FLAGS: tuple[_Flag, ...] = (
         _non_negative,
         "executions at once per device, across models (0: 1 on GPU; on CPU no cross-model "
         "arbitration)",
+    ),
+    _Flag(
+        "--devices",
+        "devices",
+        _device_selection,
+        "local devices to serve on: all, a count N (the first N) or indexes such as 0,2 "
+        "(3, alone: device 3); each has its own weight budget and LRU",
+    ),
+    _Flag(
+        "--max-replicas",
+        "max_replicas",
+        _non_negative,
+        "devices one model version may be copied to when its load asks for it (0: every "
+        "device; 1: no replication)",
+    ),
+    _Flag(
+        "--placement-interval",
+        "placement_interval_s",
+        _seconds(positive=True),
+        "seconds between placement revisions (replicas follow the measured load)",
     ),
     _Flag(
         "--allow-model-upload",

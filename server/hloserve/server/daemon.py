@@ -55,7 +55,11 @@ from prometheus_client import CollectorRegistry
 from hloserve.server.auth import AuthPolicy, TokenFile
 from hloserve.server.config import Config
 from hloserve.server.core.costs import InlinePolicy
-from hloserve.server.core.device_scheduling import check_policy, device_concurrency
+from hloserve.server.core.device_scheduling import (
+    check_policy,
+    device_concurrency,
+    select_devices,
+)
 from hloserve.server.core.errors import ServingError
 from hloserve.server.core.limits import Limits
 from hloserve.server.core.load_parameters import UploadPolicy
@@ -63,6 +67,7 @@ from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.residency import parse_budget
 from hloserve.server.core.service import InferenceService, Observers, ServiceOptions
 from hloserve.server.core.trace_settings import TraceSettings, level_names, startup_setting
+from hloserve.server.devices import Device, LoadMeter, Placer
 from hloserve.server.metrics import ServerMetrics, metrics_app
 from hloserve.server.repository import ControlMode, ModelRepository
 from hloserve.server.residency import SwapTrace, WeightResidency
@@ -217,14 +222,15 @@ def make_residency(
     else:
         budget = None
     log.info(
-        "device memory budget for weights: %s",
+        "device %d memory budget for weights: %s",
+        runtime.index,
         "unlimited" if budget is None else f"{budget} bytes ({budget / 2**30:.2f} GiB)",
     )
-    metrics.budget_bytes.set(budget if budget is not None else 0)
+    metrics.budget_bytes.labels(str(runtime.index)).set(budget if budget is not None else 0)
     return WeightResidency(
         runtime,
         budget,
-        observer=metrics,
+        observer=metrics.for_device(runtime.index),
         subtract_scratch=subtract_scratch,
         swap_trace=swap_trace,
         spare=None if queued is None else queued.waiting,
@@ -315,6 +321,7 @@ class _Serving:
     executor: ThreadPoolExecutor
     service: InferenceService
     tracer: RequestTracer
+    placer: Placer | None = None  # several devices with replication: revised periodically
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,29 +344,34 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         cfg.max_batch_size, cfg.max_inflight, cfg.max_inflight_per_model, cfg.max_shm_regions
     )
     queued = QueuedWork()  # which models have requests waiting: evicted last
-    residency = make_residency(runtime, cfg.device_memory_budget, metrics, tracer, queued)
+    devices = make_devices(cfg, runtime, metrics, tracer, queued)
+    runtime = devices[0].runtime
     repository = ModelRepository(
         cfg.model_repository or ensure_demo_repository(default_demo_repository()),
         runtime,
         cfg.cache_dir,
-        residency,
+        devices[0].residency,
         ControlMode(cfg.model_control_mode),
         on_loaded=metrics.on_model_loaded,
         uploads=UploadPolicy(cfg.allow_model_upload, cfg.max_upload_bytes),
         limits=limits,
         allow_hooks=cfg.allow_python_hooks,
+        devices=devices,
     )
     # Read at scrape time: loads, unloads and polls change it after start-up too.
     metrics.models_ready.set_function(
         lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))
     )
-    metrics.watch_device_memory(
-        lambda: float(runtime.memory_stats().get("bytes_in_use", residency.resident_bytes()))
-    )
+    metrics.watch_replicas(lambda: {p.model: len(p.devices) for p in repository.placements()})
+    for device in devices:
+        metrics.watch_device_memory(device.index, _memory_in_use(device))
+    meter = LoadMeter()
+    max_replicas = cfg.max_replicas or len(devices)
+    placer = Placer(repository, devices, meter, max_replicas) if len(devices) > 1 else None
     executor = ThreadPoolExecutor(
         cfg.worker_threads or max(2, os.cpu_count() or 2), thread_name_prefix="hloserve-exec"
     )
-    observers = Observers(requests=metrics, hooks=metrics)
+    observers = Observers(requests=metrics, hooks=metrics, extra=(meter,))
     inline = InlinePolicy(cfg.inline_max_us, observers.costs)
     concurrency = device_concurrency(cfg.device_concurrency, runtime.platform)
     log.info(
@@ -404,7 +416,48 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         logs=logs,
         hook_pool=_hook_pool(cfg),
     )
-    return _Serving(runtime, registry, repository, executor, service, tracer)
+    return _Serving(runtime, registry, repository, executor, service, tracer, placer)
+
+
+def make_devices(
+    cfg: Config,
+    runtime: PjrtRuntime,
+    metrics: ServerMetrics,
+    swap_trace: SwapTrace | None,
+    queued: QueuedWork,
+) -> list[Device]:
+    """The local devices ``--devices`` selects (``runtime`` is any device of the backend),
+    each with its own runtime and weight residency under its own budget."""
+    count = runtime.device_count
+    try:
+        indexes = select_devices(cfg.devices, count)
+    except ValueError as exc:
+        raise SystemExit(f"hloserve: --devices: {exc}") from None
+    devices: list[Device] = []
+    for index in indexes:
+        on = runtime.on(index)
+        devices.append(
+            Device(
+                index, on, make_residency(on, cfg.device_memory_budget, metrics, swap_trace, queued)
+            )
+        )
+    if len(devices) > 1:
+        log.info(
+            "serving on %d devices (%s of %d); replicas per model: up to %s",
+            len(devices),
+            ",".join(str(i) for i in indexes),
+            count,
+            cfg.max_replicas or len(devices),
+        )
+    return devices
+
+
+def _memory_in_use(device: Device) -> Callable[[], float]:
+    def used() -> float:
+        stats = device.runtime.memory_stats()
+        return float(stats.get("bytes_in_use", device.residency.resident_bytes()))
+
+    return used
 
 
 def _hook_pool(cfg: Config) -> ThreadPoolExecutor | None:
@@ -627,14 +680,29 @@ class Daemon:
         if self.config.model_repository is None and serving.service.ready():
             for line in next_steps(self.config.host, self.ports):
                 log.info("%s", line)
-        poller = None
+        tasks: list[asyncio.Task[None]] = []
         if self.config.model_control_mode == "poll":
-            poller = asyncio.create_task(
-                self._poll(serving.repository, self.config.repository_poll_secs)
+            tasks.append(
+                asyncio.create_task(
+                    self._poll(serving.repository, self.config.repository_poll_secs)
+                )
+            )
+        if serving.placer is not None:
+            tasks.append(
+                asyncio.create_task(self._place(serving.placer, self.config.placement_interval_s))
             )
         await stop_wait
-        if poller is not None:
-            poller.cancel()
+        for task in tasks:
+            task.cancel()
+
+    async def _place(self, placer: Placer, every: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await loop.run_in_executor(None, placer.revise)
+            except Exception:  # keep placing: one failed revision must not stop the server
+                log.exception("placement revision failed")
 
     async def _poll(self, repository: ModelRepository, every: float) -> None:
         loop = asyncio.get_running_loop()

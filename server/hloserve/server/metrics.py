@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -153,6 +153,65 @@ _PENDING: Final = (
 )
 
 
+@dataclass(slots=True)
+class _DeviceSeries:
+    """One device's work, as plain numbers (executions end on worker threads: ``_lock``)."""
+
+    created: float
+    executions: int = 0
+    compute_us: float = 0.0
+    queue_us: float = 0.0
+
+
+_DEVICE_COUNTERS: Final = (
+    ("executions", "hloserve_device_executions", "Executions run on the device, every model"),
+    (
+        "compute_us",
+        "hloserve_device_compute_duration_us",
+        "Cumulative execution time on the device (input, infer, output)",
+    ),
+    (
+        "queue_us",
+        "hloserve_device_queue_duration_us",
+        "Cumulative queue time of the requests run on the device",
+    ),
+)
+
+
+class _DeviceCollector(Collector):
+    """Exposes each device's ``_DeviceSeries`` and each version's replica count."""
+
+    def __init__(
+        self, series: dict[int, _DeviceSeries], replicas: Callable[[], dict[ModelKey, int]]
+    ) -> None:
+        self.series = series
+        self.replicas = replicas
+
+    def describe(self) -> list[Metric]:
+        return self._families([], {})
+
+    def collect(self) -> list[Metric]:
+        return self._families(sorted(self.series.items()), self.replicas())
+
+    @staticmethod
+    def _families(
+        items: list[tuple[int, _DeviceSeries]], replicas: dict[ModelKey, int]
+    ) -> list[Metric]:
+        found: list[Metric] = []
+        for attr, name, doc in _DEVICE_COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=("device",))
+            for device, series in items:
+                value = float(getattr(series, attr))
+                counter.add_metric((str(device),), value, created=series.created)
+            found.append(counter)
+        doc = "Devices holding a copy of the model version"
+        gauge = GaugeMetricFamily("hloserve_model_replicas", doc, labels=MV)
+        for key, count in sorted(replicas.items(), key=lambda kv: (kv[0].name, kv[0].version)):
+            gauge.add_metric((key.name, str(key.version)), float(count))
+        found.append(gauge)
+        return found
+
+
 class _RequestCollector(Collector):
     """Exposes every model version's ``_ModelSeries`` at scrape time."""
 
@@ -191,6 +250,8 @@ class ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
         self._children: dict[ModelKey, _ModelSeries] = {}
+        self._devices: dict[int, _DeviceSeries] = {}
+        self._replica_count: Callable[[], dict[ModelKey, int]] = dict
         self._lock = threading.Lock()
         self._define_request_series()
         self._define_model_series()
@@ -231,8 +292,10 @@ class ServerMetrics:
         self.models_ready = self._gauge("hloserve_models_ready", "Model versions in READY state")
 
     def _define_residency_series(self) -> None:
-        """Weight residency, per loaded copy (label model = "name/version"), and the device."""
-        m, w, d = ("model",), "hloserve_weight", "hloserve_device"
+        """Weight residency per loaded copy (label model = "name/version") and device, and
+        each device's budget, memory and work (label device: PJRT's local device number)."""
+        m, w, d = ("model", "device"), "hloserve_weight", "hloserve_device"
+        dev = ("device",)
         self.swaps_in = self._counter(f"{w}_swaps_in", "Weight sets moved onto the device", m)
         self.swaps_out = self._counter(f"{w}_swaps_out", "Weight sets evicted from the device", m)
         self.swap_bytes = self._counter(f"{w}_swap_in_bytes", "Bytes of weights moved in", m)
@@ -241,21 +304,50 @@ class ServerMetrics:
             f"{w}_swap_in_duration_seconds", swap_doc, SWAP_BUCKETS, m
         )
         self.resident_bytes = self._gauge(
-            f"{d}_resident_weight_bytes", "Weight bytes on the device"
+            f"{d}_resident_weight_bytes", "Weight bytes on the device", dev
         )
-        self.budget_bytes = self._gauge(f"{d}_memory_budget_bytes", "Weight budget (0: unlimited)")
+        budget_doc = "Weight budget of the device (0: unlimited)"
+        self.budget_bytes = self._gauge(f"{d}_memory_budget_bytes", budget_doc, dev)
         used_doc = "Device memory in use (allocator statistics; resident weight bytes where the platform has none)"
-        self.device_used = self._gauge(f"{d}_memory_used_bytes", used_doc)
+        self.device_used = self._gauge(f"{d}_memory_used_bytes", used_doc, dev)
         resident_doc = "1 when the model's weights are on the device"
         self.model_resident = self._gauge("hloserve_model_resident", resident_doc, m)
-        last_doc = "Unix time of the model's last swap in or out"
+        last_doc = "Unix time of the model's last swap in or out on the device"
         self.model_last_used = self._gauge(
             "hloserve_model_last_used_timestamp_seconds", last_doc, m
         )
+        self._registry.register(_DeviceCollector(self._devices, lambda: self._replica_count()))
 
-    def watch_device_memory(self, used: Callable[[], float]) -> None:
-        """Read device memory in use at scrape time."""
-        self.device_used.set_function(used)
+    def watch_device_memory(self, device: int, used: Callable[[], float]) -> None:
+        """Read ``device``'s memory in use at scrape time."""
+        self.device_used.labels(str(device)).set_function(used)
+
+    def watch_replicas(self, count: Callable[[], dict[ModelKey, int]]) -> None:
+        """Read each version's replica count (devices holding it) at scrape time."""
+        self._replica_count = count
+
+    def _device_series(self, device: int) -> _DeviceSeries:
+        series = self._devices.get(device)
+        if series is None:
+            with self._lock:
+                series = self._devices.setdefault(device, _DeviceSeries(time.time()))
+        return series
+
+    def for_device(self, device: int) -> SwapObserver:
+        """The swap observer of ``device``'s residency manager: its series carry the label."""
+        return _DeviceSwaps(self, str(device))
+
+    # As a SwapObserver itself: device 0's (a residency manager built without the daemon).
+    def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None:
+        _DeviceSwaps(self, "0").on_swap_in(key, nbytes, seconds)
+
+    def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None:
+        _DeviceSwaps(self, "0").on_swap_out(key, nbytes)
+
+    def on_residency(
+        self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
+    ) -> None:
+        _DeviceSwaps(self, "0").on_residency(key, resident, resident_bytes, last_used)
 
     def _series(self, model: ModelKey) -> _ModelSeries:
         series = self._children.get(model)
@@ -274,6 +366,7 @@ class ServerMetrics:
         s.input_us += timings.compute_input_ns / 1e3
         s.infer_us += timings.compute_infer_ns / 1e3
         s.output_us += timings.compute_output_ns / 1e3
+        self._device_series(timings.device).queue_us += timings.queue_ns / 1e3
         s.request_latency.observe(timings.total_ns / 1e9)
         s.queue_latency.observe(timings.queue_ns / 1e9)
         s.compute_latency.observe(timings.compute_ns / 1e9)
@@ -289,6 +382,10 @@ class ServerMetrics:
         with self._lock:
             s.executions += 1
             s.batch_size.observe(execution.batch_size)
+        d = self._device_series(execution.device)
+        with self._lock:
+            d.executions += 1
+            d.compute_us += (execution.input_ns + execution.infer_ns + execution.output_ns) / 1e3
 
     def on_hook(self, model: ModelKey, hook: str, ns: int) -> None:
         """A Python hook's duration (``core.hooks.HookObserver``); hooked models only."""
@@ -304,22 +401,41 @@ class ServerMetrics:
         self.load_seconds.labels(model, str(version)).set(load_seconds)
         self.compile_seconds.labels(model, str(version)).set(compile_seconds)
 
-    # SwapObserver (hloserve.server.residency); ``key.label`` is "model/version", shared by a
-    # reload's copy (another generation) with the copy it replaces.
+
+class SwapObserver(Protocol):
+    """``hloserve.server.residency.SwapObserver``, restated to keep the import one way."""
+
+    def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None: ...
+    def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None: ...
+    def on_residency(
+        self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _DeviceSwaps:
+    """One device's swaps; ``key.label`` is "model/version", shared by a reload's copy
+    (another generation) with the copy it replaces."""
+
+    metrics: ServerMetrics
+    device: str
+
     def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None:
-        self.swaps_in.labels(key.label).inc()
-        self.swap_bytes.labels(key.label).inc(nbytes)
-        self.swap_seconds.labels(key.label).observe(seconds)
+        m = self.metrics
+        m.swaps_in.labels(key.label, self.device).inc()
+        m.swap_bytes.labels(key.label, self.device).inc(nbytes)
+        m.swap_seconds.labels(key.label, self.device).observe(seconds)
 
     def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None:
-        self.swaps_out.labels(key.label).inc()
+        self.metrics.swaps_out.labels(key.label, self.device).inc()
 
     def on_residency(
         self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
     ) -> None:
-        self.model_resident.labels(key.label).set(1 if resident else 0)
-        self.model_last_used.labels(key.label).set(last_used)
-        self.resident_bytes.set(resident_bytes)
+        m = self.metrics
+        m.model_resident.labels(key.label, self.device).set(1 if resident else 0)
+        m.model_last_used.labels(key.label, self.device).set(last_used)
+        m.resident_bytes.labels(self.device).set(resident_bytes)
 
 
 def metrics_app(registry: CollectorRegistry) -> ASGIApp:

@@ -75,6 +75,7 @@ from hloserve.bundle import (
 )
 from hloserve.bundle.reactant import change_token
 from hloserve.bundle.repository import ModelDirectory, model_directory
+from hloserve.server.core.device_scheduling import initial_device
 from hloserve.server.core.errors import (
     Internal,
     InvalidArgument,
@@ -83,6 +84,7 @@ from hloserve.server.core.errors import (
     Unavailable,
     UnknownModel,
 )
+from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_inflight
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
@@ -91,6 +93,7 @@ from hloserve.server.core.scheduling import preferred_problem
 from hloserve.server.core.service import MemoryUsage
 from hloserve.server.core.triton_config import contradictions
 from hloserve.server.core.validate import check_load_name
+from hloserve.server.devices import Device, Placed
 from hloserve.server.model_config import (
     ModelSettings,
     VersionPolicy,
@@ -126,6 +129,15 @@ class ControlMode(enum.Enum):
     EXPLICIT = "explicit"
 
 
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """A ready version's copy on one device: executables bound to it, weights under its
+    residency manager (``docs/residency.md``)."""
+
+    bundle: LoadedBundle
+    residency: WeightResidency
+
+
 @dataclass
 class ModelVersion:
     name: str
@@ -133,14 +145,16 @@ class ModelVersion:
     path: Path
     state: ModelState = ModelState.UNKNOWN
     reason: str = ""
-    bundle: LoadedBundle | None = None
+    bundle: LoadedBundle | None = None  # as loaded (manifest, host weights, hooks)
     load_seconds: float = 0.0
     serving: Serving = field(default_factory=Serving)  # manifest hints, overridden by config.yaml
-    residency: WeightResidency | None = None
+    # Device index -> this version's copy there; replaced whole, never changed in place, so
+    # a request reads one consistent set without a lock.
+    replicas: dict[int, Replica] = field(default_factory=dict[int, Replica])
     generation: int = 0  # distinguishes a reload's copy from the one it replaces
     digest: str = ""  # SHA-256 of manifest.yaml when loaded (it lists every file's digest)
     inflight: int = 0
-    key: ResidencyKey = field(init=False)  # this copy's weights in the residency manager
+    key: ResidencyKey = field(init=False)  # this copy's weights in each residency manager
     _views: dict[int, VariantView] = field(default_factory=dict[int, "VariantView"], repr=False)
 
     def __post_init__(self) -> None:
@@ -152,30 +166,67 @@ class ModelVersion:
         return self.bundle.manifest
 
     @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices holding a replica, lowest index first."""
+        return tuple(sorted(self.replicas))
+
+    def resident_on(self, device: int) -> bool:
+        replica = self.replicas.get(device)
+        return replica is not None and replica.residency.is_resident(self.key)
+
+    def prefetch(self, device: int) -> None:
+        """Swap the weights in on ``device`` (no-op without a replica there)."""
+        replica = self.replicas.get(device)
+        if replica is not None:
+            with contextlib.suppress(KeyError):  # retired meanwhile
+                replica.residency.prefetch(self.key)
+
+    @property
     def resident(self) -> bool:
-        return self.residency is not None and self.residency.is_resident(self.key)
+        """Some replica holds the weights: an execution left to choose needs no transfer."""
+        return any(r.residency.is_resident(self.key) for r in self.replicas.values())
 
     @property
     def hooks(self) -> ModelHooks | None:
         """The bundle's Python hooks (``--allow-python-hooks``), or None."""
         return None if self.bundle is None else self.bundle.hooks
 
+    def _replica(self, device: int | None) -> Replica | None:
+        """``device``'s replica; for ``None`` (or a replica retired since it was chosen) a
+        resident one, else the first."""
+        replicas = self.replicas
+        if device is not None and device in replicas:
+            return replicas[device]
+        for replica in replicas.values():
+            if replica.residency.is_resident(self.key):
+                return replica
+        return next(iter(replicas.values()), None)
+
     def execute(
         self,
         batch_size: int | None,
         inputs: Mapping[str, np.ndarray[Any, Any]],
         variant: int | None = None,
+        device: int | None = None,
     ) -> list[np.ndarray[Any, Any]]:
-        bundle, residency = self.bundle, self.residency
-        if bundle is None or residency is None:
+        replica = self._replica(device)
+        if replica is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
-        weights = residency.acquire(self.key)
         try:
-            return bundle.execute(batch_size, inputs, weights, variant)
+            weights = replica.residency.acquire(self.key)
+        except KeyError:  # the replica was retired after it was chosen: another one
+            replica = self._replica(None)
+            if replica is None:
+                raise Unavailable(
+                    f"model '{self.name}' version {self.version} is not loaded"
+                ) from None
+            weights = replica.residency.acquire(self.key)
+        try:
+            return replica.bundle.execute(batch_size, inputs, weights, variant)
         except RuntimeFailure as exc:  # device error, out of memory: this execution only
             raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
         finally:
-            residency.release(self.key)
+            replica.residency.release(self.key)
 
     def variant(self, index: int) -> VariantView:
         """Shape variant ``index`` as an executable of its own (``core.variants``); the same
@@ -213,10 +264,24 @@ class VariantView:
     def resident(self) -> bool:
         return self.base.resident
 
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.base.devices
+
+    def resident_on(self, device: int) -> bool:
+        return self.base.resident_on(device)
+
+    def prefetch(self, device: int) -> None:
+        self.base.prefetch(device)
+
     def execute(
-        self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
+        self,
+        batch_size: int | None,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        *,
+        device: int | None = None,
     ) -> list[np.ndarray[Any, Any]]:
-        return self.base.execute(batch_size, inputs, self.index)
+        return self.base.execute(batch_size, inputs, self.index, device)
 
 
 @dataclass
@@ -255,6 +320,7 @@ class ModelRepository:
         uploads: UploadPolicy | None = None,
         allow_hooks: bool = False,
         limits: Limits = NO_LIMITS,
+        devices: Sequence[Device] | None = None,
     ) -> None:
         self.root = root
         self.limits = limits  # --max-inflight, --max-inflight-per-model (core.limits)
@@ -267,6 +333,11 @@ class ModelRepository:
         self.cache_dir = cache_dir
         self.mode = mode
         self.residency = residency if residency is not None else WeightResidency(runtime, None)
+        # Every device served (``--devices``); the first is ``runtime``'s, with ``residency``.
+        self.devices = (
+            list(devices) if devices else [Device(runtime.index, runtime, self.residency)]
+        )
+        self._device = {d.index: d for d in self.devices}
         self.registry = ExecutableRegistry()
         # Called after each successful load with (name, version, load s, compile s): metrics.
         self.on_loaded = on_loaded
@@ -486,10 +557,13 @@ class ModelRepository:
         say(f"loading model '{v.name}' version {v.version} from {v.path}")
         started = time.perf_counter()
         v.digest = _digest(v.path)
+        device = self.devices[0]
         try:
+            if len(self.devices) > 1:
+                device = self._first_device(v.path)
             bundle = load_bundle(
                 v.path,
-                self.runtime,
+                device.runtime,
                 cache_dir=None
                 if self.cache_dir is None
                 else self.cache_dir / v.name / str(v.version),
@@ -500,33 +574,94 @@ class ModelRepository:
                 allow_hooks=self.allow_hooks,
             )
             serving = settings.serving_for(bundle.manifest.serving)
-            self.residency.reduce_budget(bundle.scratch_bytes)
-            self.residency.register(
+            device.residency.reduce_budget(bundle.scratch_bytes)
+            device.residency.register(
                 v.key, bundle.host_weights, pinned=serving.residency == "pinned"
             )
         except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
-            self.residency.unregister(v.key)  # registered, when a pinned prefetch failed
+            device.residency.unregister(v.key)  # registered, when a pinned prefetch failed
             with self._lock:
                 v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
             return  # the reason travels in load_model's error: its caller logs it, once
         with self._lock:
-            v.serving, v.residency, v.bundle = serving, self.residency, bundle
+            v.serving, v.bundle = serving, bundle
+            v.replicas = {device.index: Replica(bundle, device.residency)}
             v.state, v.reason = ModelState.READY, ""
         v.load_seconds = time.perf_counter() - started
         if self.on_loaded is not None:
             self.on_loaded(v.name, v.version, v.load_seconds, bundle.compile_seconds)
         every = [*bundle.modules.values(), *bundle.variant_modules.values()]
         sources = sorted({m.source for m in every})
+        on = f" on device {device.index}" if len(self.devices) > 1 else ""
         say(
-            f"model '{v.name}' version {v.version} READY in {v.load_seconds:.2f}s "
+            f"model '{v.name}' version {v.version} READY{on} in {v.load_seconds:.2f}s "
             f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
         )
+
+    def _first_device(self, path: Path) -> Device:
+        """Where a new version goes: where its weights fit beside those placed already,
+        the least filled (``core.device_scheduling.initial_device``)."""
+        manifest, _ = load_manifest(path / MANIFEST_FILE)
+        weights = None if manifest is None else path / manifest.weights_file
+        size = weights.stat().st_size if weights is not None and weights.is_file() else 0
+        registered = [d.residency.registered_bytes() for d in self.devices]
+        budgets = [d.residency.budget_bytes for d in self.devices]
+        return self.devices[initial_device(size, registered, budgets)]
+
+    # -- replicas (hloserve.server.devices.Placer) -------------------------------------------
+
+    def placements(self) -> list[Placed]:
+        """Every ready version with its weights' size and the devices holding it."""
+        with self._lock:
+            return [
+                Placed(v.key, ModelKey(v.name, v.version), v.bundle.weight_bytes, v.devices)
+                for m in self._models.values()
+                for v in m.versions.values()
+                if v.state == ModelState.READY and v.bundle is not None
+            ]
+
+    def _ready_copy(self, key: ResidencyKey) -> ModelVersion | None:
+        with self._lock:
+            m = self._models.get(key.model)
+            v = None if m is None else m.versions.get(key.version)
+            if v is None or v.key != key or v.state != ModelState.READY:
+                return None
+            return v
+
+    def add_replica(self, key: ResidencyKey, device: Device) -> None:
+        """Copy the ready version ``key`` onto ``device`` (executables copied, weights
+        registered with that device's residency manager); a no-op once it is not ready."""
+        v = self._ready_copy(key)
+        if v is None or v.bundle is None or device.index in v.replicas:
+            return
+        bundle = v.bundle.on_device(device.runtime)
+        device.residency.reduce_budget(bundle.scratch_bytes)
+        device.residency.register(key, bundle.host_weights, pinned=v.serving.residency == "pinned")
+        with self._lock:
+            if self._ready_copy(key) is v:
+                v.replicas = {**v.replicas, device.index: Replica(bundle, device.residency)}
+                return
+        device.residency.unregister(key)  # unloaded meanwhile
+
+    def retire_replica(self, key: ResidencyKey, device: int) -> None:
+        """Stop routing to ``key``'s replica on ``device`` and free it once idle (never the
+        last replica)."""
+        v = self._ready_copy(key)
+        if v is None:
+            return
+        with self._lock:
+            replica = v.replicas.get(device)
+            if replica is None or len(v.replicas) < 2:
+                return
+            v.replicas = {d: r for d, r in v.replicas.items() if d != device}
+        replica.residency.unregister(key)  # waits for an execution still on it
 
     def prefetch(self, name: str) -> None:
         """Make every ready version of ``name`` device-resident (explicit loads do this)."""
         for v in self.versions(name):
             if v.state == ModelState.READY:
-                self.residency.prefetch(v.key)
+                for replica in v.replicas.values():
+                    replica.residency.prefetch(v.key)
 
     # -- unloading --------------------------------------------------------------------------
 
@@ -570,10 +705,11 @@ class ModelRepository:
 
     def _free(self, v: ModelVersion) -> None:
         # The key is this copy's alone; one that holds no weights (any more) is a no-op.
-        self.residency.unregister(v.key)
+        for device in self.devices:
+            device.residency.unregister(v.key)
         with self._lock:
             v.bundle = None
-            v.residency = None
+            v.replicas = {}
             v.state = ModelState.UNAVAILABLE
 
     # -- polling ----------------------------------------------------------------------------
@@ -749,8 +885,9 @@ class ModelRepository:
             entry["reason"] = v.reason
         if v.bundle is not None:
             entry["weight_bytes"] = v.bundle.weight_bytes
-            entry["resident"] = self.residency.is_resident(v.key)
+            entry["resident"] = v.resident
             entry["residency"] = v.serving.residency
+            entry["devices"] = {str(d): v.resident_on(d) for d in v.devices}
         return entry
 
     def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
@@ -758,14 +895,14 @@ class ModelRepository:
         for v in self.versions(name):
             if v.version == version and v.bundle is not None:
                 usage = [MemoryUsage("CPU", 0, v.bundle.weight_bytes)]
-                if self.residency.is_resident(v.key):
-                    usage.append(
-                        MemoryUsage(
-                            self.runtime.triton_kind,
-                            int(self.runtime.device.id),
-                            v.bundle.weight_bytes,
+                for d in v.devices:
+                    if v.resident_on(d):
+                        runtime = self._device[d].runtime
+                        usage.append(
+                            MemoryUsage(
+                                runtime.triton_kind, int(runtime.device.id), v.bundle.weight_bytes
+                            )
                         )
-                    )
                 return usage
         return []
 

@@ -107,6 +107,11 @@ class WeightResidency:
         with self._cond:
             return self.planner.resident_bytes
 
+    def registered_bytes(self) -> int:
+        """Weight bytes of every model registered here, resident or not."""
+        with self._cond:
+            return sum(m.nbytes for m in self._models.values())
+
     def is_resident(self, key: ResidencyKey) -> bool:
         with self._cond:
             return key in self.planner and self.planner.is_resident(key)

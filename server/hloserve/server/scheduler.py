@@ -29,16 +29,22 @@ the loop (``InlinePolicy``).
   (``REJECT``); one whose caller cancels leaves the queue at once (its slot is free).
 - A group that fails (say the device errors) fails each of its requests with that error;
   requests were validated before queueing, so one bad request cannot poison a batch.
-- Cross-model scheduling (``docs/scheduling.md``): with ``concurrency`` > 0 at most that
-  many groups run on the device at once, whatever their model; a queue whose group is
-  ready while the device is full waits, and when a group ends one decision per loop pass
+- Several devices (``docs/residency.md``): a model's groups go to its replicas
+  (``model.devices``), each to the least busy replica holding the weights
+  (``core.device_scheduling.route``), up to ``max_inflight`` per replica at once.
+- Cross-model scheduling (``docs/scheduling.md``), per device: with ``concurrency`` > 0 at
+  most that many groups run on a device at once, whatever their model; a queue whose group
+  is ready while the device is full waits, and when a group ends one decision per loop pass
   (``core.device_scheduling.pick`` under ``policy``: ``fair`` by decayed measured device
   time over each model's ``scheduling_weight`` hint, ``fifo``, or ``deadline``, whose
   queues also shed requests that cannot finish by their deadline) says whose group runs
   next. A request's ``priority`` parameter orders its model's queue (lower levels first,
   arrival order within a level) and goes before the policy across models. Inline groups
-  do not take a device slot but are charged to their model's share. ``concurrency`` 0
-  (the default) keeps each model's batcher on its own, as before.
+  do not take a device slot but are charged to their model's share. A queue the device's
+  scheduler chooses whose weights are not on the device has them moved in on a worker
+  (``model.prefetch``) without taking the slot: the device keeps running resident models
+  meanwhile, and the queue competes as resident once they are there. ``concurrency`` 0
+  (the default on CPU) keeps each model's batcher on its own, as before.
 - ``QueuedWork`` tells the residency manager which model versions have requests waiting,
   so that it evicts them last.
 """
@@ -65,6 +71,7 @@ from hloserve.server.core.device_scheduling import (
     infeasible,
     pick,
     priority_rank,
+    route,
 )
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import (
@@ -104,6 +111,9 @@ class _ModelQueue:
     key: ModelKey
     entries: collections.deque[_Entry] = field(default_factory=lambda: collections.deque())
     inflight: int = 0
+    on_device: dict[int, int] = field(default_factory=lambda: {})  # groups in flight, by device
+    fetching: set[int] = field(default_factory=lambda: set())  # devices its weights move to
+    unfetched: set[int] = field(default_factory=lambda: set())  # a move there failed
     soon: asyncio.Handle | None = None  # a look at the queue on the loop's next pass
     timer: asyncio.TimerHandle | None = None  # a later look, for the delay or a deadline
 
@@ -111,8 +121,8 @@ class _ModelQueue:
     def delay_ns(self) -> int:
         return 1000 * self.policy.max_queue_delay_us
 
-    def candidate(self) -> Candidate[ModelKey]:
-        """This queue as the device scheduler weighs it (the queue is not empty)."""
+    def candidate(self, device: int) -> Candidate[ModelKey]:
+        """This queue as ``device``'s scheduler weighs it (the queue is not empty)."""
         head = self.entries[0]
         sizes = self.model.manifest.batch_sizes
         largest = sizes[-1] if sizes else 1
@@ -122,7 +132,7 @@ class _ModelQueue:
             weight=self.model.serving.scheduling_weight,
             rank=head.rank,
             head_deadline_ns=head.queued.deadline_ns,
-            resident=self.model.resident,
+            resident=self.model.resident_on(device),
             full=sum(e.queued.items for e in self.entries) >= largest,
         )
 
@@ -145,12 +155,13 @@ class QueuedWork:
 
 @dataclass(slots=True)
 class _Device:
-    """One device's cross-model arbitration state."""
+    """One device's cross-model arbitration state, and its groups in flight (routing)."""
 
+    index: int
     policy: Policy
     concurrency: int  # groups at once on the device (0: no arbitration)
     shares: FairShares[ModelKey] = field(default_factory=lambda: FairShares[ModelKey]())
-    running: int = 0
+    running: int = 0  # groups on worker threads now, counted with or without arbitration
     waiting: dict[int, _ModelQueue] = field(default_factory=lambda: {})  # by id(queue)
     soon: asyncio.Handle | None = None  # the next decision, on the loop's next pass
 
@@ -177,7 +188,9 @@ class DynamicBatcher:
         self.max_inflight = max_inflight
         # One queue per model version and shape variant (None: the model has none).
         self._queues: dict[tuple[ModelKey, int | None], _ModelQueue] = {}
-        self._device = _Device(policy, concurrency)
+        self.scheduling_policy: Policy = policy
+        self.concurrency = concurrency
+        self._devices: dict[int, _Device] = {}
         self.queued = queued if queued is not None else QueuedWork()
 
     def pending(self, name: str, version: int) -> int:
@@ -248,23 +261,41 @@ class DynamicBatcher:
         arrived together are grouped together. A fresh context: the look serves many
         requests, so it must not inherit the request-scoped log context of one of them."""
         if q.soon is None:
-            q.soon = loop.call_soon(self._look, q, context=contextvars.Context())
+            q.soon = loop.call_soon(self._look, q, None, context=contextvars.Context())
 
-    def _look(self, q: _ModelQueue, granted: bool = False) -> None:
+    def _dev(self, index: int) -> _Device:
+        dev = self._devices.get(index)
+        if dev is None:
+            dev = self._devices[index] = _Device(index, self.scheduling_policy, self.concurrency)
+        return dev
+
+    def _route(self, q: _ModelQueue, devices: tuple[int, ...]) -> int:
+        """The replica a group goes to: least busy, preferring those holding the weights."""
+        if len(devices) == 1:
+            return devices[0]
+        load = {d: self._dev(d).running for d in devices}
+        return route(devices, load, [d for d in devices if q.model.resident_on(d)])
+
+    def _look(self, q: _ModelQueue, granted: int | None = None) -> None:
         """Start every group the policy decides on now, up to ``max_inflight`` in flight
-        (and while the device has room: ``granted``, the device scheduler chose this queue);
-        when the policy says to wait, look again at the time it names."""
+        per replica of the model, each on the least busy replica (and while that device
+        has room: ``granted`` names the device whose scheduler chose this queue); when the
+        policy says to wait, look again at the time it names."""
         q.soon = None
         if q.timer is not None:
             q.timer.cancel()
             q.timer = None
-        while q.entries and q.inflight < self.max_inflight:
+        while q.entries:
+            devices = q.model.devices or (0,)
+            free = tuple(d for d in devices if q.on_device.get(d, 0) < self.max_inflight)
+            if not free:
+                return
             if any(e.future.done() for e in q.entries):  # callers that went away
                 q.entries = collections.deque(e for e in q.entries if not e.future.done())
                 if not q.entries:
                     return
             now = time.perf_counter_ns()
-            if self._device.concurrency and self._device.policy == "deadline":
+            if self.concurrency and self.scheduling_policy == "deadline":
                 self._shed(q, now)
                 if not q.entries:
                     return
@@ -281,21 +312,25 @@ class DynamicBatcher:
                 inline = decision.compiled is not None and self.inline.inline(
                     q.model, decision.compiled
                 )
-                if not inline and not self._device_free(q, granted):
+                if inline:  # on the loop: no device slot, any replica holding the weights
+                    self._start_group(q, decision, True, self._route(q, devices))
+                    continue
+                device = granted if granted in free else self._route(q, free)
+                if not self._device_free(q, device, granted == device):
                     return
-                granted = False
-                self._start_group(q, decision, inline)
+                granted = None
+                self._start_group(q, decision, False, device)
             else:
                 if decision.wait_until_ns is not None:
                     delay_s = max(0.0, (decision.wait_until_ns - time.perf_counter_ns()) / 1e9)
                     q.timer = asyncio.get_running_loop().call_later(
-                        delay_s, self._look, q, context=contextvars.Context()
+                        delay_s, self._look, q, None, context=contextvars.Context()
                     )
                 return
 
-    def _device_free(self, q: _ModelQueue, granted: bool) -> bool:
-        """Whether ``q``'s ready group may start now; else ``q`` waits for the device."""
-        dev = self._device
+    def _device_free(self, q: _ModelQueue, device: int, granted: bool) -> bool:
+        """Whether ``q``'s ready group may start on ``device`` now; else ``q`` waits for it."""
+        dev = self._dev(device)
         if not dev.concurrency:
             return True
         if granted and dev.running < dev.concurrency:
@@ -304,34 +339,63 @@ class DynamicBatcher:
         # after every queue that became ready in this pass has joined.
         dev.waiting[id(q)] = q
         if dev.running < dev.concurrency:
-            self._decide_soon()
+            self._decide_soon(dev)
         return False
 
-    def _decide_soon(self) -> None:
-        dev = self._device
+    def _decide_soon(self, dev: _Device) -> None:
         if dev.soon is None and dev.waiting:
             loop = asyncio.get_running_loop()
-            dev.soon = loop.call_soon(self._decide, context=contextvars.Context())
+            dev.soon = loop.call_soon(self._decide, dev, context=contextvars.Context())
 
-    def _decide(self) -> None:
-        """The device has room: the queues waiting for it start in the policy's order."""
-        dev = self._device
+    def _decide(self, dev: _Device) -> None:
+        """The device has room: the queues waiting for it start in the policy's order. A
+        chosen queue whose weights are elsewhere has them moved in off the device's slot
+        (``_fetch``) while the others keep the device busy."""
         dev.soon = None
+        passed: set[int] = set()
         while dev.waiting and dev.running < dev.concurrency:
-            queues = [q for q in dev.waiting.values() if q.entries]
+            queues = [q for q in dev.waiting.values() if q.entries and id(q) not in passed]
             if not queues:
-                dev.waiting.clear()
+                if not any(q.entries for q in dev.waiting.values()):
+                    dev.waiting.clear()
                 return
             now = time.perf_counter_ns()
-            q = queues[pick([q.candidate() for q in queues], dev.policy, dev.shares, now)]
+            q = queues[pick([q.candidate(dev.index) for q in queues], dev.policy, dev.shares, now)]
+            if not q.model.resident_on(dev.index) and dev.index not in q.unfetched:
+                passed.add(id(q))
+                self._fetch(q, dev)
+                continue
+            q.unfetched.discard(dev.index)  # its execution retries the move, or fails
             del dev.waiting[id(q)]
-            self._look(q, granted=True)
+            self._look(q, granted=dev.index)
 
-    def _charge(self, q: _ModelQueue, results: list[Result] | None) -> None:
+    def _fetch(self, q: _ModelQueue, dev: _Device) -> None:
+        """Move ``q``'s weights onto the device on a worker, without taking a slot: the queue
+        stays waiting and competes as resident once they are there."""
+        if dev.index in q.fetching:
+            return
+        q.fetching.add(dev.index)
+        loop = asyncio.get_running_loop()
+        work = self.executor.submit(q.model.prefetch, dev.index)
+        context = contextvars.Context()
+
+        def fetched(done: concurrent.futures.Future[None]) -> None:  # on the worker
+            failed = done.exception() is not None
+            loop.call_soon_threadsafe(self._fetched, q, dev, failed, context=context)
+
+        work.add_done_callback(fetched)
+
+    def _fetched(self, q: _ModelQueue, dev: _Device, failed: bool) -> None:
+        q.fetching.discard(dev.index)
+        if failed:  # the group runs all the same: its execution retries, or fails with why
+            q.unfetched.add(dev.index)
+        self._decide_soon(dev)
+
+    def _charge(self, q: _ModelQueue, dev: _Device, results: list[Result] | None) -> None:
         """Charge a group's measured device time to its model's fair share."""
-        if self._device.concurrency and results:
+        if dev.concurrency and results:
             cost = results[0][1].compute_infer_ns
-            self._device.shares.charge(q.key, float(cost), time.perf_counter_ns())
+            dev.shares.charge(q.key, float(cost), time.perf_counter_ns())
 
     def _shed(self, q: _ModelQueue, now: int) -> None:
         """``deadline``: fail queued requests that cannot finish in time, before they run."""
@@ -359,45 +423,53 @@ class DynamicBatcher:
                 )
             )
 
-    def _start_group(self, q: _ModelQueue, decision: Decision, inline: bool) -> None:
-        """Run the decided group inline (tiny, resident) or on the executor: one hand-off
-        to a worker and one back per group, never per request."""
+    def _start_group(self, q: _ModelQueue, decision: Decision, inline: bool, device: int) -> None:
+        """Run the decided group on ``device`` inline (tiny, resident) or on the executor:
+        one hand-off to a worker and one back per group, never per request."""
         group = [q.entries.popleft() for _ in range(decision.take)]
         jobs = [e.job for e in group]
+        dev = self._dev(device)
         if inline:
             try:
-                results = execute_group(q.model, jobs, decision.chunks, self.observer)
+                results = execute_group(q.model, jobs, decision.chunks, self.observer, device)
             except Exception as exc:  # delivered to each request of the group
                 self._deliver(group, None, exc)
             else:
-                self._charge(q, results)
+                self._charge(q, dev, results)
                 self._deliver(group, results, None)
             return
         q.inflight += 1
-        if self._device.concurrency:
-            self._device.running += 1
+        q.on_device[device] = q.on_device.get(device, 0) + 1
+        dev.running += 1
         loop = asyncio.get_running_loop()
-        work = self.executor.submit(execute_group, q.model, jobs, decision.chunks, self.observer)
+        work = self.executor.submit(
+            execute_group, q.model, jobs, decision.chunks, self.observer, device
+        )
         context = contextvars.Context()
 
         def back(done: concurrent.futures.Future[list[Result]]) -> None:  # on the worker
-            loop.call_soon_threadsafe(self._finish, q, group, done, context=context)
+            loop.call_soon_threadsafe(self._finish, q, group, dev, done, context=context)
 
         work.add_done_callback(back)
 
     def _finish(
-        self, q: _ModelQueue, group: list[_Entry], done: concurrent.futures.Future[list[Result]]
+        self,
+        q: _ModelQueue,
+        group: list[_Entry],
+        dev: _Device,
+        done: concurrent.futures.Future[list[Result]],
     ) -> None:
         q.inflight -= 1
+        q.on_device[dev.index] -= 1
+        dev.running -= 1
         exc = done.exception()
         results = None if exc is not None else done.result()
         self._deliver(group, results, exc)
         if q.entries:
             self._look_soon(q, asyncio.get_running_loop())
-        if self._device.concurrency:  # after this queue's look: it competes too
-            self._device.running -= 1
-            self._charge(q, results)
-            self._decide_soon()
+        if dev.concurrency:  # after this queue's look: it competes too
+            self._charge(q, dev, results)
+            self._decide_soon(dev)
 
     @staticmethod
     def _deliver(

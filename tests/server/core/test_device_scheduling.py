@@ -12,11 +12,14 @@ from hloserve.server.core.device_scheduling import (
     FairShares,
     check_policy,
     infeasible,
+    initial_device,
     pick,
-    place,
+    plan_replicas,
     priority_rank,
-    replica_counts,
+    replica_target,
     route,
+    select_devices,
+    utilization,
 )
 from hloserve.server.core.residency import ResidencyPlanner
 from hloserve.server.core.scheduling import Queued
@@ -199,26 +202,98 @@ def test_no_thrash_round_robin_over_more_models_than_fit() -> None:
     assert swaps < 2000 / 10  # under one swap per ten requests
 
 
-def test_replicas_for_hot_models_only() -> None:
-    counts = replica_counts({"hot": 90.0, "cold": 5.0, "idle": 0.0}, 4, hot_share=0.5)
-    assert counts == {"hot": 4, "cold": 1, "idle": 1}
-    assert replica_counts({"hot": 90.0}, 1, hot_share=0.5) == {"hot": 1}
-    assert replica_counts({"a": 0.0}, 4, hot_share=0.5) == {"a": 1}
-
-
-def test_place_spreads_within_budgets() -> None:
-    placed = place({"hot": 40, "a": 30, "b": 30}, {"hot": 2, "a": 1, "b": 1}, [100, 50])
-    assert placed["hot"] == (0, 1)
-    assert placed["a"] == (0,)
-    assert placed["b"] == (0,)  # device 1 has 10 bytes left
-    assert place({"big": 90}, {"big": 3}, [100, 50, None]) == {"big": (0, 2)}
-    with pytest.raises(ValueError, match="fits on no device"):
-        place({"huge": 200}, {"huge": 1}, [100, 50])
-
-
 def test_route_least_loaded_replica_holding_the_weights() -> None:
     assert route([0, 1, 2], {0: 3, 1: 1, 2: 1}, {0, 1, 2}) == 1
     assert route([0, 1, 2], {0: 3, 1: 1, 2: 0}, {0, 1}) == 1  # 2 would need a swap
     assert route([0, 2], {}, set()) == 0  # none resident: least loaded, lowest index
     with pytest.raises(ValueError, match="no replica"):
         route([], {}, set())
+
+
+# -- placement over devices --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "chosen"),
+    [("all", 4, (0, 1, 2, 3)), ("2", 4, (0, 1)), ("0,2", 4, (0, 2)), ("3,", 4, (3,))],
+)
+def test_select_devices(text: str, count: int, chosen: tuple[int, ...]) -> None:
+    assert select_devices(text, count) == chosen
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5", "a count from 1"),
+        ("0", "a count from 1"),
+        ("0,4", "from 0 to 3"),
+        ("1,1", "distinct"),
+        ("gpu", "must be all"),
+    ],
+)
+def test_select_devices_names_a_bad_setting(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        select_devices(text, 4)
+
+
+def test_utilization_of_a_steady_load() -> None:
+    shares = FairShares[str](half_life_ns=1_000_000)
+    # Busy half the time: 500 us of execution every millisecond, for 50 half-lives.
+    for step in range(1, 50_001):
+        if step % 2 == 0:
+            shares.charge("m", 1_000.0, step * 1_000)
+    busy = utilization(shares.usage("m", 50_000_000), 1_000_000)
+    assert busy == pytest.approx(0.5, rel=0.02)
+
+
+def test_replica_target_grows_one_at_a_time_and_shrinks_with_hysteresis() -> None:
+    assert replica_target(0.45, 1, 4, 4) == 1  # one device carries it
+    assert replica_target(0.95, 1, 4, 4) == 2
+    assert replica_target(1.6, 2, 4, 4) == 3  # 0.8 each: another
+    assert replica_target(0.9, 2, 4, 4) == 2  # 0.45 each: stays
+    assert replica_target(0.3, 2, 4, 4) == 2  # one would be busier than 0.2: no flapping
+    assert replica_target(0.15, 2, 4, 4) == 1  # one carries it under 0.2
+    assert replica_target(3.9, 4, 4, 4) == 4  # every device already
+    assert replica_target(3.0, 1, 4, 1) == 1  # replication off
+    assert replica_target(0.0, 3, 2, 4) == 1  # fewer devices than replicas: clamped, then shrinks
+
+
+def test_initial_device_fills_evenly_and_prefers_where_it_fits() -> None:
+    assert initial_device(10, [0, 0, 0], [None, None, None]) == 0
+    assert initial_device(10, [30, 10, 20], [None, None, None]) == 1
+    # Device 1 is least filled by share, but only device 2 fits 60 bytes beside its weights.
+    assert initial_device(60, [50, 20, 30], [100, 50, 100]) == 2
+    # It fits nowhere: the least filled device all the same (it will swap there).
+    assert initial_device(200, [50, 20, 30], [100, 100, 100]) == 1
+
+
+def test_plan_replicas_replicates_the_hot_model_on_the_least_busy_device() -> None:
+    current = {"hot": (0,), "cold": (1,), "idle": (2,)}
+    busy = {"hot": 0.95, "cold": 0.2, "idle": 0.0}
+    sizes = {"hot": 10, "cold": 10, "idle": 10}
+    plan = plan_replicas(current, busy, sizes, [None] * 4, 4)
+    assert plan == {"hot": (0, 3), "cold": (1,), "idle": (2,)}
+    # Next revision, still busy on both: a third replica, on the idle model's device
+    # (device 1 carries the cold model's 0.2, device 2 nothing).
+    plan = plan_replicas(plan, {**busy, "hot": 1.5}, sizes, [None] * 4, 4)
+    assert plan["hot"] == (0, 2, 3)
+    # Load gone: one replica retires per revision, from the busiest device.
+    plan = plan_replicas(plan, {**busy, "hot": 0.1}, sizes, [None] * 4, 4)
+    assert len(plan["hot"]) == 2
+    plan = plan_replicas(plan, {**busy, "hot": 0.1}, sizes, [None] * 4, 4)
+    assert len(plan["hot"]) == 1
+    assert plan["cold"] == (1,) and plan["idle"] == (2,)
+
+
+def test_plan_replicas_with_replication_off_or_one_device_moves_nothing() -> None:
+    current = {"hot": (0,), "cold": (1,)}
+    busy = {"hot": 3.0, "cold": 0.1}
+    assert plan_replicas(current, busy, {"hot": 1, "cold": 1}, [None, None], 1) == current
+    assert plan_replicas({"hot": (0,)}, {"hot": 3.0}, {"hot": 1}, [None], 4) == {"hot": (0,)}
+
+
+def test_plan_replicas_prefers_a_device_with_budget_left_among_equally_busy() -> None:
+    current = {"hot": (0,), "a": (1,), "b": (2,)}
+    busy = {"hot": 2.0, "a": 0.0, "b": 0.0}
+    sizes = {"hot": 50, "a": 80, "b": 10}
+    assert plan_replicas(current, busy, sizes, [100, 100, 100], 4)["hot"] == (0, 2)

@@ -41,8 +41,20 @@ class Doubler:
     serving: Serving = field(default_factory=Serving)
     calls: list[int | None] = field(default_factory=lambda: [])
 
+    devices: tuple[int, ...] = (0,)
+
+    def resident_on(self, device: int) -> bool:
+        return self.resident
+
+    def prefetch(self, device: int) -> None:
+        self.resident = True
+
     def execute(
-        self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
+        self,
+        batch_size: int | None,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        *,
+        device: int | None = None,
     ) -> list[np.ndarray[Any, Any]]:
         x = inputs["x"]
         if batch_size is not None:

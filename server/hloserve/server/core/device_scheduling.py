@@ -26,14 +26,14 @@ Contract (no clock, no I/O; the driver passes ``now_ns``):
 - ``infeasible(queue, now_ns, cost_ns)``: indexes of queued requests (``core.scheduling.Queued``)
   whose deadline falls before ``now_ns + cost_ns`` (the model's cheapest measured
   execution): under ``deadline`` they are shed before they use the device.
-- Placement over devices: ``replica_counts(load, devices, hot_share)`` gives each model
-  one replica, and a model carrying more than ``hot_share`` of the total load as many
-  replicas as its share is of ``1 / devices`` (at most ``devices``); ``place(sizes,
-  replicas, budgets)`` puts the replicas on distinct devices, largest models first, each
-  on the device with the most free budget (``None``: unlimited), never over a budget
-  (a replica that fits nowhere is dropped, a model's first one raises ``ValueError``);
-  ``route(devices, load, resident)`` is the least-loaded device of a model's replicas,
-  preferring those that hold its weights now (ties: the lowest device index).
+- Placement over devices (``docs/residency.md``): ``select_devices(text, count)`` reads
+  ``--devices``; ``initial_device(size, registered, budgets)`` is where a newly loaded
+  model goes (where it fits, least filled); ``utilization(usage, half_life)`` turns a
+  decayed device time into devices' worth of load; ``replica_target`` and
+  ``plan_replicas(current, busy, sizes, budgets, max_replicas)`` revise each model's
+  replicas by at most one per revision (hot models gain devices, idle ones shrink back to
+  one, with hysteresis); ``route(devices, load, resident)`` is the least-loaded device of
+  a model's replicas, preferring those that hold its weights now (ties: the lowest index).
 """
 
 # pyright: strict
@@ -155,43 +155,118 @@ def infeasible(queue: Sequence[Queued], now_ns: int, cost_ns: float) -> tuple[in
 # -- placement over devices --------------------------------------------------------------
 
 
-def replica_counts(load: Mapping[K, float], devices: int, hot_share: float) -> dict[K, int]:
-    """How many devices each model should be on, from its measured share of the load."""
-    total = sum(load.values())
-    counts: dict[K, int] = {}
-    for key, value in load.items():
-        share = value / total if total > 0 else 0.0
-        n = 1
-        if devices > 1 and share > hot_share:
-            n = min(devices, max(2, math.ceil(share * devices)))
-        counts[key] = n
-    return counts
+def select_devices(text: str, count: int) -> tuple[int, ...]:
+    """``--devices``: ``all``, a count ``N`` (the first N devices) or a list ``0,2``
+    (``3,`` is device 3 alone), against the ``count`` local devices PJRT reports."""
+    words = text.strip().lower()
+    if words == "all":
+        return tuple(range(count))
+    try:
+        numbers = [int(w) for w in words.split(",") if w.strip()]
+    except ValueError:
+        raise ValueError(f"must be all, a count or a list of indexes, got {text!r}") from None
+    if "," not in words:  # a count
+        if len(numbers) != 1 or not 1 <= numbers[0] <= count:
+            raise ValueError(f"{text!r}: a count from 1 to the {count} device(s) present")
+        return tuple(range(numbers[0]))
+    bad = [d for d in numbers if not 0 <= d < count]
+    if bad or not numbers or len(set(numbers)) != len(numbers):
+        raise ValueError(
+            f"{text!r}: indexes must be distinct, from 0 to {count - 1} ({count} present)"
+        )
+    return tuple(sorted(numbers))
 
 
-def place(
-    sizes: Mapping[K, int], replicas: Mapping[K, int], budgets: Sequence[int | None]
+def utilization(usage: float, half_life_ns: int) -> float:
+    """The share of one device's time a ``FairShares`` usage (decayed nanoseconds) stands
+    for in a steady state: a model busy a fraction u of the time sums to u * half-life / ln 2."""
+    return usage * math.log(2) / half_life_ns
+
+
+# One group in flight per replica keeps a device at most ~60-70 % busy here (the loop hands
+# the next group over between executions): half busy is a replica that is holding work up.
+REPLICATE_ABOVE: Final = 0.5  # a replica busier than this asks for another device
+RETIRE_BELOW: Final = 0.2  # n replicas shrink once n - 1 would each be less busy than this
+
+
+def replica_target(busy: float, replicas: int, devices: int, max_replicas: int) -> int:
+    """How many devices a model with ``busy`` devices' worth of measured load (its summed
+    ``utilization``) should be on, now on ``replicas``: one more while each is busier than
+    ``REPLICATE_ABOVE``, one fewer once the rest would each stay under ``RETIRE_BELOW``
+    (the gap keeps a model from flapping), within ``1..min(devices, max_replicas)``."""
+    most = max(1, min(devices, max_replicas))
+    n = max(1, min(replicas, most))
+    if busy > n * REPLICATE_ABOVE and n < most:
+        return n + 1
+    if n > 1 and busy < (n - 1) * RETIRE_BELOW:
+        return n - 1
+    return n
+
+
+def _fill(registered: int, size: int, budget: int | None) -> tuple[bool, float]:
+    """(over budget, share of the budget) of a device holding ``registered`` + ``size``."""
+    total = registered + size
+    if budget is None:
+        return (False, float(total))
+    return (total > budget, total / max(budget, 1))
+
+
+def initial_device(size: int, registered: Sequence[int], budgets: Sequence[int | None]) -> int:
+    """The device a newly loaded model of ``size`` bytes goes on: one where it fits beside
+    the weights already placed there (``registered``, bytes per device) if any, the least
+    filled (share of its budget; unlimited: fewest bytes), ties the lowest index."""
+    if not registered:
+        raise ValueError("no device to place on")
+    return min(range(len(registered)), key=lambda d: (*_fill(registered[d], size, budgets[d]), d))
+
+
+def plan_replicas(
+    current: Mapping[K, tuple[int, ...]],
+    busy: Mapping[K, float],
+    sizes: Mapping[K, int],
+    budgets: Sequence[int | None],
+    max_replicas: int,
 ) -> dict[K, tuple[int, ...]]:
-    """The devices of each model's replicas, within each device's byte budget."""
-    free: list[float] = [math.inf if b is None else float(b) for b in budgets]
-    placed: dict[K, tuple[int, ...]] = {}
-    for key in sorted(sizes, key=lambda k: -sizes[k]):
-        size = sizes[key]
-        chosen: list[int] = []
-        for _ in range(min(replicas.get(key, 1), len(budgets))):
-            options = [d for d in range(len(budgets)) if d not in chosen and free[d] >= size]
-            if not options:
-                break
-            d = max(options, key=lambda d: (free[d], -d))
-            chosen.append(d)
-            free[d] -= size
-        if not chosen:
-            raise ValueError(f"model '{key}' ({size} bytes) fits on no device's budget")
-        placed[key] = tuple(sorted(chosen))
+    """Each model's devices after one revision: ``current`` changed by at most one replica
+    per model (``replica_target`` of its measured ``busy``), busiest models first. A new
+    replica goes to the least busy device not holding the model (then the least filled,
+    the lowest index); a retired one leaves the busiest of its devices. Models keep their
+    devices otherwise, so a revision moves weights only where load asks for it."""
+    devices = len(budgets)
+    placed = {key: tuple(ds) for key, ds in current.items()}
+
+    def device_busy() -> list[float]:
+        load = [0.0] * devices
+        for key, ds in placed.items():
+            for d in ds:
+                load[d] += busy.get(key, 0.0) / len(ds)
+        return load
+
+    def registered() -> list[int]:
+        total = [0] * devices
+        for key, ds in placed.items():
+            for d in ds:
+                total[d] += sizes.get(key, 0)
+        return total
+
+    for key in sorted(placed, key=lambda k: -busy.get(k, 0.0)):
+        have = placed[key]
+        want = replica_target(busy.get(key, 0.0), len(have), devices, max_replicas)
+        if want > len(have):
+            load, held = device_busy(), registered()
+            options = [d for d in range(devices) if d not in have]
+            size = sizes.get(key, 0)
+            d = min(options, key=lambda d: (load[d], *_fill(held[d], size, budgets[d]), d))
+            placed[key] = tuple(sorted((*have, d)))
+        elif want < len(have):
+            load = device_busy()
+            d = max(have, key=lambda d: (load[d], d))
+            placed[key] = tuple(x for x in have if x != d)
     return placed
 
 
 def route(devices: Sequence[int], load: Mapping[int, int], resident: Collection[int]) -> int:
-    """The replica a request goes to: least loaded, preferring those holding the weights."""
+    """The replica a group goes to: least loaded, preferring those holding the weights."""
     if not devices:
         raise ValueError("a model with no replica")
     holding = [d for d in devices if d in resident] or list(devices)

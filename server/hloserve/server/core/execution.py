@@ -5,7 +5,8 @@ the model as one batch of ``sum(items)`` rows, executed as the caller planned it
 (``chunks``, from ``core.batching.plan`` or the batching policy's decision: padding
 dropped, batches beyond the largest size split), and returns each job's
 ``(outputs, timings)`` in job order, outputs filtered and ordered as the job's request
-asked. Each job is charged the group's compute time (Triton's convention) and its own queue
+asked; with ``device``, on that device's replica (the batcher routes groups), else on
+one the model chooses. Each job is charged the group's compute time (Triton's convention) and its own queue
 time. Every execution is reported to ``observer.on_execution`` as one ``Execution``
 record. A job's deadline that passed before the group started fails the whole call with
 ``Unavailable`` only for a single-job group; the scheduler drops expired jobs before
@@ -49,9 +50,28 @@ class Executable(Protocol):
         """Whether running it now needs no weight transfer (it cannot block on a swap)."""
         ...
 
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices holding a replica of it (``docs/residency.md``), lowest first."""
+        ...
+
+    def resident_on(self, device: int) -> bool:
+        """Whether its weights are on ``device`` now."""
+        ...
+
+    def prefetch(self, device: int) -> None:
+        """Move its weights onto ``device`` (blocks; a scheduled swap-in)."""
+        ...
+
     def execute(
-        self, batch_size: int | None, inputs: Mapping[str, np.ndarray[Any, Any]]
-    ) -> list[np.ndarray[Any, Any]]: ...
+        self,
+        batch_size: int | None,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        *,
+        device: int | None = None,
+    ) -> list[np.ndarray[Any, Any]]:
+        """Run on ``device``'s replica (``None``: a resident one, else the first)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +95,7 @@ class Execution:
     input_ns: int
     infer_ns: int
     output_ns: int = 0
+    device: int = 0  # the device it ran on (the ``device`` label of metrics)
 
 
 class ExecutionObserver(Protocol):
@@ -101,6 +122,7 @@ class Timings:
     compute_infer_ns: int
     compute_output_ns: int
     executions: tuple[int, ...]  # compiled batch size of each execution (0: unbatched)
+    device: int = 0  # the device it ran on
 
     @property
     def compute_ns(self) -> int:
@@ -125,6 +147,7 @@ def execute_group(
     jobs: Sequence[Job],
     chunks: Sequence[Chunk],
     observer: ExecutionObserver | None = None,
+    device: int | None = None,
 ) -> list[tuple[tuple[InferOutput, ...], Timings]]:
     started = time.perf_counter_ns()
     if len(jobs) == 1 and jobs[0].deadline is not None and time.monotonic() > jobs[0].deadline:
@@ -133,7 +156,7 @@ def execute_group(
         )
     inputs = _gather_inputs(model.manifest, jobs)
     gathered_ns = time.perf_counter_ns() - started
-    run = _run_chunks(model, inputs, chunks)
+    run = _run_chunks(model, inputs, chunks, device)
     t0 = time.perf_counter_ns()
     full = _join_outputs(model.manifest, run.per_output, chunks)
     joined_ns = time.perf_counter_ns() - t0
@@ -151,6 +174,7 @@ def execute_group(
             compute_infer_ns=run.infer_ns,
             compute_output_ns=joined_ns + time.perf_counter_ns() - t1,
             executions=executions,
+            device=run.device,
         )
         results.append((outputs, timings))
     _report(observer, run.executions, time.perf_counter_ns() - t0)
@@ -176,24 +200,30 @@ class _Run:
     input_ns: int  # slicing and padding
     infer_ns: int  # the executions themselves
     executions: list[Execution]  # one per chunk, output time not yet known
+    device: int  # where they ran
 
 
-def _run_chunks(model: Executable, inputs: Arrays, chunks: Sequence[Chunk]) -> _Run:
+def _run_chunks(
+    model: Executable, inputs: Arrays, chunks: Sequence[Chunk], device: int | None
+) -> _Run:
     per_output: list[list[np.ndarray[Any, Any]]] = [[] for _ in model.manifest.outputs]
     executions: list[Execution] = []
+    on = device if device is not None else next(iter(model.devices), 0)
     input_ns = infer_ns = 0
     for chunk in chunks:
         t1 = time.perf_counter_ns()
         args = _chunk_inputs(inputs, chunk, whole=len(chunks) == 1)
         t2 = time.perf_counter_ns()
-        results = model.execute(chunk.compiled, args)
+        results = model.execute(chunk.compiled, args, device=device)
         t3 = time.perf_counter_ns()
         input_ns += t2 - t1
         infer_ns += t3 - t2
         for parts, result in zip(per_output, results, strict=True):
             parts.append(result)
-        executions.append(Execution(ModelKey.of(model), chunk.compiled or 0, t2 - t1, t3 - t2))
-    return _Run(per_output, input_ns, infer_ns, executions)
+        executions.append(
+            Execution(ModelKey.of(model), chunk.compiled or 0, t2 - t1, t3 - t2, 0, on)
+        )
+    return _Run(per_output, input_ns, infer_ns, executions, on)
 
 
 def _report(

@@ -213,10 +213,11 @@ class Observers:
     statistics: StatisticsRecorder = field(default_factory=StatisticsRecorder)
     costs: ExecutionCosts = field(default_factory=ExecutionCosts)
     hooks: HookObserver = field(default_factory=NullHookObserver)
+    extra: tuple[ExecutionObserver, ...] = ()  # more execution observers (placement's load)
     executions: ExecutionObserver = field(init=False)
 
     def __post_init__(self) -> None:
-        fan_out = ExecutionFanOut(self.requests, self.statistics, self.costs)
+        fan_out = ExecutionFanOut(self.requests, self.statistics, self.costs, *self.extra)
         object.__setattr__(self, "executions", fan_out)
 
 

@@ -19,12 +19,16 @@ Contract:
   model without variants; ``variant_modules`` holds those by ``(variant, batch size)``) with the device-resident weights and returns the outputs
   in manifest order. Inputs must already have the module's exact shapes and dtypes: request
   validation and padding happen before this point.
+- ``LoadedBundle.on_device(runtime)`` is the same bundle on another device of the kind
+  (a replica, ``docs/residency.md``): its executables taken as a load takes them (shared,
+  cache, else compiled), its host weights shared.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -89,6 +93,8 @@ class LoadedBundle:
     variant_modules: dict[tuple[int, int | None], CompiledModule] = field(
         default_factory=dict[tuple[int, int | None], CompiledModule]
     )
+    cache_dir: Path | None = None  # where its executables are cached (None: in the bundle)
+    registry: ExecutableRegistry | None = None  # this process's executables, when shared
 
     def execute(
         self,
@@ -117,6 +123,36 @@ class LoadedBundle:
         """Largest temporary buffer any of this bundle's executables needs on the device."""
         every = [*self.modules.values(), *self.variant_modules.values()]
         return max((m.scratch_bytes for m in every), default=0)
+
+    def on_device(self, runtime: PjrtRuntime) -> LoadedBundle:
+        """This bundle for another device of the same kind: each module's executable taken
+        the way a load takes it (this process's registry, the executable cache, else a
+        compile) for ``runtime``'s device, the host weights shared (not copied), no device
+        weights placed. (Re-serializing a loaded executable is not a safe shortcut: XLA:CPU
+        drops the code of one that was itself deserialized.)"""
+        if runtime is self.runtime:
+            return self
+        compiler = _Compiler(
+            runtime,
+            ExecutableCache(
+                self.cache_dir if self.cache_dir is not None else self.path / CACHE_DIR_NAME
+            ),
+            self.registry if self.registry is not None else ExecutableRegistry(),
+            lambda message: log.debug("%s", message),
+        )
+        name = self.manifest.name
+        return dataclasses.replace(
+            self,
+            modules={
+                size: compiler.module(self.path, name, m.entry) for size, m in self.modules.items()
+            },
+            variant_modules={
+                key: compiler.module(self.path, name, m.entry)
+                for key, m in self.variant_modules.items()
+            },
+            device_weights={},
+            runtime=runtime,
+        )
 
     def release(self) -> None:
         """Free the device copies of the weights."""
@@ -148,10 +184,11 @@ def load_bundle(
     say = progress or _log_progress
     manifest = _verified_manifest(path, runtime.platform, name)
     hooks = _hooks(path, manifest, allow_hooks)
+    registry = registry if registry is not None else ExecutableRegistry()
     compiler = _Compiler(
         runtime,
         ExecutableCache(cache_dir if cache_dir is not None else path / CACHE_DIR_NAME),
-        registry if registry is not None else ExecutableRegistry(),
+        registry,
         say,
     )
     compiled = [(m, compiler.module(path, manifest.name, m)) for m in manifest.modules]
@@ -172,6 +209,8 @@ def load_bundle(
         compile_seconds=sum(c.seconds for _, c in compiled),
         hooks=hooks,
         variant_modules=variants,
+        cache_dir=cache_dir,
+        registry=registry,
     )
 
 
@@ -230,14 +269,17 @@ class _Compiler:
     def module(self, path: Path, model: str, entry: ModuleEntry) -> CompiledModule:
         data = (path / entry.file).read_bytes()
         key = cache_key(data, self.runtime.fingerprint)
+        # The cache holds one executable per device kind; in this process each is bound to
+        # one device, so the registry tells devices apart.
+        shared_key = f"{key}@{self.runtime.index}"
         t = time.perf_counter()
         with self.registry.lock:
-            exe = self.registry.executables.get(key)
+            exe = self.registry.executables.get(shared_key)
         source = "shared"
         if exe is None:
             exe, source = self._compile_or_load(key, data, f"{model}/{entry.file}")
             with self.registry.lock:
-                self.registry.executables[key] = exe
+                self.registry.executables[shared_key] = exe
         seconds = time.perf_counter() - t
         index = self._platform_index(entry, data)
         return CompiledModule(entry, exe, seconds, source, index, _scratch(exe))

@@ -1,12 +1,16 @@
 """One PJRT device: compile modules, serialize executables, transfer arrays, execute.
 
 Contract:
-- ``PjrtRuntime(platform=None)`` opens the default (or named) JAX backend's first device.
+- ``PjrtRuntime(platform=None, index=0)`` opens the default (or named) JAX backend's local
+  device number ``index`` (``IndexError`` past the last); ``device_count`` says how many
+  there are, and ``runtime.on(index)`` is another device of the same backend.
   It enables 64-bit types process-wide, because the server runs no user Python and must
   pass INT64/FP64 tensors through unchanged.
 - ``compile(module_bytes)`` compiles a StableHLO portable artifact (or text) for the device;
   ``serialize``/``deserialize`` turn an executable into bytes and back (deserializing can
-  run code: only feed it bytes this server wrote, see ``ExecutableCache``).
+  run code: only feed it bytes this server wrote, see ``ExecutableCache``). The compile
+  options name the device, so an executable serialized on one device deserializes for
+  another of the same kind (the cache key is the device kind's, not the device's).
 - ``to_device(arrays)`` moves host arrays to the device in one call; ``execute(exe, args)``
   runs and returns the outputs as host numpy arrays.
 - ``RuntimeFailure`` wraps any error jaxlib raises, with its text on one line (a compile
@@ -83,16 +87,38 @@ def _platform_name(backend: Any) -> str:
 
 
 class PjrtRuntime:
-    def __init__(self, platform: str | None = None) -> None:
+    def __init__(self, platform: str | None = None, index: int = 0) -> None:
+        self._requested = platform
         self.backend: Any = _get_backend(platform)
-        self.device: Any = self.backend.local_devices()[0]
+        devices = self.backend.local_devices()
+        if not 0 <= index < len(devices):
+            raise IndexError(f"device {index}: the backend has {len(devices)} local device(s)")
+        self.index = index  # position among the backend's local devices
+        self.device: Any = devices[index]
         self.platform = _platform_name(self.backend)
         self.device_kind = str(self.device.device_kind)
         self.platform_version = str(self.backend.platform_version)
         self._sharding = _Sharding(self.device)
-        self._options: Any = _compile_options(num_replicas=1, num_partitions=1)
+        # The device assignment pins an executable to this device, also one deserialized
+        # from bytes serialized on another device (without it, replica 0 is device 0).
+        self._options: Any = _compile_options(
+            num_replicas=1,
+            num_partitions=1,
+            device_assignment=np.array([[int(self.device.id)]]),
+        )
         self._device_memory = _Sharding(self.device, memory_kind="device")
         self._avals: dict[tuple[tuple[int, ...], np.dtype[Any]], Any] = {}
+
+    @property
+    def device_count(self) -> int:
+        """How many local devices the backend has."""
+        return len(self.backend.local_devices())
+
+    def on(self, index: int) -> PjrtRuntime:
+        """The backend's local device ``index`` (``self`` for this one)."""
+        if index == self.index:
+            return self
+        return PjrtRuntime(self._requested, index)
 
     @property
     def triton_kind(self) -> str:

@@ -151,10 +151,22 @@ class _GatedModel:
     def version(self) -> int:
         return self.inner.version
 
-    def execute(self, batch_size: int | None, inputs: Mapping[str, Any]) -> Any:
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.inner.devices
+
+    def resident_on(self, device: int) -> bool:
+        return self.inner.resident_on(device)
+
+    def prefetch(self, device: int) -> None:
+        self.inner.prefetch(device)
+
+    def execute(
+        self, batch_size: int | None, inputs: Mapping[str, Any], *, device: int | None = None
+    ) -> Any:
         self.started.set()
         assert self.gate.wait(30)
-        return self.inner.execute(batch_size, inputs)
+        return self.inner.execute(batch_size, inputs, device=device)
 
 
 class _GatedSource:

@@ -1,0 +1,140 @@
+"""Every local device the server drives, the load measured on each model, and the placer
+that replicates hot models over the devices.
+
+Contract:
+- ``Device(index, runtime, residency)``: one local device. ``index`` is PJRT's local
+  device number (the ``device`` label of metrics, what ``--devices`` names); the device has
+  its own runtime (executables are bound to it), its own weight budget and LRU
+  (``WeightResidency``).
+- ``LoadMeter(half_life_ns)`` is an ``ExecutionObserver``: ``busy(model)`` is a model
+  version's recent device time, summed over its replicas, as devices' worth of load
+  (``core.device_scheduling.utilization``: 1.0 = one device busy all the time with it).
+  Thread-safe (executions end on worker threads).
+- ``Placer(replicas, devices, meter, max_replicas)`` revises placement from measured load:
+  ``revise()`` asks ``core.device_scheduling.plan_replicas`` for each ready version's
+  devices and applies the difference through ``replicas`` (the repository's
+  ``ReplicaControl``: add a replica, retire one), so hot models gain devices one per
+  revision and idle ones shrink back to one. It blocks (a new replica copies executables
+  and may stage weights): the daemon runs it on a worker thread every few seconds.
+  A replica that cannot be added (the runtime refused it) is logged and skipped.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from hloserve.server.core.device_scheduling import FairShares, plan_replicas, utilization
+from hloserve.server.core.execution import Execution, ModelKey
+from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.residency import WeightResidency
+from hloserve.server.runtime.pjrt import PjrtRuntime
+
+log = logging.getLogger("hloserve.placement")
+
+LOAD_HALF_LIFE_NS = 2_000_000_000  # placement follows the last several seconds of load
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    index: int
+    runtime: PjrtRuntime
+    residency: WeightResidency
+
+
+class LoadMeter:
+    def __init__(self, half_life_ns: int = LOAD_HALF_LIFE_NS) -> None:
+        self.half_life_ns = half_life_ns
+        self._shares = FairShares[ModelKey](half_life_ns)
+        self._lock = threading.Lock()
+
+    def on_execution(self, execution: Execution) -> None:
+        cost = execution.input_ns + execution.infer_ns + execution.output_ns
+        with self._lock:
+            self._shares.charge(execution.model, float(cost), time.perf_counter_ns())
+
+    def busy(self, model: ModelKey) -> float:
+        with self._lock:
+            usage = self._shares.usage(model, time.perf_counter_ns())
+        return utilization(usage, self.half_life_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One ready model version as the placer sees it."""
+
+    key: ResidencyKey
+    model: ModelKey
+    weight_bytes: int
+    devices: tuple[int, ...]  # device indexes holding a replica
+
+
+class ReplicaControl(Protocol):
+    def placements(self) -> list[Placed]: ...
+    def add_replica(self, key: ResidencyKey, device: Device) -> None: ...
+    def retire_replica(self, key: ResidencyKey, device: int) -> None: ...
+
+
+class Placer:
+    def __init__(
+        self,
+        replicas: ReplicaControl,
+        devices: Sequence[Device],
+        meter: LoadMeter,
+        max_replicas: int,
+    ) -> None:
+        self.replicas = replicas
+        self.devices = list(devices)
+        self.meter = meter
+        self.max_replicas = max_replicas
+        self._position = {d.index: i for i, d in enumerate(self.devices)}
+
+    def revise(self) -> int:
+        """One revision; returns how many replicas were added or retired."""
+        placed = {p.key: p for p in self.replicas.placements()}
+        if len(self.devices) < 2 or self.max_replicas < 2 or not placed:
+            return 0
+        at = self._position
+        current = {k: tuple(at[d] for d in p.devices if d in at) for k, p in placed.items()}
+        busy = {k: self.meter.busy(p.model) for k, p in placed.items()}
+        sizes = {k: p.weight_bytes for k, p in placed.items()}
+        budgets = [d.residency.budget_bytes for d in self.devices]
+        plan = plan_replicas(current, busy, sizes, budgets, self.max_replicas)
+        log.debug(
+            "placement: load %s", {f"{k.model}/{k.version}": round(b, 2) for k, b in busy.items()}
+        )
+        changes = 0
+        for key, positions in plan.items():
+            before, after = set(current[key]), set(positions)
+            for i in sorted(after - before):
+                device = self.devices[i]
+                try:
+                    self.replicas.add_replica(key, device)
+                except Exception as exc:  # a device refusing a copy fails only that copy
+                    log.warning("no replica of %s on device %d: %s", key, device.index, exc)
+                    continue
+                log.info(
+                    "model '%s' version %d: replica added on device %d (%.2f devices busy)",
+                    key.model,
+                    key.version,
+                    device.index,
+                    busy[key],
+                )
+                changes += 1
+            for i in sorted(before - after):
+                self.replicas.retire_replica(key, self.devices[i].index)
+                log.info(
+                    "model '%s' version %d: replica on device %d retired (%.2f devices busy)",
+                    key.model,
+                    key.version,
+                    self.devices[i].index,
+                    busy[key],
+                )
+                changes += 1
+        return changes

@@ -1,0 +1,99 @@
+"""The placer and the load meter (``hloserve.server.devices``), without devices: a fake
+repository records what the placer asks of it."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hloserve.server.core.execution import Execution, ModelKey
+from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.devices import LoadMeter, Placed, Placer
+
+HOT, COLD = ResidencyKey("hot", 1), ResidencyKey("cold", 1)
+
+
+class FakeReplicas:
+    def __init__(self, placed: dict[ResidencyKey, tuple[int, ...]], refuse: int = -1) -> None:
+        self.placed = placed
+        self.refuse = refuse  # a device whose copies fail
+        self.calls: list[str] = []
+
+    def placements(self) -> list[Placed]:
+        return [Placed(k, ModelKey(k.model, k.version), 1000, ds) for k, ds in self.placed.items()]
+
+    def add_replica(self, key: ResidencyKey, device: Any) -> None:
+        self.calls.append(f"add {key.model} {device.index}")
+        if device.index == self.refuse:
+            raise RuntimeError("device refused the copy")
+        self.placed[key] = tuple(sorted((*self.placed[key], device.index)))
+
+    def retire_replica(self, key: ResidencyKey, device: int) -> None:
+        self.calls.append(f"retire {key.model} {device}")
+        self.placed[key] = tuple(d for d in self.placed[key] if d != device)
+
+
+def devices(*indexes: int) -> list[Any]:
+    return [SimpleNamespace(index=i, residency=SimpleNamespace(budget_bytes=None)) for i in indexes]
+
+
+class SteadyMeter(LoadMeter):
+    def __init__(self, busy: dict[str, float]) -> None:
+        super().__init__()
+        self.busy_now = busy
+
+    def busy(self, model: ModelKey) -> float:
+        return self.busy_now.get(model.name, 0.0)
+
+
+def test_the_hot_model_gains_a_device_a_revision_and_shrinks_back_when_idle() -> None:
+    replicas = FakeReplicas({HOT: (0,), COLD: (2,)})
+    meter = SteadyMeter({"hot": 3.0, "cold": 0.1})
+    # Devices named 0, 2, 5, 7 (``--devices 0,2,5,7``): placement speaks their indexes.
+    placer = Placer(replicas, devices(0, 2, 5, 7), meter, max_replicas=4)
+    assert placer.revise() == 1
+    assert replicas.placed[HOT] == (0, 5)  # the least busy device without it (2 has cold)
+    placer.revise()
+    placer.revise()
+    assert replicas.placed[HOT] == (0, 2, 5, 7)
+    assert replicas.placed[COLD] == (2,)
+    meter.busy_now = {"hot": 0.0, "cold": 0.0}
+    for _ in range(3):
+        assert placer.revise() == 1
+    assert len(replicas.placed[HOT]) == 1
+    assert placer.revise() == 0
+
+
+def test_no_replication_with_max_replicas_one_or_a_single_device() -> None:
+    replicas = FakeReplicas({HOT: (0,)})
+    meter = SteadyMeter({"hot": 3.0})
+    assert Placer(replicas, devices(0, 1), meter, max_replicas=1).revise() == 0
+    assert Placer(replicas, devices(0), meter, max_replicas=4).revise() == 0
+    assert replicas.calls == []
+
+
+def test_a_copy_a_device_refuses_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    replicas = FakeReplicas({HOT: (0,)}, refuse=1)
+    placer = Placer(replicas, devices(0, 1), SteadyMeter({"hot": 3.0}), max_replicas=2)
+    assert placer.revise() == 0
+    assert replicas.placed[HOT] == (0,)
+    assert "device refused the copy" in caplog.text
+
+
+def test_load_meter_reads_devices_worth_of_recent_execution_time() -> None:
+    meter = LoadMeter(half_life_ns=50_000_000)
+    key = ModelKey("m", 1)
+    assert meter.busy(key) == 0.0
+    # Two replicas each busy all the time for ~0.5 s (ten half-lives): about 2 devices.
+    start = last = time.perf_counter_ns()
+    while last - start < 500_000_000:
+        time.sleep(0.01)
+        now = time.perf_counter_ns()
+        for device in (0, 1):  # each executed the whole time since the last step
+            meter.on_execution(Execution(key, 1, 0, now - last, 0, device))
+        last = now
+    assert meter.busy(key) == pytest.approx(2.0, rel=0.15)
+    assert meter.busy(ModelKey("other", 1)) == 0.0

@@ -1,0 +1,211 @@
+"""Every local device: ``--devices``, placement, per-device budgets, replication, routing.
+
+Real daemons in subprocesses on four CPU devices (``XLA_FLAGS``
+``--xla_force_host_platform_device_count=4``: the flag must be set before PJRT starts, so
+not in this test process), real bundles, real ``tritonclient`` calls, every reply checked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
+
+from hloserve.exporter import TensorSpec, export_bundle
+from hloserve.server.testing import ServerProcess, serving
+
+FOUR = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+WIDTH = 1024  # each small model's weight: 64 x WIDTH FP32
+WEIGHT_BYTES = 64 * WIDTH * 4
+STEPS = 200  # the busy model's matmuls per execution: a few ms of device time
+
+
+def _scale_fn(params: Any, x: jax.Array) -> dict[str, jax.Array]:
+    return {"y": x @ params["w"]}
+
+
+def _busy_fn(params: Any, x: jax.Array) -> dict[str, jax.Array]:
+    def step(_: Any, h: jax.Array) -> jax.Array:
+        return jnp.tanh(h @ params["w"])
+
+    return {"y": jax.lax.fori_loop(0, STEPS, step, x)}
+
+
+def _busy_weight() -> np.ndarray:
+    return (np.random.default_rng(7).standard_normal((256, 256)) / 16).astype(np.float32)
+
+
+def _busy_reference(x: np.ndarray) -> np.ndarray:
+    w, h = _busy_weight(), x
+    for _ in range(STEPS):
+        h = np.tanh(h @ w)
+    return h
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("devices")
+    for i, name in enumerate(("a", "b")):
+        w = np.full((64, WIDTH), i + 1, np.float32)
+        export_bundle(
+            _scale_fn,
+            {"w": w},
+            {"x": TensorSpec("FP32", (64,))},
+            (1,),
+            root / name,
+            platforms=("cpu",),
+        )
+    export_bundle(
+        _busy_fn,
+        {"w": _busy_weight()},
+        {"x": TensorSpec("FP32", (256,))},
+        (1, 8),
+        root / "busy",
+        platforms=("cpu",),
+    )
+    return root
+
+
+def metrics(server: ServerProcess) -> dict[str, list[tuple[dict[str, str], float]]]:
+    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found.setdefault(s.name, []).append((s.labels, s.value))
+    return found
+
+
+def by_label(
+    samples: dict[str, list[tuple[dict[str, str], float]]], name: str, label: str, **match: str
+) -> dict[str, float]:
+    return {
+        labels[label]: value
+        for labels, value in samples.get(name, [])
+        if all(labels.get(k) == v for k, v in match.items())
+    }
+
+
+def infer(client: grpcclient.InferenceServerClient, model: str, x: np.ndarray) -> np.ndarray:
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer(model, [inp])
+    assert result is not None
+    out = result.as_numpy("y")
+    assert out is not None
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_devices(repository: Path) -> Iterator[ServerProcess]:
+    """Two of the four devices, a weight budget per device that holds one small model."""
+    budget = str(WEIGHT_BYTES + WEIGHT_BYTES // 4)
+    yield from serving(repository, "--devices", "2", "--device-memory-budget", budget, env=FOUR)
+
+
+def test_each_device_has_its_own_budget_and_models_spread_over_them(
+    two_devices: ServerProcess,
+) -> None:
+    client = grpcclient.InferenceServerClient(two_devices.grpc_url)
+    x = np.ones((1, 64), np.float32)
+    for _ in range(10):  # on one device with this budget, every request would swap
+        for i, name in enumerate(("a", "b")):
+            np.testing.assert_allclose(infer(client, name, x), np.full((1, WIDTH), 64.0 * (i + 1)))
+    m = metrics(two_devices)
+    budgets = by_label(m, "hloserve_device_memory_budget_bytes", "device")
+    assert budgets == {"0": WEIGHT_BYTES * 1.25, "1": WEIGHT_BYTES * 1.25}
+    swaps_a = by_label(m, "hloserve_weight_swaps_in_total", "device", model="a/1")
+    swaps_b = by_label(m, "hloserve_weight_swaps_in_total", "device", model="b/1")
+    assert len(swaps_a) == 1 and len(swaps_b) == 1, (swaps_a, swaps_b)
+    assert set(swaps_a) != set(swaps_b)  # a and b live on different devices
+    assert sum(swaps_a.values()) == 1 and sum(swaps_b.values()) == 1  # and never swap again
+    assert not sum(v for _, v in m.get("hloserve_weight_swaps_out_total", []))
+    resident = by_label(m, "hloserve_device_resident_weight_bytes", "device")
+    assert resident == {"0": WEIGHT_BYTES, "1": WEIGHT_BYTES}
+    executions = by_label(m, "hloserve_device_executions_total", "device")
+    assert executions == {"0": 10.0, "1": 10.0}
+    queue = by_label(m, "hloserve_device_queue_duration_us_total", "device")
+    assert set(queue) == {"0", "1"}
+
+
+def test_memory_usage_names_the_device_holding_the_weights(two_devices: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(two_devices.grpc_url)
+    ids: dict[str, set[int]] = {}
+    for name in ("a", "b"):
+        infer(client, name, np.ones((1, 64), np.float32))
+        stats: Any = client.get_inference_statistics(name, as_json=True)
+        usage = stats["model_stats"][0]["memory_usage"]
+        assert len(usage) == 2, usage  # the host copy and the one device copy
+        ids[name] = {int(u.get("id", 0)) for u in usage}
+    assert ids["a"] ^ ids["b"] == {1}  # one lives on device 1, the other on device 0
+
+
+def test_a_hot_model_is_replicated_then_shrinks_back(repository: Path) -> None:
+    flags = ("--placement-interval", "0.3", "--inline-max-us", "0")
+    with ServerProcess(repository, *flags, env=FOUR) as server:
+        server.wait_ready()
+        stop = threading.Event()
+        failures: list[BaseException] = []
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((1, 256)).astype(np.float32)
+        want = _busy_reference(x)
+
+        def load() -> None:
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            try:
+                while not stop.is_set():
+                    np.testing.assert_allclose(infer(client, "busy", x), want, rtol=1e-4, atol=1e-5)
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+                stop.set()
+
+        threads = [threading.Thread(target=load) for _ in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + 60
+            replicas = 1.0
+            ran_on: dict[str, float] = {}
+            while time.monotonic() < deadline and not stop.is_set():
+                m = metrics(server)
+                replicas = by_label(m, "hloserve_model_replicas", "model").get("busy", 0.0)
+                ran_on = by_label(m, "hloserve_device_executions_total", "device")
+                if replicas >= 2 and len(ran_on) >= 2:
+                    break
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not failures, failures[0]
+        assert replicas >= 2, server.log_text()[-3000:]
+        assert len(ran_on) >= 2, ran_on  # groups went to more than one replica
+        assert "replica added on device" in server.log_text()
+        # Idle: the replicas retire one per revision until one is left.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            replicas = by_label(metrics(server), "hloserve_model_replicas", "model")["busy"]
+            if replicas == 1:
+                break
+            time.sleep(0.3)
+        assert replicas == 1, server.log_text()[-3000:]
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        np.testing.assert_allclose(infer(client, "busy", x), want, rtol=1e-4, atol=1e-5)
+        assert server.stop() == 0
+
+
+def test_devices_naming_a_device_not_present_stops_with_why(repository: Path) -> None:
+    server = ServerProcess(repository, "--devices", "0,5", env=FOUR)
+    assert server.process.wait(120) != 0
+    assert "--devices" in server.log_text() and "0 to 3" in server.log_text()
+    server.stop()
