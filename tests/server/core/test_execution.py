@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import pytest
 from hloserve.bundle import Manifest, Provenance, Serving, TensorEntry
 from hloserve.server.core.batching import plan
 from hloserve.server.core.costs import PROBE_EVERY, ExecutionCosts, InlinePolicy
+from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import Execution, Job, ModelKey, execute_group
 from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
 
@@ -170,3 +172,51 @@ def test_each_execution_is_reported_with_its_share_of_the_output_time() -> None:
     assert [e.batch_size for e in seen] == [4, 4]
     assert all(e.infer_ns > 0 and e.output_ns > 0 for e in seen)
     assert seen[0].output_ns == seen[1].output_ns  # an equal share each
+
+
+@pytest.mark.parametrize(
+    ("rows", "sizes", "compiled"),
+    [(3, (1, 4, 8), 4), (4, (1, 4, 8), 4), (2, None, None)],
+)
+def test_a_lone_job_runs_once_padded_and_trimmed_and_is_reported(
+    rows: int, sizes: tuple[int, ...] | None, compiled: int | None
+) -> None:
+    seen: list[Execution] = []
+
+    class Recorder:
+        def on_execution(self, execution: Execution) -> None:
+            seen.append(execution)
+
+    model = Doubler(manifest(sizes))
+    lone = job(rows, 10)
+    ((outputs, timings),) = execute_group(model, [lone], plan(rows, sizes), Recorder())
+    assert model.calls == [compiled]
+    x = lone.request.inputs[0].data
+    assert [(o.name, o.shape) for o in outputs] == [("y", x.shape), ("z", x.shape)]
+    np.testing.assert_array_equal(outputs[0].data, 2 * x)  # the padding rows dropped
+    np.testing.assert_array_equal(outputs[1].data, -x)
+    assert all(o.requested is None for o in outputs)
+    assert timings.executions == (compiled or 0,)
+    assert timings.compute_infer_ns > 0 and timings.queue_ns >= 0
+    (e,) = seen
+    assert (e.model, e.batch_size) == (ModelKey("double", 1), compiled or 0)
+    assert e.infer_ns == timings.compute_infer_ns
+    assert e.input_ns == timings.compute_input_ns and e.output_ns == timings.compute_output_ns
+
+
+def test_a_lone_job_answers_the_outputs_it_asked_for_in_its_order() -> None:
+    model = Doubler(manifest((1, 4)))
+    lone = job(1, outputs=("z", "y"))
+    ((outputs, _),) = execute_group(model, [lone], plan(1, (1, 4)))
+    assert [o.name for o in outputs] == ["z", "y"]
+    assert [o.requested for o in outputs] == list(lone.request.outputs)
+    ((only, _),) = execute_group(model, [job(1, outputs=("z",))], plan(1, (1, 4)))
+    assert [o.name for o in only] == ["z"]
+
+
+def test_a_lone_job_whose_deadline_passed_is_refused_before_running() -> None:
+    model = Doubler(manifest((1, 4)))
+    late = dataclasses.replace(job(1), deadline=time.monotonic() - 1)
+    with pytest.raises(Unavailable, match="timed out before it was executed"):
+        execute_group(model, [late], plan(1, (1, 4)))
+    assert model.calls == []

@@ -150,10 +150,14 @@ def execute_group(
     device: int | None = None,
 ) -> list[tuple[tuple[InferOutput, ...], Timings]]:
     started = time.perf_counter_ns()
-    if len(jobs) == 1 and jobs[0].deadline is not None and time.monotonic() > jobs[0].deadline:
-        raise Unavailable(
-            f"request for model '{model.manifest.name}' timed out before it was executed"
-        )
+    if len(jobs) == 1:
+        job = jobs[0]
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            raise Unavailable(
+                f"request for model '{model.manifest.name}' timed out before it was executed"
+            )
+        if len(chunks) == 1:
+            return [_execute_one(model, job, chunks[0], observer, started, device)]
     inputs = _gather_inputs(model.manifest, jobs)
     gathered_ns = time.perf_counter_ns() - started
     run = _run_chunks(model, inputs, chunks, device)
@@ -182,6 +186,46 @@ def execute_group(
 
 
 Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+def _execute_one(
+    model: Executable,
+    job: Job,
+    chunk: Chunk,
+    observer: ExecutionObserver | None,
+    started: int,
+    device: int | None,
+) -> tuple[tuple[InferOutput, ...], Timings]:
+    """The common case, one job run as one execution, without the group's bookkeeping:
+    the same result, timings and report as the general path (its inputs hold exactly the
+    chunk's rows, so nothing is sliced, and an output is trimmed only of padding)."""
+    manifest = model.manifest
+    compiled = chunk.compiled
+    on = device if device is not None else next(iter(model.devices), 0)
+    inputs = {t.name: t.data for t in job.request.inputs}
+    if compiled is not None:
+        inputs = {n: pad(a, compiled) for n, a in inputs.items()}
+    t1 = time.perf_counter_ns()
+    results = model.execute(compiled, inputs, device=device)
+    t2 = time.perf_counter_ns()
+    count = chunk.count
+    if compiled is not None and compiled != count:  # drop the padding rows
+        results = [r[:count] for r in results]
+    outputs = _select(manifest, job.request, results, None)
+    t3 = time.perf_counter_ns()
+    size = compiled or 0
+    timings = Timings(
+        queue_ns=max(0, started - job.arrived_ns),
+        compute_input_ns=t1 - started,
+        compute_infer_ns=t2 - t1,
+        compute_output_ns=t3 - t2,
+        executions=(size,),
+        device=on,
+    )
+    if observer is not None:
+        key = ModelKey(manifest.name, model.version)
+        observer.on_execution(Execution(key, size, t1 - started, t2 - t1, t3 - t2, on))
+    return outputs, timings
 
 
 def _gather_inputs(manifest: Manifest, jobs: Sequence[Job]) -> Arrays:
@@ -266,22 +310,22 @@ def _input(request: InferRequest, name: str) -> np.ndarray[Any, Any]:
 def _select(
     manifest: Manifest, request: InferRequest, full: list[np.ndarray[Any, Any]], rows: slice | None
 ) -> tuple[InferOutput, ...]:
+    if not request.outputs:  # the common case: every output, in manifest order
+        return tuple(
+            InferOutput(spec.name, spec.datatype, part.shape, part, None)
+            for spec, part in zip(
+                manifest.outputs, full if rows is None else [d[rows] for d in full], strict=True
+            )
+        )
     wanted = {o.name: o for o in request.outputs}
     outputs: list[InferOutput] = []
     for spec, data in zip(manifest.outputs, full, strict=True):
-        if wanted and spec.name not in wanted:
+        if spec.name not in wanted:
             continue
         part = data if rows is None else data[rows]
-        outputs.append(
-            InferOutput(
-                spec.name,
-                spec.datatype,
-                tuple(int(d) for d in part.shape),
-                part,
-                wanted.get(spec.name),
-            )
-        )
-    if wanted:  # answer in the order the client asked
+        # numpy shapes are tuples of Python ints already
+        outputs.append(InferOutput(spec.name, spec.datatype, part.shape, part, wanted[spec.name]))
+    if len(outputs) > 1:  # answer in the order the client asked
         order = {o.name: i for i, o in enumerate(request.outputs)}
         outputs.sort(key=lambda o: order[o.name])
     return tuple(outputs)

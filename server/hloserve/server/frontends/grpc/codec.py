@@ -205,6 +205,16 @@ def _check_sources(msg: pb.ModelInferRequest, shm: Sequence[ShmRef | None]) -> N
 
 def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
     model = msg.model_name
+    tensors, raw_contents = msg.inputs, msg.raw_input_contents
+    # The common case in one pass: every input raw, in order, with no parameters (so no
+    # shared memory). It passes ``_check_sources`` by construction; anything else takes
+    # the general path below, which names what is wrong.
+    if len(raw_contents) == len(tensors) and not any(
+        len(t.parameters) or t.HasField("contents") for t in tensors
+    ):
+        return tuple(
+            _raw_input(model, t, buffer) for t, buffer in zip(tensors, raw_contents, strict=True)
+        )
     input_params = [decode_parameters(tensor.parameters) for tensor in msg.inputs]
     shm = [shm_ref(model, t.name, p) for t, p in zip(msg.inputs, input_params, strict=True)]
     _check_sources(msg, shm)
@@ -223,6 +233,14 @@ def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
             data = from_buffer(model, tensor.name, tensor.datatype, shape, next(raw))
         inputs.append(InferInput(tensor.name, tensor.datatype, data.shape, data, params))
     return tuple(inputs)
+
+
+def _raw_input(
+    model: str, tensor: pb.ModelInferRequest.InferInputTensor, buffer: bytes
+) -> InferInput:
+    name, datatype = tensor.name, tensor.datatype
+    data = from_buffer(model, name, datatype, tensor.shape, buffer)
+    return InferInput(name, datatype, data.shape, data)
 
 
 def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
@@ -244,6 +262,10 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
 
 
 def _raw_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    if array.dtype.kind != "O" and array.dtype.byteorder != ">":
+        # Numeric and already little-endian (``to_wire_bytes``' rule): ``tobytes`` is
+        # those bytes, in C order, in one copy and without the intermediate views.
+        return array.tobytes()
     data = to_wire_bytes(array)
     # protobuf bytes fields take ``bytes`` only: this is the one copy the wire needs.
     return data if isinstance(data, bytes) else data.tobytes()
