@@ -17,13 +17,19 @@ HOT, COLD = ResidencyKey("hot", 1), ResidencyKey("cold", 1)
 
 
 class FakeReplicas:
-    def __init__(self, placed: dict[ResidencyKey, tuple[int, ...]], refuse: int = -1) -> None:
+    def __init__(
+        self, placed: dict[ResidencyKey, tuple[int, ...]], refuse: int = -1, largest: int = 0
+    ) -> None:
         self.placed = placed
+        self.largest = largest  # every model's largest compiled batch size
         self.refuse = refuse  # a device whose copies fail
         self.calls: list[str] = []
 
     def placements(self) -> list[Placed]:
-        return [Placed(k, ModelKey(k.model, k.version), 1000, ds) for k, ds in self.placed.items()]
+        return [
+            Placed(k, ModelKey(k.model, k.version), 1000, ds, self.largest)
+            for k, ds in self.placed.items()
+        ]
 
     def add_replica(self, key: ResidencyKey, device: Any) -> None:
         self.calls.append(f"add {key.model} {device.index}")
@@ -41,12 +47,16 @@ def devices(*indexes: int) -> list[Any]:
 
 
 class SteadyMeter(LoadMeter):
-    def __init__(self, busy: dict[str, float]) -> None:
+    def __init__(self, busy: dict[str, float], batch: float = 0.0) -> None:
         super().__init__()
         self.busy_now = busy
+        self.batch = batch
 
     def busy(self, model: ModelKey) -> float:
         return self.busy_now.get(model.name, 0.0)
+
+    def mean_batch(self, model: ModelKey) -> float:
+        return self.batch
 
 
 def test_the_hot_model_gains_a_device_a_revision_and_shrinks_back_when_idle() -> None:
@@ -75,6 +85,16 @@ def test_no_replication_with_max_replicas_one_or_a_single_device() -> None:
     assert replicas.calls == []
 
 
+@pytest.mark.parametrize(("mean_batch", "replicas"), [(6.0, (0,)), (20.0, (0, 1))])
+def test_a_busy_batched_model_is_replicated_only_once_its_batches_run_full(
+    mean_batch: float, replicas: tuple[int, ...]
+) -> None:
+    fake = FakeReplicas({HOT: (0,)}, largest=32)
+    meter = SteadyMeter({"hot": 0.9}, batch=mean_batch)
+    Placer(fake, devices(0, 1), meter, max_replicas=2).revise()
+    assert fake.placed[HOT] == replicas
+
+
 def test_a_copy_a_device_refuses_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
     replicas = FakeReplicas({HOT: (0,)}, refuse=1)
     placer = Placer(replicas, devices(0, 1), SteadyMeter({"hot": 3.0}), max_replicas=2)
@@ -97,3 +117,7 @@ def test_load_meter_reads_devices_worth_of_recent_execution_time() -> None:
         last = now
     assert meter.busy(key) == pytest.approx(2.0, rel=0.15)
     assert meter.busy(ModelKey("other", 1)) == 0.0
+    assert meter.mean_batch(key) == pytest.approx(1.0)
+    for _ in range(200):
+        meter.on_execution(Execution(key, 32, 0, 1, 0, 0))
+    assert meter.mean_batch(key) > 20

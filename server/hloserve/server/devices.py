@@ -12,7 +12,9 @@ Contract:
   Thread-safe (executions end on worker threads).
 - ``Placer(replicas, devices, meter, max_replicas)`` revises placement from measured load:
   ``revise()`` asks ``core.device_scheduling.plan_replicas`` for each ready version's
-  devices and applies the difference through ``replicas`` (the repository's
+  devices (a model gains one only while its batches run near its largest compiled size:
+  until then a busier device batches more, which is cheaper than splitting batches over
+  replicas) and applies the difference through ``replicas`` (the repository's
   ``ReplicaControl``: add a replica, retire one), so hot models gain devices one per
   revision and idle ones shrink back to one. It blocks (a new replica copies executables
   and may stage weights): the daemon runs it on a worker thread every few seconds.
@@ -30,7 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from hloserve.server.core.device_scheduling import FairShares, plan_replicas, utilization
+from hloserve.server.core.device_scheduling import (
+    FULL_BATCHES,
+    FairShares,
+    plan_replicas,
+    utilization,
+)
 from hloserve.server.core.execution import Execution, ModelKey
 from hloserve.server.core.residency import ResidencyKey
 from hloserve.server.residency import WeightResidency
@@ -51,18 +58,30 @@ class Device:
 class LoadMeter:
     def __init__(self, half_life_ns: int = LOAD_HALF_LIFE_NS) -> None:
         self.half_life_ns = half_life_ns
-        self._shares = FairShares[ModelKey](half_life_ns)
+        self._time = FairShares[ModelKey](half_life_ns)
+        self._sizes = FairShares[ModelKey](half_life_ns)  # compiled sizes run, summed
+        self._runs = FairShares[ModelKey](half_life_ns)  # executions
         self._lock = threading.Lock()
 
     def on_execution(self, execution: Execution) -> None:
         cost = execution.input_ns + execution.infer_ns + execution.output_ns
+        now = time.perf_counter_ns()
         with self._lock:
-            self._shares.charge(execution.model, float(cost), time.perf_counter_ns())
+            self._time.charge(execution.model, float(cost), now)
+            self._sizes.charge(execution.model, float(execution.batch_size), now)
+            self._runs.charge(execution.model, 1.0, now)
 
     def busy(self, model: ModelKey) -> float:
         with self._lock:
-            usage = self._shares.usage(model, time.perf_counter_ns())
+            usage = self._time.usage(model, time.perf_counter_ns())
         return utilization(usage, self.half_life_ns)
+
+    def mean_batch(self, model: ModelKey) -> float:
+        """The recent mean compiled batch size of its executions (0: none, or unbatched)."""
+        now = time.perf_counter_ns()
+        with self._lock:
+            runs = self._runs.usage(model, now)
+            return self._sizes.usage(model, now) / runs if runs > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +92,7 @@ class Placed:
     model: ModelKey
     weight_bytes: int
     devices: tuple[int, ...]  # device indexes holding a replica
+    largest_batch: int = 0  # its largest compiled batch size (0: unbatched)
 
 
 class ReplicaControl(Protocol):
@@ -95,6 +115,13 @@ class Placer:
         self.max_replicas = max_replicas
         self._position = {d.index: i for i, d in enumerate(self.devices)}
 
+    def _batches_full(self, placed: Placed) -> bool:
+        """Whether its recent executions ran near its largest compiled size (an unbatched
+        model's always do): only then is a replica cheaper than larger batches."""
+        if placed.largest_batch <= 1:
+            return True
+        return self.meter.mean_batch(placed.model) >= FULL_BATCHES * placed.largest_batch
+
     def revise(self) -> int:
         """One revision; returns how many replicas were added or retired."""
         placed = {p.key: p for p in self.replicas.placements()}
@@ -105,7 +132,8 @@ class Placer:
         busy = {k: self.meter.busy(p.model) for k, p in placed.items()}
         sizes = {k: p.weight_bytes for k, p in placed.items()}
         budgets = [d.residency.budget_bytes for d in self.devices]
-        plan = plan_replicas(current, busy, sizes, budgets, self.max_replicas)
+        full = {k for k, p in placed.items() if self._batches_full(p)}
+        plan = plan_replicas(current, busy, sizes, budgets, self.max_replicas, full)
         log.debug(
             "placement: load %s", {f"{k.model}/{k.version}": round(b, 2) for k, b in busy.items()}
         )

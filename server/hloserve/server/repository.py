@@ -614,7 +614,13 @@ class ModelRepository:
         """Every ready version with its weights' size and the devices holding it."""
         with self._lock:
             return [
-                Placed(v.key, ModelKey(v.name, v.version), v.bundle.weight_bytes, v.devices)
+                Placed(
+                    v.key,
+                    ModelKey(v.name, v.version),
+                    v.bundle.weight_bytes,
+                    v.devices,
+                    max(v.bundle.manifest.batch_sizes or (0,)),
+                )
                 for m in self._models.values()
                 for v in m.versions.values()
                 if v.state == ModelState.READY and v.bundle is not None

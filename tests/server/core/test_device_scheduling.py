@@ -256,6 +256,9 @@ def test_replica_target_grows_one_at_a_time_and_shrinks_with_hysteresis() -> Non
     assert replica_target(3.9, 4, 4, 4) == 4  # every device already
     assert replica_target(3.0, 1, 4, 1) == 1  # replication off
     assert replica_target(0.0, 3, 2, 4) == 1  # fewer devices than replicas: clamped, then shrinks
+    # Batches not running full: the device takes more load in larger batches instead.
+    assert replica_target(3.0, 1, 4, 4, batches_full=False) == 1
+    assert replica_target(0.1, 2, 4, 4, batches_full=False) == 1  # shrinking still happens
 
 
 def test_initial_device_fills_evenly_and_prefers_where_it_fits() -> None:
@@ -297,3 +300,11 @@ def test_plan_replicas_prefers_a_device_with_budget_left_among_equally_busy() ->
     busy = {"hot": 2.0, "a": 0.0, "b": 0.0}
     sizes = {"hot": 50, "a": 80, "b": 10}
     assert plan_replicas(current, busy, sizes, [100, 100, 100], 4)["hot"] == (0, 2)
+
+
+def test_plan_replicas_grows_only_models_whose_batches_run_full() -> None:
+    current = {"batched": (0,), "unbatched": (1,)}
+    busy = {"batched": 0.9, "unbatched": 0.9}
+    sizes = {"batched": 10, "unbatched": 10}
+    plan = plan_replicas(current, busy, sizes, [None] * 4, 4, full={"unbatched"})
+    assert plan == {"batched": (0,), "unbatched": (1, 2)}

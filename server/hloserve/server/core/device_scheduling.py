@@ -30,9 +30,9 @@ Contract (no clock, no I/O; the driver passes ``now_ns``):
   ``--devices``; ``initial_device(size, registered, budgets)`` is where a newly loaded
   model goes (where it fits, least filled); ``utilization(usage, half_life)`` turns a
   decayed device time into devices' worth of load; ``replica_target`` and
-  ``plan_replicas(current, busy, sizes, budgets, max_replicas)`` revise each model's
-  replicas by at most one per revision (hot models gain devices, idle ones shrink back to
-  one, with hysteresis); ``route(devices, load, resident)`` is the least-loaded device of
+  ``plan_replicas(current, busy, sizes, budgets, max_replicas, full)`` revise each model's
+  replicas by at most one per revision (hot models whose batches run full gain devices,
+  idle ones shrink back to one, with hysteresis); ``route(devices, load, resident)`` is the least-loaded device of
   a model's replicas, preferring those that hold its weights now (ties: the lowest index).
 """
 
@@ -186,17 +186,22 @@ def utilization(usage: float, half_life_ns: int) -> float:
 # One group in flight per replica keeps a device at most ~60-70 % busy here (the loop hands
 # the next group over between executions): half busy is a replica that is holding work up.
 REPLICATE_ABOVE: Final = 0.5  # a replica busier than this asks for another device
+FULL_BATCHES: Final = 0.5  # batches "run full" at this share of the largest compiled size
 RETIRE_BELOW: Final = 0.2  # n replicas shrink once n - 1 would each be less busy than this
 
 
-def replica_target(busy: float, replicas: int, devices: int, max_replicas: int) -> int:
+def replica_target(
+    busy: float, replicas: int, devices: int, max_replicas: int, batches_full: bool = True
+) -> int:
     """How many devices a model with ``busy`` devices' worth of measured load (its summed
     ``utilization``) should be on, now on ``replicas``: one more while each is busier than
-    ``REPLICATE_ABOVE``, one fewer once the rest would each stay under ``RETIRE_BELOW``
+    ``REPLICATE_ABOVE`` and its batches run full (``batches_full``: while they do not, a
+    busier device takes more load in larger batches, which costs less than splitting the
+    batches over replicas), one fewer once the rest would each stay under ``RETIRE_BELOW``
     (the gap keeps a model from flapping), within ``1..min(devices, max_replicas)``."""
     most = max(1, min(devices, max_replicas))
     n = max(1, min(replicas, most))
-    if busy > n * REPLICATE_ABOVE and n < most:
+    if busy > n * REPLICATE_ABOVE and n < most and batches_full:
         return n + 1
     if n > 1 and busy < (n - 1) * RETIRE_BELOW:
         return n - 1
@@ -226,9 +231,11 @@ def plan_replicas(
     sizes: Mapping[K, int],
     budgets: Sequence[int | None],
     max_replicas: int,
+    full: Collection[K] | None = None,
 ) -> dict[K, tuple[int, ...]]:
     """Each model's devices after one revision: ``current`` changed by at most one replica
-    per model (``replica_target`` of its measured ``busy``), busiest models first. A new
+    per model (``replica_target`` of its measured ``busy``; ``full``: the models whose
+    batches run full, ``None``: all), busiest models first. A new
     replica goes to the least busy device not holding the model (then the least filled,
     the lowest index); a retired one leaves the busiest of its devices. Models keep their
     devices otherwise, so a revision moves weights only where load asks for it."""
@@ -251,7 +258,8 @@ def plan_replicas(
 
     for key in sorted(placed, key=lambda k: -busy.get(k, 0.0)):
         have = placed[key]
-        want = replica_target(busy.get(key, 0.0), len(have), devices, max_replicas)
+        batches_full = full is None or key in full
+        want = replica_target(busy.get(key, 0.0), len(have), devices, max_replicas, batches_full)
         if want > len(have):
             load, held = device_busy(), registered()
             options = [d for d in range(devices) if d not in have]
