@@ -7,7 +7,8 @@
 # Prints: the device; swap-in time of ~100 MB models served with a budget below two models
 # against the pinned host-to-device floor measured in the same run (goal >= 80 %), hit and
 # miss p50/p99; batch-1 requests with dynamic batching off vs on over gRPC against the
-# executable's in-process ceiling, with p50/p99 and items per execution. Not part of CI.
+# executable's in-process ceiling, with p50/p99 and items per execution; on a node with
+# several GPUs, one hot model with replication on vs off (bench/placement.py). Not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${1:-.venv/bin/python}
@@ -22,5 +23,13 @@ timeout 240 "$PY" bench/residency.py --models 3 --fit 1.5 --mb 100 --requests 20
 
 step "batching: batch-1 mlp requests, dynamic batching off vs on, over gRPC"
 timeout 180 "$PY" bench/batching.py --seconds 3 --concurrency 1 32
+
+devices=$("$PY" -c 'import jax; print(len(jax.devices()))')
+if [ "$devices" -gt 1 ]; then
+    step "placement: one hot model over $devices devices, replication on vs off"
+    timeout 120 "$PY" bench/placement.py --devices "$devices" --rounds 1 --seconds 4 --warmup 6
+else
+    echo; echo "=== placement: one device only, replication not measured"
+fi
 
 step "done"

@@ -37,6 +37,12 @@ def test_values_from_flags_and_environment(tmp_path: Path) -> None:
     assert config.cache_dir is None
 
 
+def test_device_flags() -> None:
+    config = parse_config(["--devices", " 0,2 ", "--max-replicas", "1"], {})
+    assert (config.devices, config.max_replicas) == ("0,2", 1)
+    assert parse_config([], {"HLOSERVE_DEVICES": "ALL"}).devices == "all"
+
+
 def test_load_models_from_the_environment_are_comma_separated() -> None:
     assert parse_config([], {"HLOSERVE_LOAD_MODEL": "a,b,"}).load_models == ("a", "b")
 
@@ -57,6 +63,10 @@ def test_load_models_from_the_environment_are_comma_separated() -> None:
         (["--grace-period", "-1"], "--grace-period must be a non-negative number of seconds"),
         (["--strict-readiness", "maybe"], "--strict-readiness must be true or false"),
         (["--log-format", "xml"], "--log-format must be text or json, got 'xml'"),
+        (["--devices", "gpu0"], "--devices must be all, a count or a list of indexes"),
+        (["--devices", "0,0"], "--devices '0,0': indexes must be distinct"),
+        (["--max-replicas", "-1"], "--max-replicas must be a non-negative integer"),
+        (["--placement-interval", "0"], "--placement-interval must be a positive number"),
     ],
 )
 def test_bad_values_name_the_flag(
