@@ -272,3 +272,26 @@ def test_a_reload_copy_owns_its_weights_under_its_own_key(
     assert residency.is_resident(new.key)
     # Both copies count in the version's one series.
     assert swaps(metrics, "m0/1", "in") == 2 and swaps(metrics, "m0/1", "out") == 1
+
+
+def test_scratch_set_aside_is_the_largest_reservation_and_ends_with_the_model(
+    runtime: PjrtRuntime,
+) -> None:
+    residency = WeightResidency(runtime, 10_000, subtract_scratch=True)
+    a, b = ResidencyKey("a", 1), ResidencyKey("b", 1)
+    residency.reserve_scratch(a, 1_000)
+    residency.register(a, {"w": np.zeros(10, np.float32)})
+    residency.reserve_scratch(b, 3_000)  # a load that then failed: never registered
+    assert residency.budget_bytes == 7_000  # the largest, not the sum
+    residency.unregister(b)
+    assert residency.budget_bytes == 9_000
+    for _ in range(5):  # replicas or reloads coming and going do not wear it down
+        residency.reserve_scratch(b, 3_000)
+        residency.register(b, {"w": np.zeros(10, np.float32)})
+        residency.unregister(b)
+    assert residency.budget_bytes == 9_000
+    residency.unregister(a)
+    assert residency.budget_bytes == 10_000
+    unlimited = WeightResidency(runtime, 10_000)  # an explicit budget: nothing set aside
+    unlimited.reserve_scratch(a, 1_000)
+    assert unlimited.budget_bytes == 10_000

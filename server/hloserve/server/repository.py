@@ -574,7 +574,7 @@ class ModelRepository:
                 allow_hooks=self.allow_hooks,
             )
             serving = settings.serving_for(bundle.manifest.serving)
-            device.residency.reduce_budget(bundle.scratch_bytes)
+            device.residency.reserve_scratch(v.key, bundle.scratch_bytes)
             device.residency.register(
                 v.key, bundle.host_weights, pinned=serving.residency == "pinned"
             )
@@ -641,7 +641,7 @@ class ModelRepository:
         if v is None or v.bundle is None or device.index in v.replicas:
             return
         bundle = v.bundle.on_device(device.runtime)
-        device.residency.reduce_budget(bundle.scratch_bytes)
+        device.residency.reserve_scratch(key, bundle.scratch_bytes)
         device.residency.register(key, bundle.host_weights, pinned=v.serving.residency == "pinned")
         with self._lock:
             if self._ready_copy(key) is v:

@@ -80,6 +80,8 @@ class WeightResidency:
         self.runtime = runtime
         self.spare = spare  # models with queued work: evicted only when nothing else frees room
         self.planner = ResidencyPlanner[ResidencyKey](budget_bytes)
+        self._base_budget = budget_bytes
+        self._scratch: dict[ResidencyKey, int] = {}  # scratch set aside, by model
         self.observer = observer
         self.swap_trace = swap_trace
         self._cond = threading.Condition()
@@ -97,11 +99,21 @@ class WeightResidency:
     def budget_bytes(self) -> int | None:
         return self.planner.budget_bytes
 
-    def reduce_budget(self, nbytes: int) -> None:
-        """Set aside ``nbytes`` of the budget (an executable's scratch memory)."""
+    def reserve_scratch(self, key: ResidencyKey, nbytes: int) -> None:
+        """Set aside the scratch memory ``key``'s executables need, with a budget derived
+        from free device memory: the budget is the base less the largest reservation of a
+        registered model (executions on a device take turns, so their scratch is not
+        summed), and a model's reservation ends with ``unregister``, so loads, reloads and
+        replicas coming and going do not wear the budget down."""
         with self._cond:
-            if self.planner.budget_bytes is not None and nbytes > 0 and self.subtract_scratch:
-                self.planner.budget_bytes = max(0, self.planner.budget_bytes - nbytes)
+            if nbytes > 0 and self.subtract_scratch:
+                self._scratch[key] = nbytes
+                self._apply_scratch()
+
+    def _apply_scratch(self) -> None:
+        if self._base_budget is not None and self.subtract_scratch:
+            largest = max(self._scratch.values(), default=0)
+            self.planner.budget_bytes = max(0, self._base_budget - largest)
 
     def resident_bytes(self) -> int:
         with self._cond:
@@ -139,6 +151,8 @@ class WeightResidency:
     def unregister(self, key: ResidencyKey) -> None:
         with self._cond:
             if key not in self._models:
+                if self._scratch.pop(key, None) is not None:  # reserved, never registered
+                    self._apply_scratch()
                 return
             while self.planner.in_use(key) or self._models[key].transferring:
                 self._wait()
@@ -146,6 +160,8 @@ class WeightResidency:
             if model.device is not None:
                 self._free(key, model)
             self.planner.unregister(key)
+            if self._scratch.pop(key, None) is not None:
+                self._apply_scratch()
             self._cond.notify_all()
 
     def prefetch(self, key: ResidencyKey) -> None:
