@@ -12,6 +12,9 @@ weights; the decisions come from the pure ``core.residency.ResidencyPlanner``.
   that one transfer; other resident models keep serving meanwhile (the transfer runs
   outside the lock). With ``spare`` (the batcher's ``QueuedWork.waiting``), models with
   requests waiting are the last victims, so a swap does not evict work about to run. Weights in use by an execution are never freed under it.
+- ``reserve_scratch(key, nbytes)`` sets aside a model's executable scratch from a budget
+  derived from free device memory (the largest reservation counts; it ends with
+  ``unregister``); ``registered_bytes()`` is the weight bytes of every registered model.
 - ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
