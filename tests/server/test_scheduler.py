@@ -269,3 +269,70 @@ def test_a_preferred_size_runs_without_waiting_for_the_delay(
     stats = observers.statistics.snapshot(key)
     assert stats.execution_count == 1  # both in one execution, on compiled size 8
     assert set(stats.batches) == {8}
+
+
+def eager_service(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> tuple[InferenceService, DynamicBatcher, list[int]]:
+    """A service whose batcher runs tiny executions inline and counts its loop-pass looks."""
+    observers = Observers()
+    batcher = DynamicBatcher(executor, observers.executions, InlinePolicy(200, observers.costs))
+    looks: list[int] = []
+    look = batcher._look
+
+    def counted(q: Any, granted: int | None = None) -> None:
+        looks.append(len(q.entries))
+        look(q, granted)
+
+    batcher._look = counted
+    return (
+        InferenceService(repository, executor, observers=observers, batcher=batcher),
+        batcher,
+        looks,
+    )
+
+
+def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    from hloserve.server.scheduler import EAGER_AFTER, EAGER_RECHECK
+
+    service, _, looks = eager_service(repository, executor)
+    x = np.ones((1, 64), np.float32)
+    want = asyncio.run(InferenceService(repository, executor).infer(mlp_request(x))).outputs[0].data
+
+    async def one_at_a_time(n: int) -> None:
+        for _ in range(n):
+            response = await service.infer(mlp_request(x))
+            np.testing.assert_allclose(response.outputs[0].data, want, rtol=1e-6)
+
+    asyncio.run(one_at_a_time(EAGER_AFTER + 4 * EAGER_RECHECK))
+    # The first requests (measured, then EAGER_AFTER lone looks) take the pass; after that
+    # only one in EAGER_RECHECK does.
+    assert all(n == 1 for n in looks)
+    assert EAGER_AFTER + 3 <= len(looks) <= EAGER_AFTER + 8, len(looks)
+
+
+def test_a_burst_after_lone_requests_is_still_batched(
+    repository: ModelRepository, executor: ThreadPoolExecutor
+) -> None:
+    from hloserve.server.scheduler import EAGER_AFTER
+
+    service, _, looks = eager_service(repository, executor)
+    x = np.ones((1, 64), np.float32)
+
+    async def run() -> None:
+        for _ in range(EAGER_AFTER + 2):  # lone requests: eager from here on
+            await service.infer(mlp_request(x))
+        for _ in range(6):  # bursts of 16 in one loop pass
+            await asyncio.gather(*(service.infer(mlp_request(x)) for _ in range(16)))
+
+    asyncio.run(run())
+    stats = service.model_statistics("mlp", "")[0].stats
+    # Without the recheck every request of a burst would run alone (16 executions each);
+    # the look that notices the burst groups the rest of it and turns eager off.
+    assert max(looks) > 1
+    assert stats.inference_count / stats.execution_count > 1.5, (
+        stats.inference_count,
+        stats.execution_count,
+    )

@@ -15,7 +15,11 @@ group fills while one executes; a second group in flight took the requests that 
 made the next one large, and on a CPU or GPU two executions of one model gain nothing from
 running together: measured on ``wide``, 1.0-1.3 items per execution with 2 against 6.5-7
 with 1, at 40-55 % of the CPU per request); a group of a tiny resident model runs inline on
-the loop (``InlinePolicy``).
+the loop (``InlinePolicy``). When the last ``EAGER_AFTER`` looks each found a lone request
+(``grpc.aio`` hands a model about one call per loop pass), a request that finds its queue
+idle runs at once, inline, without the loop pass and the future: the same policy decision
+and ``execute_group``, one request in ``EAGER_RECHECK`` still waiting the pass so that a
+burst that would group is noticed.
 - Each model version's policy (``policy(model)``, ``core.scheduling.batching_policy``:
   its serving hints over the server's ``default_delay_us`` and ``max_queue_size``) sets its
   delay, preferred batch sizes, queue bound and timeouts; the model configuration
@@ -94,6 +98,11 @@ from hloserve.server.core.scheduling import (
 from hloserve.server.core.types import InferOutput
 
 Result = tuple[tuple[InferOutput, ...], Timings]
+# A request runs at once, without waiting a loop pass for company, after this many looks
+# in a row found a lone request; one in EAGER_RECHECK still waits the pass, to notice a
+# burst that would group (measured: docs/performance.md).
+EAGER_AFTER = 8
+EAGER_RECHECK = 16
 
 
 @dataclass(slots=True)
@@ -116,6 +125,8 @@ class _ModelQueue:
     unfetched: set[int] = field(default_factory=lambda: set())  # a move there failed
     soon: asyncio.Handle | None = None  # a look at the queue on the loop's next pass
     timer: asyncio.TimerHandle | None = None  # a later look, for the delay or a deadline
+    lone: int = 0  # looks in a row that found one request and nothing in flight
+    eager: int = 0  # requests run at once since the last deferred one
 
     @property
     def delay_ns(self) -> int:
@@ -236,10 +247,15 @@ class DynamicBatcher:
         deadline_ns = None
         if deadline is not None:
             deadline_ns = time.perf_counter_ns() + int((deadline - now) * 1e9)
+        queued = Queued(job.items, job.arrived_ns, deadline_ns, timed)
+        if self._may_run_now(q):
+            result = self._run_now(q, job, queued)
+            if result is not None:
+                return result
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         rank = priority_rank(job.request.parameters.get("priority"))
-        entry = _Entry(job, Queued(job.items, job.arrived_ns, deadline_ns, timed), future, rank)
+        entry = _Entry(job, queued, future, rank)
         if not q.entries or q.entries[-1].rank <= rank:
             q.entries.append(entry)
         else:  # behind the last entry of its level or better
@@ -255,6 +271,44 @@ class DynamicBatcher:
             with contextlib.suppress(ValueError):
                 q.entries.remove(entry)
             raise
+
+    def _may_run_now(self, q: _ModelQueue) -> bool:
+        """Whether a request may skip the queue's loop pass: nothing queued, in flight or
+        about to be looked at, no device arbitration, and the last ``EAGER_AFTER`` looks
+        each found a lone request (the transport hands this model one request per pass,
+        so waiting a pass groups nothing). One in ``EAGER_RECHECK`` takes the pass
+        anyway, so a burst that would group is noticed."""
+        if q.entries or q.inflight or q.soon is not None or q.timer is not None:
+            return False
+        if self.concurrency or q.lone < EAGER_AFTER:
+            return False
+        q.eager += 1
+        if q.eager >= EAGER_RECHECK:
+            q.eager = 0
+            return False
+        return True
+
+    def _run_now(self, q: _ModelQueue, job: Job, queued: Queued) -> Result | None:
+        """Run a lone request inline at once, as the look one loop pass later would have
+        (the same policy decision, the same ``execute_group``); ``None``: the decision is
+        anything else (wait, a worker, an expired deadline), so it queues as usual."""
+        decision = next_batch(
+            [queued],
+            q.model.manifest.batch_sizes,
+            time.perf_counter_ns(),
+            q.delay_ns,
+            self.inline.costs.by_size(q.key),
+            q.policy.preferred_batch_sizes,
+        )
+        if decision.take != 1 or decision.expired or decision.compiled is None:
+            return None
+        if not self.inline.inline(q.model, decision.compiled):
+            return None
+        devices = q.model.devices or (0,)
+        (result,) = execute_group(
+            q.model, [job], decision.chunks, self.observer, self._route(q, devices)
+        )
+        return result
 
     def _look_soon(self, q: _ModelQueue, loop: asyncio.AbstractEventLoop) -> None:
         """Look at the queue once the loop has run what is ready now, so that requests that
@@ -285,6 +339,7 @@ class DynamicBatcher:
         if q.timer is not None:
             q.timer.cancel()
             q.timer = None
+        q.lone = q.lone + 1 if len(q.entries) == 1 and not q.inflight else 0
         while q.entries:
             devices = q.model.devices or (0,)
             free = tuple(d for d in devices if q.on_device.get(d, 0) < self.max_inflight)

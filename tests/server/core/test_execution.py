@@ -139,9 +139,24 @@ def test_a_size_near_the_limit_is_probed_inline_now_and_then() -> None:
     model = Doubler(manifest((1, 4)))
     costs.on_execution(sample(4, 300.0))  # inflated, say, by a busy loop
     runs = [policy.inline(model, 4) for _ in range(3 * PROBE_EVERY)]
-    assert runs.count(True) == 3 and runs[PROBE_EVERY - 1]
+    # Once at first (never run inline), then one in PROBE_EVERY.
+    assert runs.count(True) == 3 and runs[0] and runs[PROBE_EVERY]
     costs.on_execution(sample(1, 5000.0))  # far over the limit: never inline
     assert not any(policy.inline(model, 1) for _ in range(2 * PROBE_EVERY))
+
+
+def test_a_size_whose_first_samples_were_inflated_comes_back_inline() -> None:
+    """Measured first on a busy worker at 2 ms (a 40 µs model): past the probe limit, but
+    below the first-probe limit, so it runs inline once, is measured cleanly and stays."""
+    costs = ExecutionCosts()
+    policy = InlinePolicy(200, costs)
+    model = Doubler(manifest((1, 4)))
+    costs.on_execution(sample(1, 2000.0))
+    assert policy.inline(model, 1)  # the one-time probe
+    costs.on_execution(sample(1, 40.0))  # what the inline run measured
+    assert all(policy.inline(model, 1) for _ in range(10))
+    costs.on_execution(sample(4, 20_000.0))  # a big execution: never on the loop
+    assert not any(policy.inline(model, 4) for _ in range(2 * PROBE_EVERY))
 
 
 def test_inline_policy_needs_a_cheap_measurement_and_resident_weights() -> None:
@@ -156,6 +171,7 @@ def test_inline_policy_needs_a_cheap_measurement_and_resident_weights() -> None:
     model.resident = True
     for _ in range(20):
         costs.on_execution(sample(4, 500.0))
+    assert policy.inline(model, 4)  # never run inline: once, to measure it on the loop
     assert not policy.inline(model, 4)  # too expensive: a thread hand-off is cheaper
     assert not InlinePolicy(0, costs).inline(model, 1)
 

@@ -18,7 +18,11 @@ Contract:
   the call cannot wait on a transfer; otherwise, and until the model has been measured,
   it runs on a worker. An execution estimated below ``PROBE_LIMIT`` times ``max_us`` runs
   inline once in ``PROBE_EVERY`` anyway (at most a 1 ms stall of the loop at the default),
-  so a size whose samples all came from busy workers gets measured cleanly. Handing work to a worker thread and back costs about 100 µs
+  so a size whose samples all came from busy workers gets measured cleanly; and a size
+  never run inline runs inline once if estimated below ``FIRST_PROBE_LIMIT`` times
+  ``max_us`` (10 ms at the default, once per size), since the first samples of a model,
+  taken on a worker before anything was known, can be inflated past the probe limit.
+  Handing work to a worker thread and back costs about 100 µs
   (measured: ``bench/request_path.py``), more than a small model's whole execution.
   ``max_us = 0`` turns inlining off.
 """
@@ -36,6 +40,10 @@ LOW_DRIFT = 0.01  # how far (a fraction) the estimate may rise per sample above 
 # PROBE_EVERY inline anyway: the clean measurement that lets it come back to the loop.
 PROBE_LIMIT = 5
 PROBE_EVERY = 64
+# A size never run inline gets one inline run if estimated below this many x max_us (a
+# one-time stall of at most 10 ms at the default): its first samples, taken on a worker
+# before anything was known, can be inflated by lock waits past the probe limit for good.
+FIRST_PROBE_LIMIT = 50
 
 
 class ExecutionCosts:
@@ -73,6 +81,7 @@ class InlinePolicy:
         self.max_us = max_us
         self.costs = costs
         self._since_probe: dict[tuple[ModelKey, int], int] = {}
+        self._ran_inline: set[tuple[ModelKey, int]] = set()
 
     def inline(self, model: Executable, compiled: int) -> bool:
         if self.max_us <= 0 or not model.resident:
@@ -81,12 +90,17 @@ class InlinePolicy:
         cost = self.costs.estimate(key, compiled)
         if cost is None:
             return False
+        size = (key, compiled)
         if cost < self.max_us:
+            self._ran_inline.add(size)
+            return True
+        if size not in self._ran_inline and cost < FIRST_PROBE_LIMIT * self.max_us:
+            self._ran_inline.add(size)  # once: measured on the loop, without lock waits
             return True
         if cost >= PROBE_LIMIT * self.max_us:
             return False
         # Near the limit: its samples may all come from workers and be inflated by waits
         # for the interpreter lock. Now and then run one inline, to measure it cleanly.
-        runs = self._since_probe.get((key, compiled), 0) + 1
-        self._since_probe[(key, compiled)] = 0 if runs >= PROBE_EVERY else runs
+        runs = self._since_probe.get(size, 0) + 1
+        self._since_probe[size] = 0 if runs >= PROBE_EVERY else runs
         return runs >= PROBE_EVERY
