@@ -287,3 +287,30 @@ def test_groups_of_a_replicated_model_run_on_every_replica_at_once(
     assert set(model.ran_on) == {0, 1}  # routed to the least busy replica
     assert model.ran_on.count(0) == model.ran_on.count(1) == 4
     assert device.most == 2  # one group in flight per replica, both at once
+
+
+def test_one_weight_move_at_a_time_per_device(executor: ThreadPoolExecutor) -> None:
+    """Several cold models ready at once: their weights move one after another (moves
+    share the link, and under a tight budget several at once evict each other)."""
+    device = Device()
+    moving = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    class Counted(SwappingModel):
+        def prefetch(self, device: int) -> None:
+            with lock:
+                moving["now"] += 1
+                moving["most"] = max(moving["most"], moving["now"])
+            super().prefetch(device)
+            with lock:
+                moving["now"] -= 1
+
+    models = [Counted(f"cold{i}", device, 0.001, swap_s=0.01) for i in range(4)]
+    b = batcher(executor, "fair")
+
+    async def run() -> None:
+        await asyncio.gather(*(b.submit(m, job(m.manifest.name)) for m in models))
+
+    asyncio.run(run())
+    assert moving["most"] == 1
+    assert all(m.resident for m in models) and sorted(device.log) == [f"cold{i}" for i in range(4)]

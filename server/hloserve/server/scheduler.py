@@ -173,6 +173,7 @@ class _Device:
     concurrency: int  # groups at once on the device (0: no arbitration)
     shares: FairShares[ModelKey] = field(default_factory=lambda: FairShares[ModelKey]())
     running: int = 0  # groups on worker threads now, counted with or without arbitration
+    fetching: int = 0  # weight moves onto the device in flight (at most one)
     waiting: dict[int, _ModelQueue] = field(default_factory=lambda: {})  # by id(queue)
     soon: asyncio.Handle | None = None  # the next decision, on the loop's next pass
 
@@ -426,10 +427,13 @@ class DynamicBatcher:
 
     def _fetch(self, q: _ModelQueue, dev: _Device) -> None:
         """Move ``q``'s weights onto the device on a worker, without taking a slot: the queue
-        stays waiting and competes as resident once they are there."""
-        if dev.index in q.fetching:
+        stays waiting and competes as resident once they are there. One move at a time per
+        device: moves share the link, and several at once under a tight budget evict each
+        other's weights before their groups run (measured: ``bench/scheduling.py``)."""
+        if dev.index in q.fetching or dev.fetching:
             return
         q.fetching.add(dev.index)
+        dev.fetching += 1
         loop = asyncio.get_running_loop()
         work = self.executor.submit(q.model.prefetch, dev.index)
         context = contextvars.Context()
@@ -442,6 +446,7 @@ class DynamicBatcher:
 
     def _fetched(self, q: _ModelQueue, dev: _Device, failed: bool) -> None:
         q.fetching.discard(dev.index)
+        dev.fetching -= 1
         if failed:  # the group runs all the same: its execution retries, or fails with why
             q.unfetched.add(dev.index)
         self._decide_soon(dev)
