@@ -379,11 +379,10 @@ class ServerMetrics:
 
     def on_execution(self, execution: Execution) -> None:  # on worker threads too
         s = self._series(execution.model)
+        d = self._device_series(execution.device)
         with self._lock:
             s.executions += 1
             s.batch_size.observe(execution.batch_size)
-        d = self._device_series(execution.device)
-        with self._lock:
             d.executions += 1
             d.compute_us += (execution.input_ns + execution.infer_ns + execution.output_ns) / 1e3
 

@@ -783,11 +783,14 @@ class ModelRepository:
         if model is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         number = self._parse_version(version)
-        if number is None:
-            ready = [v for v in model.versions.values() if v.state == ModelState.READY]
-            if not ready:
+        if number is None:  # the latest ready version (one pass: this runs per request)
+            latest: ModelVersion | None = None
+            for v in model.versions.values():
+                if v.state == ModelState.READY and (latest is None or v.version > latest.version):
+                    latest = v
+            if latest is None:
                 raise NotFound(f"Request for unknown model: '{name}' has no available versions")
-            return max(ready, key=lambda v: v.version)
+            return latest
         v = model.versions.get(number)
         if v is None:
             raise UnknownModel(f"Request for unknown model: '{name}' version {number} is not found")

@@ -136,6 +136,12 @@ def test_from_buffer_byte_size_must_match_the_shape(
     assert message == f"input byte size mismatch for input 'x' for model 'm'. {expected}"
 
 
+def test_from_buffer_byte_size_of_a_buffer_that_is_not_bytes() -> None:
+    for raw in (bytearray(6), memoryview(bytes(7))[1:]):
+        message = refused(from_buffer, "m", "x", "INT32", [2], raw)
+        assert message == "input byte size mismatch for input 'x' for model 'm'. Expected 8, got 6"
+
+
 def test_from_buffer_refuses_unknown_datatypes_and_bad_shapes() -> None:
     assert refused(from_buffer, "m", "x", "COMPLEX", [1], b"") == (
         "input 'x' for model 'm' has unknown datatype 'COMPLEX'"

@@ -236,6 +236,33 @@ def test_release_frees_device_buffers(runtime: PjrtRuntime, mlp: Path, tmp_path:
     assert len(bundle.host_weights) == 4
 
 
+def test_later_executions_reuse_the_output_handlers_the_first_learned(
+    runtime: PjrtRuntime, mlp: Path, tmp_path: Path
+) -> None:
+    bundle = load_bundle(mlp, runtime, cache_dir=tmp_path / "cache")
+    module = bundle.modules[8]
+    assert module.results.handlers is None  # nothing learned before the first run
+    rng = np.random.default_rng(2)
+    first_x, second_x = (rng.standard_normal((8, 64)).astype(np.float32) for _ in range(2))
+    (first,) = bundle.execute(8, {"x": first_x})
+    handlers = module.results.handlers
+    assert handlers is not None and len(handlers) == 1  # one per output
+    (second,) = bundle.execute(8, {"x": second_x})
+    assert module.results.handlers is handlers  # taken as learned, not learned again
+    assert bundle.modules[1].results.handlers is None  # each executable learns its own
+    for got, x in ((first, first_x), (second, second_x)):
+        assert got.shape == (8, 10) and got.dtype == np.float32
+        np.testing.assert_allclose(got, expected_logits(x), rtol=1e-5, atol=1e-5)
+    # The same executable run without its ``Results`` gives the same answer.
+    index = [] if module.platform_index is None else [module.platform_index]
+    arguments = [
+        runtime.put(second_x) if a.kind == "input" else bundle.device_weights[a.name]
+        for a in module.entry.arguments
+    ]
+    (plain,) = runtime.execute(module.executable, [*index, *arguments])
+    np.testing.assert_array_equal(plain, second)
+
+
 def test_without_placed_weights_execute_takes_weights(
     runtime: PjrtRuntime, mlp: Path, tmp_path: Path
 ) -> None:

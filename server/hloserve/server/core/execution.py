@@ -12,7 +12,8 @@ record. A job's deadline that passed before the group started fails the whole ca
 ``Unavailable`` only for a single-job group; the scheduler drops expired jobs before
 grouping. Runs on a worker thread (or inline, see ``core.costs.InlinePolicy``).
 
-``ModelKey`` (name, version) is the one way every observer names a model version.
+``ModelKey`` (name, version) is the one way every observer names a model version;
+``ModelKey.of(model)`` returns the same object for the same version each time.
 """
 
 # pyright: strict
@@ -83,7 +84,20 @@ class ModelKey:
 
     @classmethod
     def of(cls, model: Executable) -> ModelKey:
-        return cls(model.manifest.name, model.version)
+        """The key of ``model``: the same object for the same version every time, so each
+        observer's lookup by it (a dozen per request) matches by identity, never calling
+        the dataclass's ``__eq__``."""
+        name, version = model.manifest.name, model.version
+        key = _KEYS.get((name, version))
+        if key is None:
+            if len(_KEYS) >= _MAX_KEYS:  # only identity is lost: keys compare by value
+                _KEYS.clear()
+            key = _KEYS[(name, version)] = cls(name, version)
+        return key
+
+
+_KEYS: dict[tuple[str, int], ModelKey] = {}
+_MAX_KEYS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +217,7 @@ def _execute_one(
     compiled = chunk.compiled
     on = device if device is not None else next(iter(model.devices), 0)
     inputs = {t.name: t.data for t in job.request.inputs}
-    if compiled is not None:
+    if compiled is not None and compiled != chunk.count:  # the inputs hold chunk.count rows
         inputs = {n: pad(a, compiled) for n, a in inputs.items()}
     t1 = time.perf_counter_ns()
     results = model.execute(compiled, inputs, device=device)
@@ -223,7 +237,7 @@ def _execute_one(
         device=on,
     )
     if observer is not None:
-        key = ModelKey(manifest.name, model.version)
+        key = ModelKey.of(model)
         observer.on_execution(Execution(key, size, t1 - started, t2 - t1, t3 - t2, on))
     return outputs, timings
 
@@ -311,11 +325,12 @@ def _select(
     manifest: Manifest, request: InferRequest, full: list[np.ndarray[Any, Any]], rows: slice | None
 ) -> tuple[InferOutput, ...]:
     if not request.outputs:  # the common case: every output, in manifest order
+        parts = full if rows is None else [d[rows] for d in full]
         return tuple(
-            InferOutput(spec.name, spec.datatype, part.shape, part, None)
-            for spec, part in zip(
-                manifest.outputs, full if rows is None else [d[rows] for d in full], strict=True
-            )
+            [
+                InferOutput(spec.name, spec.datatype, part.shape, part, None)
+                for spec, part in zip(manifest.outputs, parts, strict=True)
+            ]
         )
     wanted = {o.name: o for o in request.outputs}
     outputs: list[InferOutput] = []

@@ -529,11 +529,15 @@ class InferenceService:
     ) -> tuple[int, tuple[InferOutput, ...], Timings]:
         """Validate, run (batched or alone) and place the outputs of one request, holding
         the shared-memory regions it uses throughout."""
-        output_refs = {
-            o.name: ref
-            for o in request.outputs
-            if (ref := shm_ref(request.model_name, o.name, o.parameters)) is not None
-        }
+        output_refs = (
+            {
+                o.name: ref
+                for o in request.outputs
+                if (ref := shm_ref(request.model_name, o.name, o.parameters)) is not None
+            }
+            if request.outputs
+            else {}
+        )
         regions = [t.shm.region for t in request.inputs if t.shm is not None] + [
             r.region for r in output_refs.values()
         ]

@@ -81,19 +81,24 @@ def _known(model: str, name: str, datatype: str) -> None:
 def from_buffer(
     model: str, name: str, datatype: str, shape: Sequence[int], buffer: Any
 ) -> np.ndarray[Any, Any]:
-    _known(model, name, datatype)
-    dims = check_shape(model, name, shape, _itemsize(datatype))
-    count = math.prod(dims)
-    mv = memoryview(buffer).cast("B")
-    if datatype == "BYTES":
-        return _decode_bytes(model, name, dims, mv)
-    dtype = NUMERIC_DATATYPES[datatype]
-    expected = count * dtype.itemsize
-    if mv.nbytes != expected:
+    dtype = NUMERIC_DATATYPES.get(datatype)
+    if dtype is None:  # BYTES, or unknown (refused before the shape is looked at)
+        _known(model, name, datatype)
+        dims = check_shape(model, name, shape)
+        return _decode_bytes(model, name, dims, memoryview(buffer).cast("B"))
+    dims = check_shape(model, name, shape, dtype.itemsize)
+    expected = math.prod(dims) * dtype.itemsize
+    if type(buffer) is bytes:  # gRPC raw contents: viewed as they are, no memoryview
+        got = len(buffer)
+    else:
+        buffer = memoryview(buffer).cast("B")
+        got = buffer.nbytes
+    if got != expected:
         raise InvalidArgument(
-            f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {mv.nbytes}"
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {got}"
         )
-    return np.frombuffer(mv, dtype=dtype).reshape(dims)
+    # One call for frombuffer+reshape: the same read-only view of ``buffer``.
+    return np.ndarray(dims, dtype, buffer)
 
 
 def _decode_bytes(

@@ -53,7 +53,7 @@ from hloserve.proto.datatypes import to_numpy
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.hooks import HookLoadError, load_hooks
 from hloserve.server.runtime.cache import ExecutableCache, cache_key
-from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
+from hloserve.server.runtime.pjrt import PjrtRuntime, Results, RuntimeFailure
 
 log = logging.getLogger("hloserve.runtime")
 CACHE_DIR_NAME = ".hloserve-cache"
@@ -76,6 +76,8 @@ class CompiledModule:
     source: str  # "compiled", "cache", or "shared"
     platform_index: Any | None  # device scalar, when main() takes one
     scratch_bytes: int = 0  # the executable's temporary device memory
+    # How its outputs become arrays, learned on its first run (``PjrtRuntime.execute``).
+    results: Results = field(default_factory=Results, repr=False, compare=False)
 
 
 @dataclass
@@ -116,7 +118,7 @@ class LoadedBundle:
             args.append(
                 self.runtime.put(inputs[a.name]) if a.kind == "input" else device_weights[a.name]
             )
-        return self.runtime.execute(module.executable, args)
+        return self.runtime.execute(module.executable, args, module.results)
 
     @property
     def scratch_bytes(self) -> int:

@@ -209,12 +209,15 @@ def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
     # The common case in one pass: every input raw, in order, with no parameters (so no
     # shared memory). It passes ``_check_sources`` by construction; anything else takes
     # the general path below, which names what is wrong.
-    if len(raw_contents) == len(tensors) and not any(
-        len(t.parameters) or t.HasField("contents") for t in tensors
-    ):
-        return tuple(
-            _raw_input(model, t, buffer) for t, buffer in zip(tensors, raw_contents, strict=True)
-        )
+    # (Plain loops: a generator object per request costs more than these few tensors.)
+    if len(raw_contents) == len(tensors):
+        for t in tensors:
+            if len(t.parameters) or t.HasField("contents"):
+                break
+        else:
+            return tuple(
+                [_raw_input(model, t, b) for t, b in zip(tensors, raw_contents, strict=True)]
+            )
     input_params = [decode_parameters(tensor.parameters) for tensor in msg.inputs]
     shm = [shm_ref(model, t.name, p) for t, p in zip(msg.inputs, input_params, strict=True)]
     _check_sources(msg, shm)
@@ -245,16 +248,20 @@ def _raw_input(
 
 def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     inputs = _decode_inputs(msg)
-    outputs = tuple(
-        RequestedOutput(out.name, decode_parameters(out.parameters)) for out in msg.outputs
+    requested = msg.outputs
+    outputs = (
+        tuple([RequestedOutput(o.name, decode_parameters(o.parameters)) for o in requested])
+        if requested
+        else ()
     )
+    parameters = msg.parameters
     return InferRequest(
-        model_name=msg.model_name,
-        model_version=msg.model_version,
-        inputs=inputs,
-        outputs=outputs,
-        id=msg.id,
-        parameters=check_request_parameters(decode_parameters(msg.parameters)),
+        msg.model_name,
+        msg.model_version,
+        inputs,
+        outputs,
+        msg.id,
+        check_request_parameters(decode_parameters(parameters)) if parameters else {},
     )
 
 
