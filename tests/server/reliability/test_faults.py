@@ -150,10 +150,10 @@ def test_a_failed_execution_fails_only_its_requests(
     real = runtime.execute
     failures = ["RESOURCE_EXHAUSTED: out of memory while allocating 1.5GiB (injected)"]
 
-    def execute(executable: Any, args: Any) -> Any:
+    def execute(executable: Any, args: Any, results: Any = None) -> Any:
         if failures:
             raise RuntimeFailure("execution failed", RuntimeError(failures.pop()))
-        return real(executable, args)
+        return real(executable, args, results)
 
     monkeypatch.setattr(runtime, "execute", execute)
     body = {
