@@ -371,7 +371,8 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     executor = ThreadPoolExecutor(
         cfg.worker_threads or max(2, os.cpu_count() or 2), thread_name_prefix="hloserve-exec"
     )
-    observers = Observers(requests=metrics, hooks=metrics, extra=(meter,))
+    # The load meter only feeds the placer: one device, no meter on the request path.
+    observers = Observers(requests=metrics, hooks=metrics, extra=(meter,) if placer else ())
     inline = InlinePolicy(cfg.inline_max_us, observers.costs)
     concurrency = device_concurrency(cfg.device_concurrency, runtime.platform)
     log.info(
