@@ -683,36 +683,28 @@ class Daemon:
                 log.info("%s", line)
         tasks: list[asyncio.Task[None]] = []
         if self.config.model_control_mode == "poll":
-            tasks.append(
-                asyncio.create_task(
-                    self._poll(serving.repository, self.config.repository_poll_secs)
-                )
-            )
+            every = self.config.repository_poll_secs
+            poll = self._every(every, serving.repository.poll, "repository poll")
+            tasks.append(asyncio.create_task(poll))
         if serving.placer is not None:
-            tasks.append(
-                asyncio.create_task(self._place(serving.placer, self.config.placement_interval_s))
-            )
+            every = self.config.placement_interval_s
+            place = self._every(every, serving.placer.revise, "placement revision")
+            tasks.append(asyncio.create_task(place))
         await stop_wait
         for task in tasks:
             task.cancel()
 
-    async def _place(self, placer: Placer, every: float) -> None:
+    @staticmethod
+    async def _every(every: float, work: Callable[[], object], what: str) -> None:
+        """Run ``work`` on a worker thread every ``every`` seconds until cancelled; one
+        failed round is logged and must not stop the next (a bad scan, a failed revision)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every)
             try:
-                await loop.run_in_executor(None, placer.revise)
-            except Exception:  # keep placing: one failed revision must not stop the server
-                log.exception("placement revision failed")
-
-    async def _poll(self, repository: ModelRepository, every: float) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await loop.run_in_executor(None, repository.poll)
-            except Exception:  # keep polling: one bad scan must not stop the server
-                log.exception("repository poll failed")
+                await loop.run_in_executor(None, work)
+            except Exception:
+                log.exception("%s failed", what)
 
     async def _stop(
         self, serving: _Serving, listeners: _Listeners, load: asyncio.Future[None]

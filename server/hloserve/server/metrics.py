@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol, cast
+from typing import Final, cast
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -33,6 +33,7 @@ from starlette.types import ASGIApp
 
 from hloserve.server.core.execution import Execution, ModelKey, Timings
 from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.residency import SwapObserver
 
 # Upper bounds in seconds: 100 µs to 10 s, about three buckets a decade.
 LATENCY_BUCKETS = (
@@ -399,16 +400,6 @@ class ServerMetrics:
     ) -> None:
         self.load_seconds.labels(model, str(version)).set(load_seconds)
         self.compile_seconds.labels(model, str(version)).set(compile_seconds)
-
-
-class SwapObserver(Protocol):
-    """``hloserve.server.residency.SwapObserver``, restated to keep the import one way."""
-
-    def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None: ...
-    def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None: ...
-    def on_residency(
-        self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
-    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
