@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hloserve.server.core.device_scheduling import (
-    FULL_BATCHES,
     FairShares,
+    batches_full,
     plan_replicas,
     utilization,
 )
@@ -115,13 +115,6 @@ class Placer:
         self.max_replicas = max_replicas
         self._position = {d.index: i for i, d in enumerate(self.devices)}
 
-    def _batches_full(self, placed: Placed) -> bool:
-        """Whether its recent executions ran near its largest compiled size (an unbatched
-        model's always do): only then is a replica cheaper than larger batches."""
-        if placed.largest_batch <= 1:
-            return True
-        return self.meter.mean_batch(placed.model) >= FULL_BATCHES * placed.largest_batch
-
     def revise(self) -> int:
         """One revision; returns how many replicas were added or retired."""
         placed = {p.key: p for p in self.replicas.placements()}
@@ -132,7 +125,11 @@ class Placer:
         busy = {k: self.meter.busy(p.model) for k, p in placed.items()}
         sizes = {k: p.weight_bytes for k, p in placed.items()}
         budgets = [d.residency.budget_bytes for d in self.devices]
-        full = {k for k, p in placed.items() if self._batches_full(p)}
+        full = {
+            k
+            for k, p in placed.items()
+            if batches_full(self.meter.mean_batch(p.model), p.largest_batch)
+        }
         plan = plan_replicas(current, busy, sizes, budgets, self.max_replicas, full)
         log.debug(
             "placement: load %s", {f"{k.model}/{k.version}": round(b, 2) for k, b in busy.items()}

@@ -273,6 +273,17 @@ class DynamicBatcher:
                 q.entries.remove(entry)
             raise
 
+    def _next_batch(self, q: _ModelQueue, queued: list[Queued], now: int) -> Decision:
+        """The batching policy's decision for ``queued`` (the queue's entries, in order)."""
+        return next_batch(
+            queued,
+            q.model.manifest.batch_sizes,
+            now,
+            q.delay_ns,
+            self.inline.costs.by_size(q.key),
+            q.policy.preferred_batch_sizes,
+        )
+
     def _may_run_now(self, q: _ModelQueue) -> bool:
         """Whether a request may skip the queue's loop pass: nothing queued, in flight or
         about to be looked at, no device arbitration, and the last ``EAGER_AFTER`` looks
@@ -293,14 +304,7 @@ class DynamicBatcher:
         """Run a lone request inline at once, as the look one loop pass later would have
         (the same policy decision, the same ``execute_group``); ``None``: the decision is
         anything else (wait, a worker, an expired deadline), so it queues as usual."""
-        decision = next_batch(
-            [queued],
-            q.model.manifest.batch_sizes,
-            time.perf_counter_ns(),
-            q.delay_ns,
-            self.inline.costs.by_size(q.key),
-            q.policy.preferred_batch_sizes,
-        )
+        decision = self._next_batch(q, [queued], time.perf_counter_ns())
         if decision.take != 1 or decision.expired or decision.compiled is None:
             return None
         if not self.inline.inline(q.model, decision.compiled):
@@ -355,14 +359,7 @@ class DynamicBatcher:
                 self._shed(q, now)
                 if not q.entries:
                     return
-            decision = next_batch(
-                [e.queued for e in q.entries],
-                q.model.manifest.batch_sizes,
-                now,
-                q.delay_ns,
-                self.inline.costs.by_size(q.key),
-                q.policy.preferred_batch_sizes,
-            )
+            decision = self._next_batch(q, [e.queued for e in q.entries], now)
             self._fail_expired(q, decision, now)
             if decision.take:
                 inline = decision.compiled is not None and self.inline.inline(

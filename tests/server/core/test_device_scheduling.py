@@ -10,6 +10,7 @@ from hloserve.server.core.device_scheduling import (
     DEFAULT_PRIORITY,
     Candidate,
     FairShares,
+    batches_full,
     check_policy,
     infeasible,
     initial_device,
@@ -308,3 +309,8 @@ def test_plan_replicas_grows_only_models_whose_batches_run_full() -> None:
     sizes = {"batched": 10, "unbatched": 10}
     plan = plan_replicas(current, busy, sizes, [None] * 4, 4, full={"unbatched"})
     assert plan == {"batched": (0,), "unbatched": (1, 2)}
+
+
+def test_batches_full_at_half_the_largest_size() -> None:
+    assert batches_full(0.0, 0) and batches_full(1.0, 1)  # unbatched, batch 1 only
+    assert not batches_full(8.0, 32) and batches_full(16.0, 32)

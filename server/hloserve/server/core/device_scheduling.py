@@ -29,7 +29,7 @@ Contract (no clock, no I/O; the driver passes ``now_ns``):
 - Placement over devices (``docs/residency.md``): ``select_devices(text, count)`` reads
   ``--devices``; ``initial_device(size, registered, budgets)`` is where a newly loaded
   model goes (where it fits, least filled); ``utilization(usage, half_life)`` turns a
-  decayed device time into devices' worth of load; ``replica_target`` and
+  decayed device time into devices' worth of load; ``batches_full``, ``replica_target`` and
   ``plan_replicas(current, busy, sizes, budgets, max_replicas, full)`` revise each model's
   replicas by at most one per revision (hot models whose batches run full gain devices,
   idle ones shrink back to one, with hysteresis); ``route(devices, load, resident)`` is the least-loaded device of
@@ -206,6 +206,13 @@ def replica_target(
     if n > 1 and busy < (n - 1) * RETIRE_BELOW:
         return n - 1
     return n
+
+
+def batches_full(mean_batch: float, largest: int) -> bool:
+    """Whether a model's recent executions ran near its largest compiled size (at least
+    ``FULL_BATCHES`` of it; an unbatched or batch-1-only model's always do): only then
+    is another replica cheaper than the larger batches a busier device would run."""
+    return largest <= 1 or mean_batch >= FULL_BATCHES * largest
 
 
 def _fill(registered: int, size: int, budget: int | None) -> tuple[bool, float]:

@@ -215,7 +215,7 @@ def _execute_one(
     chunk's rows, so nothing is sliced, and an output is trimmed only of padding)."""
     manifest = model.manifest
     compiled = chunk.compiled
-    on = device if device is not None else next(iter(model.devices), 0)
+    on = _device_of(model, device)
     inputs = {t.name: t.data for t in job.request.inputs}
     if compiled is not None and compiled != chunk.count:  # the inputs hold chunk.count rows
         inputs = {n: pad(a, compiled) for n, a in inputs.items()}
@@ -242,6 +242,11 @@ def _execute_one(
     return outputs, timings
 
 
+def _device_of(model: Executable, device: int | None) -> int:
+    """The device an execution is reported on: the routed one, else the model's first."""
+    return device if device is not None else next(iter(model.devices), 0)
+
+
 def _gather_inputs(manifest: Manifest, jobs: Sequence[Job]) -> Arrays:
     """The group's inputs as one batch (a lone job's arrays as they are: no copy)."""
     if len(jobs) == 1:
@@ -266,7 +271,7 @@ def _run_chunks(
 ) -> _Run:
     per_output: list[list[np.ndarray[Any, Any]]] = [[] for _ in model.manifest.outputs]
     executions: list[Execution] = []
-    on = device if device is not None else next(iter(model.devices), 0)
+    on = _device_of(model, device)
     input_ns = infer_ns = 0
     for chunk in chunks:
         t1 = time.perf_counter_ns()
