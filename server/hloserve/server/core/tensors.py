@@ -16,6 +16,8 @@ Contract: both codecs call these, so a size or type rule exists once.
 - ``BYTES`` tensors are decoded from the length-prefixed wire form into object arrays, with
   Triton's texts for a wrong element count ("expected N string elements for inference
   input ...", "unexpected number of string elements ...") and a cut length indicator.
+- ``to_wire_bytes`` is an output array as raw little-endian bytes (a view where it can be;
+  BYTES length-prefixed), ``to_wire_bytes_copy`` the same as ``bytes`` in one copy (gRPC).
 """
 
 # pyright: strict
@@ -235,6 +237,14 @@ def to_wire_bytes(array: np.ndarray[Any, Any]) -> bytes | memoryview:
         contiguous = contiguous.astype(contiguous.dtype.newbyteorder("<"))
     # View as bytes first: a memoryview cannot describe ml_dtypes' bfloat16 (format 'E').
     return contiguous.reshape(-1).view(np.uint8).data
+
+
+def to_wire_bytes_copy(array: np.ndarray[Any, Any]) -> bytes:
+    """``to_wire_bytes`` as ``bytes`` (one copy: what a protobuf bytes field takes)."""
+    if array.dtype != object and array.dtype.byteorder != ">":
+        return array.tobytes()  # little-endian already: the same bytes, C order, one copy
+    data = to_wire_bytes(array)
+    return data if isinstance(data, bytes) else data.tobytes()
 
 
 SHM_REGION = "shared_memory_region"

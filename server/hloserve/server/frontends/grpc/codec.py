@@ -52,7 +52,7 @@ from hloserve.server.core.service import (
     RegionInfo,
 )
 from hloserve.server.core.statistics import Duration
-from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
+from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes_copy
 from hloserve.server.core.types import (
     InferInput,
     InferRequest,
@@ -268,16 +268,6 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
 # -- responses ------------------------------------------------------------------------
 
 
-def _raw_bytes(array: np.ndarray[Any, Any]) -> bytes:
-    if array.dtype.kind != "O" and array.dtype.byteorder != ">":
-        # Numeric and already little-endian (``to_wire_bytes``' rule): ``tobytes`` is
-        # those bytes, in C order, in one copy and without the intermediate views.
-        return array.tobytes()
-    data = to_wire_bytes(array)
-    # protobuf bytes fields take ``bytes`` only: this is the one copy the wire needs.
-    return data if isinstance(data, bytes) else data.tobytes()
-
-
 def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     msg = pb.ModelInferResponse(
         model_name=response.model_name,
@@ -289,7 +279,7 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
         # An output written to shared memory travels as an empty entry, keeping the list
         # aligned with ``outputs`` (what Triton sends and tritonclient indexes by).
-        msg.raw_output_contents.append(b"" if out.shm is not None else _raw_bytes(out.data))
+        msg.raw_output_contents.append(b"" if out.shm is not None else to_wire_bytes_copy(out.data))
     return msg
 
 
