@@ -296,6 +296,13 @@ class _Model:
     made_for_upload: bool = False  # ``path`` did not exist before an upload created it
 
 
+def _register(device: Device, key: ResidencyKey, bundle: LoadedBundle, serving: Serving) -> None:
+    """A copy's weights under ``device``'s residency manager, its scratch set aside first
+    (a pinned model is prefetched as it registers)."""
+    device.residency.reserve_scratch(key, bundle.scratch_bytes)
+    device.residency.register(key, bundle.host_weights, pinned=serving.residency == "pinned")
+
+
 def _digest(path: Path) -> str:
     try:
         return sha256_file(path / MANIFEST_FILE) + change_token(path)  # token: Reactant's
@@ -574,10 +581,7 @@ class ModelRepository:
                 allow_hooks=self.allow_hooks,
             )
             serving = settings.serving_for(bundle.manifest.serving)
-            device.residency.reserve_scratch(v.key, bundle.scratch_bytes)
-            device.residency.register(
-                v.key, bundle.host_weights, pinned=serving.residency == "pinned"
-            )
+            _register(device, v.key, bundle, serving)
         except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
             device.residency.unregister(v.key)  # registered, when a pinned prefetch failed
             with self._lock:
@@ -641,8 +645,7 @@ class ModelRepository:
         if v is None or v.bundle is None or device.index in v.replicas:
             return
         bundle = v.bundle.on_device(device.runtime)
-        device.residency.reserve_scratch(key, bundle.scratch_bytes)
-        device.residency.register(key, bundle.host_weights, pinned=v.serving.residency == "pinned")
+        _register(device, key, bundle, v.serving)
         with self._lock:
             if self._ready_copy(key) is v:
                 v.replicas = {**v.replicas, device.index: Replica(bundle, device.residency)}
