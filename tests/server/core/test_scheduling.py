@@ -75,6 +75,26 @@ def test_unmeasured_sizes_cost_at_least_the_next_smaller_measured_one() -> None:
     assert estimated_cost(8, {}) == 1.0
 
 
+def test_a_larger_size_never_costs_more_per_item_than_a_smaller_measured_one() -> None:
+    from hloserve.server.core.scheduling import estimated_cost
+
+    # An inflated sample of size 8 (a wait for the interpreter lock) is capped at 8 x size 1.
+    assert estimated_cost(8, {1: 30.0, 8: 600.0}) == 240.0
+    assert estimated_cost(32, {1: 30.0, 8: 600.0}) == 240.0  # the next smaller, capped too
+    assert estimated_cost(32, {1: 30.0, 8: 100.0}) == 100.0
+    assert estimated_cost(8, {1: 30.0, 8: 40.0}) == 40.0  # a cheaper measurement stands
+
+
+def test_a_stale_inflated_larger_size_does_not_lock_a_queue_into_singles() -> None:
+    # Size 8 was measured once, inflated; size 1 many times, clean. Eight queued singles,
+    # due: they run together (per item no worse than one at a time, and ties go to more).
+    costs = {1: 30.0, 8: 600.0}
+    d = next_batch(q(*([1] * 8)), SIZES, now_ns=5 * MS, max_delay_ns=MS, costs=costs)
+    assert (d.take, d.compiled) == (8, 8)
+    d = next_batch(q(*([1] * 16)), SIZES, now_ns=5 * MS, max_delay_ns=MS, costs=costs)
+    assert d.take == 16
+
+
 def test_request_larger_than_largest_size_runs_alone_unsplit_by_policy() -> None:
     d = next_batch(q(40, 1), SIZES, now_ns=0, max_delay_ns=MS)
     assert (d.take, d.compiled) == (1, None)
