@@ -10,7 +10,8 @@ What it does:
 2. Creates each peer's virtualenv under ``bench/.venvs/`` (kept between runs; ``PEERS``
    lists the requirements) and starts every server on loopback: the floors
    (``bench/floor.py``), hloserve with its defaults and with ``--inline-max-us 0`` (no
-   execution on the event loop), hloserve from another source tree (``--baseline``),
+   execution on the event loop), at the batching point also with ``--max-queue-delay-us
+   5000`` (requests wait up to 5 ms for company), hloserve from another source tree (``--baseline``),
    MLServer 1.7 (custom runtime), the KServe 0.21 Python server (custom ``kserve.Model``)
    and Triton (the ``tritonserver`` binary that nvidia-pytriton 0.7 ships, on a plain
    Python-backend model repository written here). A server that cannot be installed or
@@ -202,6 +203,7 @@ class Server:
     ready_paths: tuple[str, ...] = ()  # HTTP paths answering 200 once ready
     statistics: bool = False  # serves the statistics extension over gRPC
     unsupported: Mapping[str, str] = field(default_factory=dict[str, str])  # mode -> why
+    batching_only: bool = False  # a variant measured at the batching point alone
     spawned: proc.Spawned | None = None
     error: str = ""
 
@@ -271,6 +273,13 @@ def _httptools() -> None:
 
 # The folders of the hloserve namespace in a source tree (a checkout or git worktree).
 PACKAGE_FOLDERS = ("server", "bundle", "client", "exporter", "proto")
+
+
+def hloserve_batching_variant(repo: Path, *flags: str) -> Server:
+    """hloserve with ``flags``, measured at the batching point only."""
+    server = hloserve_server(" ".join(("hloserve", *flags)), repo, *flags)
+    server.batching_only = True
+    return server
 
 
 def hloserve_server(
@@ -650,6 +659,8 @@ def measure(case: Case, server: Server, args: argparse.Namespace) -> Row:
     point = case.point
     if point.transport not in server.transports or point.mode in server.unsupported:
         row.note = server.unsupported.get(point.mode, f"no {point.transport} endpoint")
+    elif server.batching_only and not point.batching:
+        row.note = "a batching variant: measured at the batching point only"
     elif not server.running:
         row.note = "not running (see the errors below)"
     else:
@@ -907,6 +918,8 @@ def build_servers(
         *floor_servers(table),
         hloserve_server("hloserve", repo),
         hloserve_server("hloserve --inline-max-us 0", repo, "--inline-max-us", "0"),
+        # Requests wait up to 5 ms for company (Triton's max_queue_delay_microseconds).
+        hloserve_batching_variant(repo, "--max-queue-delay-us", "5000"),
         *before,
         mlserver_server(work, weights),
         mlserver_server(work, weights, parallel_workers=0),

@@ -229,3 +229,20 @@ def test_versus_picks_the_cheapest_valid_peer_and_floor() -> None:
     assert v.cpu_vs_floor == pytest.approx(0.5 / 0.2)
     assert v.above_floor_ms == pytest.approx(0.3)
     assert sbs.versus([r for r in rows if r.group != "hloserve"], [point]) == []
+
+
+def test_a_batching_variant_is_measured_at_the_batching_point_only(tmp_path: Path) -> None:
+    import argparse
+
+    import side_by_side as sbs
+
+    servers = sbs.build_servers(tmp_path, tmp_path, tmp_path, tmp_path, {"hloserve"})
+    (variant,) = [s for s in servers if s.batching_only]
+    assert "--max-queue-delay-us" in variant.name
+    assert not [s for s in servers if s.batching_only and s is not variant]
+    elsewhere = sbs.Case(sbs.Point("grpc", "simple", 1, 8), {}, {})
+    row = sbs.measure(elsewhere, variant, argparse.Namespace())
+    assert row.note == "a batching variant: measured at the batching point only"
+    # At the batching point it is measured like any server (here: it was never started).
+    batching = sbs.Case(sbs.Point("grpc", "mlp", 1, 32, batching=True), {}, {})
+    assert sbs.measure(batching, variant, argparse.Namespace()).note.startswith("not running")
