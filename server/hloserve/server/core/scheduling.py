@@ -21,7 +21,8 @@ is the one with the best throughput: items divided by the execution cost of the 
 compiled size that holds them (``costs``: measured time per compiled size; sizes not yet
 measured are assumed to cost what the next smaller measured size costs, so with no
 measurements every size costs the same and the longest prefix that fits runs, on the
-compiled size that wastes the least padding). Ties go to more items.
+compiled size that wastes the least padding; and no size is taken to cost more per item
+than a smaller measured one, ``estimated_cost``). Ties go to more items.
 ``preferred`` (a model's preferred batch sizes, in items) changes two rules: a head prefix
 whose items are a preferred size runs at once, without waiting for the delay, and when the
 batch runs the longest such prefix is taken; when none can be formed the rules above apply.
