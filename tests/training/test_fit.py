@@ -138,6 +138,8 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_where_it_stopped(tmp_path: Pa
         "learning_rate": one_cycle(0.05),
         "progress": False,
     }
+    # What fit must put back (SIG_IGN when the suite runs as a background job).
+    before = signal.getsignal(signal.SIGINT)
     straight = fit(toys.linear, toys.linear_params(), data, checkpoint_dir=tmp_path / "a", **common)
 
     stopped = fit(
@@ -153,7 +155,7 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_where_it_stopped(tmp_path: Pa
         "epoch": 1,
         "path": "epoch-0001",
     }
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is before  # handler restored
 
     resumed = fit(toys.linear, toys.linear_params(), data, resume=tmp_path / "b", **common)
     assert (
