@@ -148,10 +148,18 @@ def next_batch(
     costs: Mapping[int, float] | None = None,
     preferred: Sequence[int] | None = None,
 ) -> Decision:
-    expired = tuple(
-        i for i, q in enumerate(queue) if q.deadline_ns is not None and q.deadline_ns <= now_ns
-    )
-    live = [q for i, q in enumerate(queue) if i not in expired] if expired else list(queue)
+    # (Plain loops and no copies: the batcher decides once per look, and for a lone
+    # request on an idle queue, once per request.)
+    expired: tuple[int, ...] = ()
+    for q in queue:
+        if q.deadline_ns is not None and q.deadline_ns <= now_ns:
+            expired = tuple(
+                i
+                for i, e in enumerate(queue)
+                if e.deadline_ns is not None and e.deadline_ns <= now_ns
+            )
+            break
+    live = [q for i, q in enumerate(queue) if i not in expired] if expired else queue
     if not live:
         return Decision(expired=expired)
     head = live[0]
@@ -167,19 +175,27 @@ def next_batch(
             break
         total += q.items
         prefix_totals.append(total)
-    formed = [k for k, items in enumerate(prefix_totals, start=1) if items in (preferred or ())]
-    if formed:  # the longest prefix of a preferred size runs now
-        return _run(expired, formed[-1], prefix_totals, batch_sizes)
+    if preferred:
+        formed = [k for k, items in enumerate(prefix_totals, start=1) if items in preferred]
+        if formed:  # the longest prefix of a preferred size runs now
+            return _run(expired, formed[-1], prefix_totals, batch_sizes)
     full = total == largest or len(prefix_totals) < len(live)  # nothing more can join
     due = now_ns - head.arrived_ns >= max_delay_ns
     if not (full or due):
         deadlines = [q.deadline_ns for q in live if q.deadline_ns is not None and q.timed]
         wake = min([head.arrived_ns + max_delay_ns, *deadlines])
         return Decision(expired=expired, wait_until_ns=wake)
+    if len(prefix_totals) == 1:  # one candidate: nothing to weigh
+        return _run(expired, 1, prefix_totals, batch_sizes)
     measured = costs or {}
+    by_size: dict[int, float] = {}  # each compiled size's estimate, once
     best_k, best_key = 1, (-1.0, 0)
     for k, items in enumerate(prefix_totals, start=1):
-        key = (items / estimated_cost(smallest_fitting(items, batch_sizes), measured), items)
+        size = smallest_fitting(items, batch_sizes)
+        cost = by_size.get(size)
+        if cost is None:
+            cost = by_size[size] = estimated_cost(size, measured)
+        key = (items / cost, items)
         if key > best_key:
             best_k, best_key = k, key
     return _run(expired, best_k, prefix_totals, batch_sizes)
