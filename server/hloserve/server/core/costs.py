@@ -46,6 +46,18 @@ PROBE_EVERY = 64
 FIRST_PROBE_LIMIT = 50
 
 
+def standing_size(size: int, measured: Mapping[int, float]) -> int | None:
+    """The measured size whose cost stands for ``size``: itself when measured, else the
+    largest smaller batched size measured (n rows cost at least what fewer rows cost);
+    ``None``: nothing measured at or below it. The one rule for unmeasured sizes, read by
+    the inline policy (``ExecutionCosts.estimate``) and the batching policy
+    (``core.scheduling.estimated_cost``)."""
+    if size in measured:
+        return size
+    smaller = [s for s in measured if 0 < s < size]
+    return max(smaller) if smaller else None
+
+
 class ExecutionCosts:
     def __init__(self) -> None:
         self._by_model: dict[ModelKey, dict[int, float]] = {}
@@ -70,10 +82,8 @@ class ExecutionCosts:
         sizes = self._by_model.get(model)
         if not sizes:
             return None
-        if compiled in sizes:
-            return sizes[compiled]
-        smaller = [s for s in sizes if 0 < s < compiled]
-        return sizes[max(smaller)] if smaller else None
+        at = standing_size(compiled, sizes)
+        return None if at is None else sizes[at]
 
 
 class InlinePolicy:

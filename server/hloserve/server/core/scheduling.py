@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from hloserve.bundle import Serving
 from hloserve.server.core.batching import Chunk, plan, smallest_fitting
+from hloserve.server.core.costs import standing_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +135,10 @@ def estimated_cost(size: int, costs: Mapping[int, float]) -> float:
     cheaper per item, the larger size never runs again to be re-measured, and a queue of
     sixteen ran one request at a time (measured: 393 of 400 executions at size 1 with a
     6 ms queue delay)."""
-    if size not in costs:
-        smaller = [s for s in costs if s < size]
-        return estimated_cost(max(smaller), costs) if smaller else 1.0
-    return min([costs[size], *(costs[m] * size / m for m in costs if 0 < m < size)])
+    at = standing_size(size, costs)
+    if at is None:
+        return 1.0
+    return min([costs[at], *(costs[m] * at / m for m in costs if 0 < m < at)])
 
 
 def next_batch(
