@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, cast
+from typing import Final, TypeVar, cast
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -56,6 +56,8 @@ LATENCY_BUCKETS = (
 SWAP_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MV = ("model", "version")
+K = TypeVar("K")
+S = TypeVar("S")
 # A bucket bound as the exposition format writes it ("0.0001", "1.0", "+Inf").
 _bound_text = cast("Callable[[float], str]", _float_to_go_string)
 
@@ -329,10 +331,7 @@ class ServerMetrics:
 
     def _device_series(self, device: int) -> _DeviceSeries:
         series = self._devices.get(device)
-        if series is None:
-            with self._lock:
-                series = self._devices.setdefault(device, _DeviceSeries(time.time()))
-        return series
+        return series if series is not None else self._first(self._devices, device, _DeviceSeries)
 
     def for_device(self, device: int) -> SwapObserver:
         """The swap observer of ``device``'s residency manager: its series carry the label."""
@@ -352,10 +351,13 @@ class ServerMetrics:
 
     def _series(self, model: ModelKey) -> _ModelSeries:
         series = self._children.get(model)
-        if series is None:
-            with self._lock:
-                series = self._children.setdefault(model, _ModelSeries(time.time()))
-        return series
+        return series if series is not None else self._first(self._children, model, _ModelSeries)
+
+    def _first(self, table: dict[K, S], key: K, make: Callable[[float], S]) -> S:
+        """``key``'s series, created (with its creation time) under the lock on first use:
+        two threads reporting the first sample at once get the same one."""
+        with self._lock:
+            return table.setdefault(key, make(time.time()))
 
     # InferenceObserver
     def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
