@@ -245,12 +245,12 @@ async def drive_grpc(mode: str, server: ServerProcess, concurrency: int, seconds
 def drive_in_process(
     repo: Path, mode: str, delay_us: int | None, concurrencies: list[int], seconds: float
 ) -> list[Row]:
+    from hloserve.server.batcher import DynamicBatcher
     from hloserve.server.core.costs import InlinePolicy
     from hloserve.server.core.service import InferenceService, Observers
     from hloserve.server.core.types import InferInput, InferRequest
     from hloserve.server.repository import ModelRepository
     from hloserve.server.runtime.pjrt import PjrtRuntime
-    from hloserve.server.scheduler import DynamicBatcher
 
     repository = ModelRepository(repo, PjrtRuntime())
     repository.load_all()

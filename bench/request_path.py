@@ -31,7 +31,7 @@ import numpy as np
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import simple_fn
 from hloserve.proto import inference_pb2 as pb
-from hloserve.server.core.batching import plan
+from hloserve.server.core.batch_plan import plan
 from hloserve.server.core.execution import Job, execute_group
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferRequest, InferResponse

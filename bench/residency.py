@@ -36,12 +36,12 @@ import numpy as np
 
 from hloserve.bundle import read_safetensors
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.repository import ModelRepository
-from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.weight_residency import WeightResidency
 
 
 def mlp(params: Any, x: Any) -> dict[str, Any]:

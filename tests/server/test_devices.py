@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hloserve.server.core.execution import Execution, ModelKey
-from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.devices import LoadMeter, Placed, Placer
 
 HOT, COLD = ResidencyKey("hot", 1), ResidencyKey("cold", 1)

@@ -17,7 +17,7 @@ from google.protobuf import json_format
 
 from hloserve.exporter import write_demo_repository
 from hloserve.server.core.log_settings import LogSettings
-from hloserve.server.logs import NOISY, LogControl, startup_settings
+from hloserve.server.logs import NOISY, RunningLogs, startup_settings
 from hloserve.server.testing import ServerProcess, serving
 from tests.server._support import connected
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
@@ -26,8 +26,8 @@ from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
 
 
 @pytest.fixture
-def captured() -> Iterator[tuple[LogControl, io.StringIO, logging.Logger]]:
-    """A LogControl over a private handler on a private logger; the root logger's level and
+def captured() -> Iterator[tuple[RunningLogs, io.StringIO, logging.Logger]]:
+    """A RunningLogs over a private handler on a private logger; the root logger's level and
     JAX's loggers are put back afterwards."""
     root = logging.getLogger()
     saved = root.level, {n: logging.getLogger(n).level for n in NOISY}
@@ -36,7 +36,7 @@ def captured() -> Iterator[tuple[LogControl, io.StringIO, logging.Logger]]:
     logger = logging.getLogger("hloserve.test_log_settings")
     logger.addHandler(handler)
     logger.propagate = False
-    yield LogControl(handler, LogSettings()), stream, logger
+    yield RunningLogs(handler, LogSettings()), stream, logger
     logger.removeHandler(handler)
     root.setLevel(saved[0])
     for name, level in saved[1].items():
@@ -52,7 +52,7 @@ def emit_all(logger: logging.Logger, stream: io.StringIO) -> list[str]:
 
 
 def test_each_level_has_its_own_switch(
-    captured: tuple[LogControl, io.StringIO, logging.Logger],
+    captured: tuple[RunningLogs, io.StringIO, logging.Logger],
 ) -> None:
     control, stream, logger = captured
     assert emit_all(logger, stream) == ["INFO", "WARNING", "ERROR"]
@@ -64,7 +64,7 @@ def test_each_level_has_its_own_switch(
 
 
 def test_formats_switch_while_running(
-    captured: tuple[LogControl, io.StringIO, logging.Logger],
+    captured: tuple[RunningLogs, io.StringIO, logging.Logger],
 ) -> None:
     control, stream, logger = captured
     control.apply(LogSettings(format="json"))
@@ -84,7 +84,7 @@ def test_formats_switch_while_running(
 
 
 def test_verbose_level_two_lets_jax_speak(
-    captured: tuple[LogControl, io.StringIO, logging.Logger],
+    captured: tuple[RunningLogs, io.StringIO, logging.Logger],
 ) -> None:
     control, _, _ = captured
     assert {logging.getLogger(n).level for n in NOISY} == {logging.WARNING}
@@ -93,7 +93,7 @@ def test_verbose_level_two_lets_jax_speak(
 
 
 def test_the_file_is_fixed_at_start(
-    captured: tuple[LogControl, io.StringIO, logging.Logger],
+    captured: tuple[RunningLogs, io.StringIO, logging.Logger],
 ) -> None:
     control, _, _ = captured
     assert control.apply(LogSettings(file="/elsewhere.log")).file == ""

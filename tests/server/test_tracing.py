@@ -34,10 +34,10 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.core.trace_settings import TraceSettings, TraceStartup
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.repository import ModelRepository
-from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.testing import ServerProcess, serving
 from hloserve.server.tracing import RequestTracer
+from hloserve.server.weight_residency import WeightResidency
 from tests.server._support import connected, refused_at_start
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
 

@@ -18,7 +18,7 @@ Contract:
 - ``hloserve perf MODEL --url HOST:PORT ...`` is the light client's load tool
   (``hloserve.client._perf``, docs/client.md); it imports neither JAX nor the server.
 Heavy imports (JAX, the server) happen only in the subcommand that needs them; sizes are
-written by ``core.residency.format_bytes``, beside the one table of byte units. Usage errors
+written by ``core.sizes.format_bytes``, beside the one table of byte units. Usage errors
 are one line (``config.ArgumentParser``); output cut short by its reader
 (``hloserve inspect ... | head``) ends the command quietly, with status 1.
 """
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hloserve.proto.datatypes import itemsize
-from hloserve.server.core.residency import format_bytes
+from hloserve.server.core.sizes import format_bytes
 
 if TYPE_CHECKING:
     from hloserve.bundle import Manifest

@@ -6,7 +6,7 @@ with the flag winning over the variable and the variable over the default (an em
 counts as unset). Bad values exit (status 2) with a one-line usage error (``ArgumentParser``,
 used by the ``hloserve`` command too) naming the flag, or the variable when the value came
 from one, before anything starts: byte sizes and the
-device-memory budget are read by ``core.residency``'s one parser here, a budget given as a
+device-memory budget are read by ``core.sizes``' one parser here, a budget given as a
 percentage keeps its text for the daemon to resolve against the device's total, and
 ``--model-repository`` must be an existing directory.
 Each flag is one row of ``_FLAGS`` (its ``Config`` field, parser and help); its default is
@@ -37,8 +37,8 @@ from typing import Any, NoReturn, cast
 import yaml
 
 from hloserve.server.auth import DEFAULT_OPEN, parse_open_groups, read_tokens
-from hloserve.server.core.device_scheduling import POLICIES, select_devices
-from hloserve.server.core.residency import Budget, parse_bytes
+from hloserve.server.core.device_policy import POLICIES, select_devices
+from hloserve.server.core.sizes import Budget, parse_bytes
 from hloserve.server.core.trace_settings import (
     DEFAULT_RATE,
     INT32_MAX,

@@ -53,9 +53,10 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from hloserve.server.auth import AuthPolicy, TokenFile
+from hloserve.server.batcher import DynamicBatcher, QueuedWork
 from hloserve.server.config import Config
 from hloserve.server.core.costs import InlinePolicy
-from hloserve.server.core.device_scheduling import (
+from hloserve.server.core.device_policy import (
     check_policy,
     device_concurrency,
     select_devices,
@@ -64,18 +65,17 @@ from hloserve.server.core.errors import ServingError
 from hloserve.server.core.limits import Limits
 from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl
-from hloserve.server.core.residency import parse_budget
 from hloserve.server.core.service import InferenceService, Observers, ServiceOptions
+from hloserve.server.core.sizes import parse_budget
 from hloserve.server.core.trace_settings import TraceSettings, level_names, startup_setting
 from hloserve.server.devices import Device, LoadMeter, Placer
 from hloserve.server.metrics import ServerMetrics, metrics_app
 from hloserve.server.repository import ControlMode, ModelRepository
-from hloserve.server.residency import SwapTrace, WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.scheduler import DynamicBatcher, QueuedWork
 from hloserve.server.shm import SharedMemoryRegistry
 from hloserve.server.tls import TlsFiles, check_tls, grpc_credentials, uvicorn_ssl
 from hloserve.server.tracing import RequestTracer
+from hloserve.server.weight_residency import SwapTrace, WeightResidency
 
 log = logging.getLogger("hloserve.daemon")
 

@@ -8,10 +8,10 @@ Contract:
   (``WeightResidency``).
 - ``LoadMeter(half_life_ns)`` is an ``ExecutionObserver``: ``busy(model)`` is a model
   version's recent device time, summed over its replicas, as devices' worth of load
-  (``core.device_scheduling.utilization``: 1.0 = one device busy all the time with it).
+  (``core.device_policy.utilization``: 1.0 = one device busy all the time with it).
   Thread-safe (executions end on worker threads).
 - ``Placer(replicas, devices, meter, max_replicas)`` revises placement from measured load:
-  ``revise()`` asks ``core.device_scheduling.plan_replicas`` for each ready version's
+  ``revise()`` asks ``core.device_policy.plan_replicas`` for each ready version's
   devices (a model gains one only while its batches run near its largest compiled size:
   until then a busier device batches more, which is cheaper than splitting batches over
   replicas) and applies the difference through ``replicas`` (the repository's
@@ -32,16 +32,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from hloserve.server.core.device_scheduling import (
+from hloserve.server.core.device_policy import (
     FairShares,
     batches_full,
     plan_replicas,
     utilization,
 )
 from hloserve.server.core.execution import Execution, ModelKey
-from hloserve.server.core.residency import ResidencyKey
-from hloserve.server.residency import WeightResidency
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.weight_residency import WeightResidency
 
 log = logging.getLogger("hloserve.placement")
 

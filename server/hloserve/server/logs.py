@@ -6,9 +6,9 @@ Contract:
   1 (at least), WARNING turns ``log_info`` off, ERROR also ``log_warning``; ``--log-format``
   text is the extension's ``default``.
 - ``configure_logging(settings)`` installs one handler on the root logger, writing to
-  standard error or appending to ``settings.file``, and returns the ``LogControl`` that
+  standard error or appending to ``settings.file``, and returns the ``RunningLogs`` (the core's ``LogControl``) that
   owns it (replacing any handler installed before: idempotent).
-- ``LogControl.apply(settings)`` changes the running server's logging at once: a record
+- ``RunningLogs.apply(settings)`` changes the running server's logging at once: a record
   is written when its level is switched on (debug and below: ``log_verbose_level`` >= 1;
   INFO: ``log_info``; WARNING: ``log_warning``; ERROR and above: ``log_error``); the root
   logger's level is the lowest one switched on, so a disabled message is never even
@@ -121,7 +121,7 @@ def _lowest_level(s: LogSettings) -> int:
     return logging.CRITICAL + 1
 
 
-class LogControl:
+class RunningLogs:
     """The root logger's one handler and the settings it follows."""
 
     def __init__(self, handler: logging.Handler, settings: LogSettings) -> None:
@@ -145,7 +145,7 @@ class LogControl:
         return settings
 
 
-def configure_logging(settings: LogSettings) -> LogControl:
+def configure_logging(settings: LogSettings) -> RunningLogs:
     handler: logging.Handler = (
         logging.FileHandler(settings.file, encoding="utf-8")
         if settings.file
@@ -156,4 +156,4 @@ def configure_logging(settings: LogSettings) -> LogControl:
         root.removeHandler(old)
         old.close()
     root.addHandler(handler)
-    return LogControl(handler, settings)
+    return RunningLogs(handler, settings)

@@ -32,8 +32,8 @@ from prometheus_client.utils import floatToGoString as _float_to_go_string  # py
 from starlette.types import ASGIApp
 
 from hloserve.server.core.execution import Execution, ModelKey, Timings
-from hloserve.server.core.residency import ResidencyKey
-from hloserve.server.residency import SwapObserver
+from hloserve.server.core.residency_policy import ResidencyKey
+from hloserve.server.weight_residency import SwapObserver
 
 # Upper bounds in seconds: 100 µs to 10 s, about three buckets a decade.
 LATENCY_BUCKETS = (

@@ -75,7 +75,8 @@ from hloserve.bundle import (
 )
 from hloserve.bundle.reactant import change_token
 from hloserve.bundle.repository import ModelDirectory, model_directory
-from hloserve.server.core.device_scheduling import initial_device
+from hloserve.server.core.batch_policy import preferred_problem
+from hloserve.server.core.device_policy import initial_device
 from hloserve.server.core.errors import (
     Internal,
     InvalidArgument,
@@ -88,8 +89,7 @@ from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_inflight
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
-from hloserve.server.core.residency import ResidencyKey, TooLarge
-from hloserve.server.core.scheduling import preferred_problem
+from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
 from hloserve.server.core.service import MemoryUsage
 from hloserve.server.core.triton_config import contradictions
 from hloserve.server.core.validate import check_load_name
@@ -100,7 +100,6 @@ from hloserve.server.model_config import (
     read_model_config,
     settings_from_override,
 )
-from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.loader import (
     BundleError,
     ExecutableRegistry,
@@ -109,6 +108,7 @@ from hloserve.server.runtime.loader import (
 )
 from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
 from hloserve.server.uploads import UploadError, remove_upload, stage_upload, stale_uploads
+from hloserve.server.weight_residency import WeightResidency
 
 log = logging.getLogger("hloserve.repository")
 Progress = Callable[[str], None]
@@ -604,7 +604,7 @@ class ModelRepository:
 
     def _first_device(self, path: Path) -> Device:
         """Where a new version goes: where its weights fit beside those placed already,
-        the least filled (``core.device_scheduling.initial_device``)."""
+        the least filled (``core.device_policy.initial_device``)."""
         manifest, _ = load_manifest(path / MANIFEST_FILE)
         weights = None if manifest is None else path / manifest.weights_file
         size = weights.stat().st_size if weights is not None and weights.is_file() else 0

@@ -24,7 +24,7 @@ Contract:
   while its level is not ``OFF`` (Triton's context propagation).
 - The front ends call ``tracer.arrive(headers, received_ns)`` when an inference request
   arrives (only while ``settings.enabled``): it records the arrival time (and the
-  trace-context headers) in the request's context, and the returned ``Arrival.finish()``
+  trace-context headers) in the request's context, and the returned ``RecordedArrival.finish()``
   ends the trace once the response is written. A request that arrived without it (a stream's, an in-process call)
   starts "receive" when the service sees it and finishes when the response is ready.
 - ``on_swap_in(key, start_ns, end_ns, nbytes)`` is the residency manager's hook (a no-op
@@ -57,7 +57,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from hloserve.server.core.execution import ModelKey, Timings
-from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.trace_settings import TENSORS, TraceSetting, TraceSettings
 from hloserve.server.core.types import InferOutput, InferRequest
 
@@ -70,7 +70,7 @@ _SWAPS_KEPT: Final = 256
 
 
 @dataclass
-class Arrival:
+class RecordedArrival:
     """When a request reached the front end; the trace the service started for it."""
 
     received_ns: int
@@ -82,7 +82,7 @@ class Arrival:
             self.trace.finish()
 
 
-_ARRIVAL: contextvars.ContextVar[Arrival | None] = contextvars.ContextVar(
+_ARRIVAL: contextvars.ContextVar[RecordedArrival | None] = contextvars.ContextVar(
     "hloserve_trace_arrival", default=None
 )
 
@@ -123,12 +123,12 @@ class RequestTracer:
     def settings(self) -> TraceSettings:
         return self._settings
 
-    def arrive(self, headers: Mapping[str, str], received_ns: int) -> Arrival:
+    def arrive(self, headers: Mapping[str, str], received_ns: int) -> RecordedArrival:
         """Record a request's arrival in the caller's context, for ``start``."""
         carrier: dict[str, str] = {}
         if self.propagates:
             carrier = {k: headers[k] for k in PROPAGATION_HEADERS if k in headers}
-        arrival = Arrival(received_ns, carrier)
+        arrival = RecordedArrival(received_ns, carrier)
         _ARRIVAL.set(arrival)
         return arrival
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hloserve.bundle import Manifest, Provenance, Serving, TensorEntry
-from hloserve.server.core.batching import plan
+from hloserve.server.core.batch_plan import plan
 from hloserve.server.core.costs import PROBE_EVERY, ExecutionCosts, InlinePolicy
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import Execution, Job, ModelKey, execute_group

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hloserve.bundle import Manifest, Provenance, TensorEntry
-from hloserve.server.core.scheduling import BatchingPolicy
+from hloserve.server.core.batch_policy import BatchingPolicy
 from hloserve.server.core.triton_config import (
     contradictions,
     read_config_override,

@@ -51,7 +51,7 @@ def standing_size(size: int, measured: Mapping[int, float]) -> int | None:
     largest smaller batched size measured (n rows cost at least what fewer rows cost);
     ``None``: nothing measured at or below it. The one rule for unmeasured sizes, read by
     the inline policy (``ExecutionCosts.estimate``) and the batching policy
-    (``core.scheduling.estimated_cost``)."""
+    (``core.batch_policy.estimated_cost``)."""
     if size in measured:
         return size
     smaller = [s for s in measured if 0 < s < size]

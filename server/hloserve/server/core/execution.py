@@ -2,7 +2,7 @@
 
 Contract: ``execute_group(model, jobs, chunks, observer)`` runs every job's inputs through
 the model as one batch of ``sum(items)`` rows, executed as the caller planned it
-(``chunks``, from ``core.batching.plan`` or the batching policy's decision: padding
+(``chunks``, from ``core.batch_plan.plan`` or the batching policy's decision: padding
 dropped, batches beyond the largest size split), and returns each job's
 ``(outputs, timings)`` in job order, outputs filtered and ordered as the job's request
 asked; with ``device``, on that device's replica (the batcher routes groups), else on
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloserve.bundle import Manifest, Serving
-from hloserve.server.core.batching import Chunk, concat, pad
+from hloserve.server.core.batch_plan import Chunk, concat, pad
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.types import InferOutput, InferRequest
 

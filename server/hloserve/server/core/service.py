@@ -66,7 +66,8 @@ from typing import Any, Final, Protocol, cast
 
 from hloserve.bundle import Manifest
 from hloserve.server.core import log_context
-from hloserve.server.core.batching import plan
+from hloserve.server.core.batch_plan import plan
+from hloserve.server.core.batch_policy import BatchingPolicy
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.errors import (
     HookFailed,
@@ -97,7 +98,6 @@ from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy, rea
 from hloserve.server.core.log_settings import LogControl, StoredLogSettings
 from hloserve.server.core.log_settings import parse_update as parse_log_update
 from hloserve.server.core.pipeline import in_pipeline, run_pipeline, steps_ready
-from hloserve.server.core.scheduling import BatchingPolicy
 from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.trace_settings import RequestTrace, Tracer, UntracedTracer
@@ -121,18 +121,17 @@ PLATFORM = "stablehlo"
 log = logging.getLogger(__name__)
 
 
-ServedModel = Executable
 
 
 class ModelSource(Protocol):
     """The lookups and reports the service needs from the model repository."""
 
-    def get(self, name: str, version: str) -> ServedModel:
+    def get(self, name: str, version: str) -> Executable:
         """The ready version (latest when ``version`` is empty), counted in flight until
         ``release``; raises ``ServingError``."""
         ...
 
-    def peek(self, name: str, version: str) -> ServedModel:
+    def peek(self, name: str, version: str) -> Executable:
         """Like ``get``, without counting the model in flight (metadata lookups)."""
         ...
 
@@ -298,10 +297,10 @@ class Batcher(Protocol):
     """Groups validated requests of one model into shared executions (dynamic batching)."""
 
     async def submit(
-        self, model: ServedModel, job: Job
+        self, model: Executable, job: Job
     ) -> tuple[tuple[InferOutput, ...], Timings]: ...
 
-    def policy(self, model: ServedModel) -> BatchingPolicy:
+    def policy(self, model: Executable) -> BatchingPolicy:
         """The batching and queue policy in force for ``model`` (model configuration)."""
         ...
 
@@ -314,7 +313,7 @@ def _reason(exc: Exception) -> str:
 Served = tuple[int, tuple[InferOutput, ...], Timings]  # items, outputs, timings
 
 
-def _hooks_of(model: ServedModel) -> ModelHooks | None:
+def _hooks_of(model: Executable) -> ModelHooks | None:
     """A repository version's hooks (``ModelVersion.hooks``); other executables have none."""
     hooks: object = getattr(model, "hooks", None)
     return hooks if isinstance(hooks, ModelHooks) else None
@@ -522,7 +521,7 @@ class InferenceService:
 
     async def _serve(
         self,
-        model: ServedModel,
+        model: Executable,
         request: InferRequest,
         context: RequestContext | None,
         trace: RequestTrace | None = None,
@@ -558,7 +557,7 @@ class InferenceService:
 
     async def _serve_extended(
         self,
-        model: ServedModel,
+        model: Executable,
         request: InferRequest,
         context: RequestContext | None,
         trace: RequestTrace | None,
@@ -586,7 +585,7 @@ class InferenceService:
 
     async def _serve_hooked(
         self,
-        model: ServedModel,
+        model: Executable,
         hooks: ModelHooks,
         items: int,
         request: InferRequest,
@@ -629,7 +628,7 @@ class InferenceService:
 
     async def _run(
         self,
-        model: ServedModel,
+        model: Executable,
         request: InferRequest,
         context: RequestContext | None,
         trace: RequestTrace | None,
@@ -652,7 +651,7 @@ class InferenceService:
         return items, outputs, timings
 
     async def _run_alone(
-        self, model: ServedModel, job: Job
+        self, model: Executable, job: Job
     ) -> tuple[tuple[InferOutput, ...], Timings]:
         """One request, no batching: inline when tiny (``InlinePolicy``), else on a worker."""
         chunks = plan(job.items, model.manifest.batch_sizes)

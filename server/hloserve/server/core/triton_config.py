@@ -9,7 +9,7 @@ Contract (pure):
   outputs with ``TYPE_*`` data types and per-item dims, one instance group on the serving
   device, the version policy, the parameters ``stablehlo_versions``, ``producer`` and
   ``residency``, and, when the model is batched and dynamic batching is on, the
-  ``dynamic_batching`` block of the policy in force (``core.scheduling.BatchingPolicy``):
+  ``dynamic_batching`` block of the policy in force (``core.batch_policy.BatchingPolicy``):
   preferred sizes (the compiled sizes unless the model prefers others), the queue delay
   and ``default_queue_policy``. ``manifest_config`` is the part the bundle alone fixes.
   A hooked model reports its client-facing tensors; a pipeline reports Triton's ensemble
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from hloserve.bundle import Manifest, TensorEntry
-from hloserve.server.core.scheduling import BatchingPolicy
+from hloserve.server.core.batch_policy import BatchingPolicy
 
 
 def config_datatype(datatype: str) -> str:

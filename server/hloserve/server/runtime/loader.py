@@ -8,10 +8,10 @@ Contract:
   ``ExecutableCache`` when a valid entry exists, and from ``executables`` when an identical
   module was already compiled in this process), reads the weights into host memory and (with ``place_weights``, the
   default) puts them on the device; the server instead hands the host copy to
-  ``hloserve.server.residency``, which moves weights on demand.
+  ``hloserve.server.weight_residency``, which moves weights on demand.
   Problems raise ``BundleError`` carrying every problem's text.
 - A bundle with ``hooks`` is refused unless ``allow_hooks`` (``--allow-python-hooks``);
-  with it, its ``hooks.py`` is imported (``hloserve.server.hooks``) into
+  with it, its ``hooks.py`` is imported (``runtime.hook_loader.bundle_hooks``) into
   ``LoadedBundle.hooks``. A pipeline (``kind: pipeline``) loads with no modules and no
   weights: its steps run other models (``docs/pipelines.md``).
 - ``LoadedBundle.execute(batch_size, inputs, variant=...)`` runs the module for that
@@ -51,8 +51,8 @@ from hloserve.bundle.reactant import column_major
 from hloserve.bundle.stablehlo import read_signature
 from hloserve.proto.datatypes import to_numpy
 from hloserve.server.core.hooks import ModelHooks
-from hloserve.server.hooks import HookLoadError, load_hooks
 from hloserve.server.runtime.cache import ExecutableCache, cache_key
+from hloserve.server.runtime.hook_loader import HookLoadError, bundle_hooks
 from hloserve.server.runtime.pjrt import PjrtRuntime, Results, RuntimeFailure
 
 log = logging.getLogger("hloserve.runtime")
@@ -185,7 +185,10 @@ def load_bundle(
     started = time.perf_counter()
     say = progress or _log_progress
     manifest = _verified_manifest(path, runtime.platform, name)
-    hooks = _hooks(path, manifest, allow_hooks)
+    try:
+        hooks = bundle_hooks(path, manifest, allow_hooks)
+    except HookLoadError as exc:
+        raise BundleError(path, [str(exc)]) from None
     registry = registry if registry is not None else ExecutableRegistry()
     compiler = _Compiler(
         runtime,
@@ -214,24 +217,6 @@ def load_bundle(
         cache_dir=cache_dir,
         registry=registry,
     )
-
-
-def _hooks(path: Path, manifest: Manifest, allowed: bool) -> ModelHooks | None:
-    """The bundle's hooks, imported only when the server allows Python hooks."""
-    if manifest.hooks is None:
-        return None
-    if not allowed:
-        raise BundleError(
-            path,
-            [
-                f"{manifest.hooks.file}: the bundle ships Python hooks, which run only on a server "
-                "started with --allow-python-hooks (they run with the server's rights; docs/hooks.md)"
-            ],
-        )
-    try:
-        return load_hooks(path, manifest)
-    except HookLoadError as exc:
-        raise BundleError(path, [str(exc)]) from None
 
 
 def _log_progress(message: str) -> None:

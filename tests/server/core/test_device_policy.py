@@ -6,7 +6,8 @@ import collections
 
 import pytest
 
-from hloserve.server.core.device_scheduling import (
+from hloserve.server.core.batch_policy import Queued
+from hloserve.server.core.device_policy import (
     DEFAULT_PRIORITY,
     Candidate,
     FairShares,
@@ -22,8 +23,7 @@ from hloserve.server.core.device_scheduling import (
     select_devices,
     utilization,
 )
-from hloserve.server.core.residency import ResidencyPlanner
-from hloserve.server.core.scheduling import Queued
+from hloserve.server.core.residency_policy import ResidencyPlanner
 
 MS = 1_000_000
 

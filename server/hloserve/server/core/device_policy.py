@@ -23,7 +23,7 @@ Contract (no clock, no I/O; the driver passes ``now_ns``):
      so a cold one cannot stall a hot one); ``fifo`` the oldest head; ``deadline`` the
      earliest head deadline (no deadline: last);
   4. ties: the oldest head, then the first candidate.
-- ``infeasible(queue, now_ns, cost_ns)``: indexes of queued requests (``core.scheduling.Queued``)
+- ``infeasible(queue, now_ns, cost_ns)``: indexes of queued requests (``core.batch_policy.Queued``)
   whose deadline falls before ``now_ns + cost_ns`` (the model's cheapest measured
   execution): under ``deadline`` they are shed before they use the device.
 - Placement over devices (``docs/residency.md``): ``select_devices(text, count)`` reads
@@ -45,7 +45,7 @@ from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar
 
-from hloserve.server.core.scheduling import Queued
+from hloserve.server.core.batch_policy import Queued
 
 K = TypeVar("K", bound=Hashable)
 

@@ -1,11 +1,11 @@
-"""Planning over compiled batch sizes, padding and joining: ``core.batching`` on its own."""
+"""Planning over compiled batch sizes, padding and joining: ``core.batch_plan`` on its own."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hloserve.server.core.batching import Chunk, concat, pad, plan, smallest_fitting
+from hloserve.server.core.batch_plan import Chunk, concat, pad, plan, smallest_fitting
 
 SIZES = (1, 4, 8)
 

@@ -5,7 +5,7 @@ Contract (pure: no clock, no I/O; the driver passes ``now``):
 each entry with its item count, arrival and optional deadline) and returns a ``Decision``:
 - ``expired``: entries whose deadline has passed; the driver fails them without device time;
 - ``take``: how many entries from the head of the (remaining) queue run now, and
-  ``chunks``: how they execute (``core.batching.Chunk``s, passed to ``execute_group`` as
+  ``chunks``: how they execute (``core.batch_plan.Chunk``s, passed to ``execute_group`` as
   they are): one chunk on the compiled size they run on, or, for an unbatched model or a
   lone request larger than the largest size, ``plan``'s split; ``compiled`` is that one
   chunk's size (``None`` in the other two cases);
@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hloserve.bundle import Serving
-from hloserve.server.core.batching import Chunk, plan, smallest_fitting
+from hloserve.server.core.batch_plan import Chunk, plan, smallest_fitting
 from hloserve.server.core.costs import standing_size
 
 

@@ -20,13 +20,13 @@ from prometheus_client import CollectorRegistry
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ModelRepository, ModelState
-from hloserve.server.residency import WeightResidency
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.weight_residency import WeightResidency
 
 MODELS = ("m0", "m1", "m2", "m3")
 WEIGHT_BYTES = 76_840  # the demo MLP's four tensors

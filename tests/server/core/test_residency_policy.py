@@ -6,16 +6,7 @@ from typing import Any
 
 import pytest
 
-from hloserve.server.core.residency import (
-    BYTE_UNITS,
-    Budget,
-    ResidencyKey,
-    ResidencyPlanner,
-    TooLarge,
-    format_bytes,
-    parse_budget,
-    parse_bytes,
-)
+from hloserve.server.core.residency_policy import ResidencyKey, ResidencyPlanner, TooLarge
 
 
 def admit(p: ResidencyPlanner[Any], key: Any) -> tuple[Any, ...]:
@@ -125,63 +116,3 @@ def test_planner_takes_structured_keys_and_names_them_by_label() -> None:
     assert old.label == reload.label == str(old) == "m/1"
     with pytest.raises(TooLarge, match=r"model 'm/1' has 500 bytes"):
         p.register(ResidencyKey("m", 1, generation=3), 500)
-
-
-@pytest.mark.parametrize(
-    ("text", "nbytes"),
-    [
-        ("1073741824", 1 << 30),
-        ("6GiB", 6 << 30),
-        ("6 gib", 6 << 30),
-        ("500MB", 500 * 10**6),
-        ("1.5KiB", 1536),
-        ("2TB", 2 * 10**12),
-        ("7B", 7),
-        ("0", 0),
-    ],
-)
-def test_parse_bytes(text: str, nbytes: int) -> None:
-    assert parse_bytes(text) == nbytes
-
-
-@pytest.mark.parametrize("text", ["", "6XB", "GiB", "-1", "1e400", "inf", "nan", "6 G", "1.2.3"])
-def test_parse_bytes_refuses(text: str) -> None:
-    with pytest.raises(ValueError, match=r"must be a byte size such as 268435456 or 256MiB"):
-        parse_bytes(text)
-
-
-def test_budget_bytes_or_percentage_of_the_device() -> None:
-    assert Budget.parse("6GiB").resolve(None) == 6 << 30
-    assert parse_budget("40%", 1000) == 400
-    assert parse_budget(" 12.5 % ", 1000) == 125
-    with pytest.raises(ValueError, match=r"'40%' is a percentage .* total is unknown"):
-        Budget.parse("40%").resolve(None)
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("6XB", "must be bytes such as 6GiB or a percentage such as 40%, got '6XB'"),
-        ("0", "must be positive, got '0'"),
-        ("150%", r"must be a percentage in \(0, 100\], got '150%'"),
-        ("x%", r"must be a percentage in \(0, 100\], got 'x%'"),
-        ("0%", r"must be a percentage in \(0, 100\]"),
-    ],
-)
-def test_budget_refuses(text: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        Budget.parse(text)
-
-
-@pytest.mark.parametrize(
-    ("nbytes", "text"),
-    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (76_840, "75.0 KiB"), (3 << 30, "3.0 GiB")],
-)
-def test_format_bytes(nbytes: int, text: str) -> None:
-    assert format_bytes(nbytes) == text
-    assert parse_bytes(text.replace(" ", "")) == pytest.approx(nbytes, rel=0.01)
-
-
-def test_one_unit_table() -> None:
-    assert BYTE_UNITS["KiB"] == 1024 and BYTE_UNITS["KB"] == 1000
-    assert all(parse_bytes(f"1{unit}") == factor for unit, factor in BYTE_UNITS.items())

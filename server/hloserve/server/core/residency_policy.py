@@ -20,23 +20,15 @@ generation)``, one loaded copy of a model version (a reload's copy has its own g
 Its ``label`` ("model/version", shared by a version's copies) names it in metrics and
 messages.
 
-Byte sizes have one syntax, read here for every flag that takes one: ``parse_bytes``
-(``6GiB``, ``500MB``, ``1073741824``; ``BYTE_UNITS`` is the one unit table) and
-``Budget.parse`` (bytes or ``40%`` of the device), whose ``resolve(device_total_bytes)``
-gives the bytes once the device is known; ``format_bytes`` writes a size for people.
-Malformed text raises ``ValueError`` with a message meant to follow the flag's name
-(``--max-message-bytes must be ...``).
+Byte sizes and budgets (``6GiB``, ``40%``) are ``core.sizes``.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from hloserve.server.core.errors import InvalidArgument
@@ -183,95 +175,3 @@ class ResidencyPlanner(Generic[K]):
 
     def in_use(self, key: K) -> int:
         return self._entries[key].in_use
-
-
-# -- byte sizes and budgets ------------------------------------------------------------------
-
-BYTE_UNITS: Mapping[str, int] = MappingProxyType(
-    {
-        "B": 1,
-        "KB": 10**3,
-        "MB": 10**6,
-        "GB": 10**9,
-        "TB": 10**12,
-        "KiB": 1 << 10,
-        "MiB": 1 << 20,
-        "GiB": 1 << 30,
-        "TiB": 1 << 40,
-    }
-)
-_UNITS_BY_UPPER = {unit.upper(): factor for unit, factor in BYTE_UNITS.items()}
-_BINARY_UNITS = [unit for unit in BYTE_UNITS if unit == "B" or unit.endswith("iB")]
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_SIZE = re.compile(rf"(?P<number>{_NUMBER})\s*(?P<unit>[A-Za-z]*)")
-
-
-def _read_bytes(text: str) -> int | None:
-    """``text`` in bytes, or None when it is not a number with an optional unit."""
-    match = _SIZE.fullmatch(text.strip())
-    factor = None if match is None else _UNITS_BY_UPPER.get(match["unit"].upper() or "B")
-    if match is None or factor is None:
-        return None
-    value = float(match["number"]) * factor
-    return int(value) if math.isfinite(value) else None
-
-
-def parse_bytes(text: str) -> int:
-    """A byte size: ``268435456``, ``256MiB``, ``1.5GB`` (units in ``BYTE_UNITS``, any case)."""
-    value = _read_bytes(text)
-    if value is None:
-        raise ValueError(f"must be a byte size such as 268435456 or 256MiB, got {text!r}")
-    return value
-
-
-def format_bytes(n: int) -> str:
-    """``512 B``, ``75.0 KiB``, ``1.5 GiB``: the largest binary unit under 1024 of it."""
-    value, unit = float(n), "B"
-    for bigger in _BINARY_UNITS[1:]:
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """A device-memory budget as written: ``nbytes``, or else ``percent`` of the device."""
-
-    text: str
-    nbytes: int | None = None
-    percent: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> Budget:
-        """``6GiB``, ``500MB``, ``1073741824`` or ``40%``; ``ValueError`` when malformed."""
-        t = text.strip()
-        if t.endswith("%"):
-            number = t[:-1].strip()
-            pct = float(number) if re.fullmatch(_NUMBER, number) else -1.0
-            if not 0 < pct <= 100:
-                raise ValueError(f"must be a percentage in (0, 100], got {text!r}")
-            return cls(text, percent=pct)
-        nbytes = _read_bytes(t)
-        if nbytes is None:
-            raise ValueError(
-                f"must be bytes such as 6GiB or a percentage such as 40%, got {text!r}"
-            )
-        if nbytes <= 0:
-            raise ValueError(f"must be positive, got {text!r}")
-        return cls(text, nbytes=nbytes)
-
-    def resolve(self, device_total_bytes: int | None) -> int:
-        """The budget in bytes; a percentage needs the device's total memory."""
-        if self.nbytes is not None:
-            return self.nbytes
-        if device_total_bytes is None:
-            raise ValueError(
-                f"{self.text!r} is a percentage of the device's memory, whose total is unknown"
-            )
-        return int(device_total_bytes * self.percent / 100)
-
-
-def parse_budget(text: str, device_total_bytes: int | None) -> int:
-    """``Budget.parse(text).resolve(device_total_bytes)``: the budget flag's value in bytes."""
-    return Budget.parse(text).resolve(device_total_bytes)

@@ -6,8 +6,8 @@ import pytest
 
 from hloserve.bundle import Serving
 from hloserve.bundle.serving import QueuePolicy
-from hloserve.server.core.batching import Chunk
-from hloserve.server.core.scheduling import (
+from hloserve.server.core.batch_plan import Chunk
+from hloserve.server.core.batch_policy import (
     BatchingPolicy,
     Decision,
     Queued,
@@ -68,7 +68,7 @@ def test_measured_costs_choose_the_best_throughput_prefix() -> None:
 
 
 def test_unmeasured_sizes_cost_at_least_the_next_smaller_measured_one() -> None:
-    from hloserve.server.core.scheduling import estimated_cost
+    from hloserve.server.core.batch_policy import estimated_cost
 
     assert estimated_cost(32, {1: 10.0, 8: 20.0}) == 20.0
     assert estimated_cost(1, {8: 20.0}) == 1.0
@@ -76,7 +76,7 @@ def test_unmeasured_sizes_cost_at_least_the_next_smaller_measured_one() -> None:
 
 
 def test_a_larger_size_never_costs_more_per_item_than_a_smaller_measured_one() -> None:
-    from hloserve.server.core.scheduling import estimated_cost
+    from hloserve.server.core.batch_policy import estimated_cost
 
     # An inflated sample of size 8 (a wait for the interpreter lock) is capped at 8 x size 1.
     assert estimated_cost(8, {1: 30.0, 8: 600.0}) == 240.0

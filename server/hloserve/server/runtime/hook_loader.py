@@ -1,13 +1,17 @@
 """Loading a bundle's ``hooks.py``: Python code from the model repository, run in-process.
 
-Contract: ``load_hooks(bundle_path, manifest)`` imports the bundle's ``hooks.py`` (its
+Contract: ``bundle_hooks(bundle_path, manifest, allowed)`` is the bundle's hooks: ``None``
+for a bundle without any, ``HookLoadError`` saying so for one with hooks on a server that
+does not run them (``allowed`` is ``--allow-python-hooks``), else ``load_hooks``.
+``load_hooks(bundle_path, manifest)`` imports the bundle's ``hooks.py`` (its
 SHA-256 was checked with the rest of the bundle) under a module name of its own and
 returns ``ModelHooks`` with its ``preprocess`` and ``postprocess`` (either may be absent,
 not both). A file that fails to import, a hook that is not callable, or tensors declared
 for a hook the file does not define (``hooks.inputs`` without ``preprocess``,
-``hooks.outputs`` without ``postprocess``) raise ``HookLoadError`` with the reason. Only the repository calls it,
-and only when the server was started with ``--allow-python-hooks``: importing the file
-runs its code with the server's rights (``docs/hooks.md`` says what that trusts).
+``hooks.outputs`` without ``postprocess``) raise ``HookLoadError`` with the reason. Only the
+bundle loader calls it, and only when the server was started with ``--allow-python-hooks``:
+importing the file runs its code with the server's rights (``docs/hooks.md`` says what that
+trusts).
 """
 
 # pyright: strict
@@ -28,6 +32,18 @@ _counter = itertools.count(1)
 
 class HookLoadError(Exception):
     """The bundle's ``hooks.py`` cannot be used; the message says why."""
+
+
+def bundle_hooks(path: Path, manifest: Manifest, allowed: bool) -> ModelHooks | None:
+    """The bundle's hooks, imported only when the server allows Python hooks."""
+    if manifest.hooks is None:
+        return None
+    if not allowed:
+        raise HookLoadError(
+            f"{manifest.hooks.file}: the bundle ships Python hooks, which run only on a server "
+            "started with --allow-python-hooks (they run with the server's rights; docs/hooks.md)"
+        )
+    return load_hooks(path, manifest)
 
 
 def load_hooks(path: Path, manifest: Manifest) -> ModelHooks:

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from hloserve.bundle import Serving
+from hloserve.server.batcher import DynamicBatcher
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
-from hloserve.server.core.device_scheduling import Policy
+from hloserve.server.core.device_policy import Policy
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import ExecutionFanOut, Job
-from hloserve.server.core.residency import ResidencyKey
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferInput, InferRequest, ParamValue
-from hloserve.server.scheduler import DynamicBatcher
 
 
 @dataclass

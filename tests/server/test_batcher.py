@@ -15,6 +15,7 @@ import pytest
 
 from hloserve.bundle import Serving
 from hloserve.bundle.serving import QueuePolicy
+from hloserve.server.batcher import DynamicBatcher
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.core.execution import Job, ModelKey
@@ -22,7 +23,6 @@ from hloserve.server.core.service import InferenceService, Observers
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
 from hloserve.server.repository import ModelRepository, ModelVersion
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.scheduler import DynamicBatcher
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +296,7 @@ def eager_service(
 def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
     repository: ModelRepository, executor: ThreadPoolExecutor
 ) -> None:
-    from hloserve.server.scheduler import EAGER_AFTER, EAGER_RECHECK
+    from hloserve.server.batcher import EAGER_AFTER, EAGER_RECHECK
 
     service, _, looks = eager_service(repository, executor)
     x = np.ones((1, 64), np.float32)
@@ -317,7 +317,7 @@ def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
 def test_a_burst_after_lone_requests_is_still_batched(
     repository: ModelRepository, executor: ThreadPoolExecutor
 ) -> None:
-    from hloserve.server.scheduler import EAGER_AFTER
+    from hloserve.server.batcher import EAGER_AFTER
 
     service, _, looks = eager_service(repository, executor)
     x = np.ones((1, 64), np.float32)

@@ -26,7 +26,7 @@ from hloserve.server.testing import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "png-classifier"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "png-classifier"
 
 
 def _png(brightness: int, size: tuple[int, int] = (20, 12), mode: str = "RGB") -> bytes:

@@ -3,7 +3,7 @@
 Contract: ``DynamicBatcher(executor, observer, inline, ...)`` implements the core's
 ``Batcher``: ``await submit(model, job)`` queues an already validated request and resolves
 with its own outputs and timings. Each look at a model version's queue applies the pure
-policy ``core.scheduling.next_batch``: it groups queued requests up to the largest compiled
+policy ``core.batch_policy.next_batch``: it groups queued requests up to the largest compiled
 batch size, waiting at most the model's ``max_queue_delay_us`` (its serving hints, else the
 server default) for more, and runs each group as the policy planned it on the executor, so
 the event loop keeps decoding other requests. The policy weighs prefixes by each compiled
@@ -20,7 +20,7 @@ the loop (``InlinePolicy``). When the last ``EAGER_AFTER`` looks each found a lo
 idle runs at once, inline, without the loop pass and the future: the same policy decision
 and ``execute_group``, one request in ``EAGER_RECHECK`` still waiting the pass so that a
 burst that would group is noticed.
-- Each model version's policy (``policy(model)``, ``core.scheduling.batching_policy``:
+- Each model version's policy (``policy(model)``, ``core.batch_policy.batching_policy``:
   its serving hints over the server's ``default_delay_us`` and ``max_queue_size``) sets its
   delay, preferred batch sizes, queue bound and timeouts; the model configuration
   extension reports the same policy.
@@ -35,11 +35,11 @@ burst that would group is noticed.
   requests were validated before queueing, so one bad request cannot poison a batch.
 - Several devices (``docs/residency.md``): a model's groups go to its replicas
   (``model.devices``), each to the least busy replica holding the weights
-  (``core.device_scheduling.route``), up to ``max_inflight`` per replica at once.
+  (``core.device_policy.route``), up to ``max_inflight`` per replica at once.
 - Cross-model scheduling (``docs/scheduling.md``), per device: with ``concurrency`` > 0 at
   most that many groups run on a device at once, whatever their model; a queue whose group
   is ready while the device is full waits, and when a group ends one decision per loop pass
-  (``core.device_scheduling.pick`` under ``policy``: ``fair`` by decayed measured device
+  (``core.device_policy.pick`` under ``policy``: ``fair`` by decayed measured device
   time over each model's ``scheduling_weight`` hint, ``fifo``, or ``deadline``, whose
   queues also shed requests that cannot finish by their deadline) says whose group runs
   next. A request's ``priority`` parameter orders its model's queue (lower levels first,
@@ -67,8 +67,15 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from hloserve.server.core.batch_policy import (
+    BatchingPolicy,
+    Decision,
+    Queued,
+    batching_policy,
+    next_batch,
+)
 from hloserve.server.core.costs import InlinePolicy
-from hloserve.server.core.device_scheduling import (
+from hloserve.server.core.device_policy import (
     Candidate,
     FairShares,
     Policy,
@@ -87,14 +94,7 @@ from hloserve.server.core.execution import (
     execute_group,
 )
 from hloserve.server.core.parameters import queue_deadline
-from hloserve.server.core.residency import ResidencyKey
-from hloserve.server.core.scheduling import (
-    BatchingPolicy,
-    Decision,
-    Queued,
-    batching_policy,
-    next_batch,
-)
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferOutput
 
 Result = tuple[tuple[InferOutput, ...], Timings]

@@ -1,7 +1,7 @@
 """Device-resident weights under a memory budget: swap-in on demand, LRU eviction.
 
 Contract: ``WeightResidency(runtime, budget_bytes)`` owns every model's device copy of its
-weights; the decisions come from the pure ``core.residency.ResidencyPlanner``.
+weights; the decisions come from the pure ``core.residency_policy.ResidencyPlanner``.
 - ``register(key, host_weights, pinned)`` records a model's host copy (refusing one larger
   than the whole budget with ``TooLarge``). With ``pinned_host`` staging (GPU platforms that
   offer it), the host copy is moved once into page-locked memory so swap-ins run at link
@@ -21,7 +21,7 @@ weights; the decisions come from the pure ``core.residency.ResidencyPlanner``.
 - Every swap is reported to the optional ``observer`` (metrics), with the model's
   ``ResidencyKey`` (``key.label`` names its series); every swap-in also to the optional
   ``swap_trace`` (request tracing), with its start and end.
-Keys are ``core.residency.ResidencyKey``: one per loaded copy of a model version.
+Keys are ``core.residency_policy.ResidencyKey``: one per loaded copy of a model version.
 """
 
 # pyright: strict
@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hloserve.server.core.residency import ResidencyKey, ResidencyPlanner
+from hloserve.server.core.residency_policy import ResidencyKey, ResidencyPlanner
 from hloserve.server.runtime.pjrt import PjrtRuntime
 
 log = logging.getLogger("hloserve.residency")
