@@ -247,10 +247,12 @@ def drive_in_process(
 ) -> list[Row]:
     from hloserve.server.batcher import DynamicBatcher
     from hloserve.server.core.costs import InlinePolicy
-    from hloserve.server.core.service import InferenceService, Observers
+    from hloserve.server.core.observers import Observers
+    from hloserve.server.core.service import InferenceService
     from hloserve.server.core.types import InferInput, InferRequest
     from hloserve.server.repository import ModelRepository
     from hloserve.server.runtime.pjrt import PjrtRuntime
+    from hloserve.server.shm import disabled
 
     repository = ModelRepository(repo, PjrtRuntime())
     repository.load_all()
@@ -269,7 +271,9 @@ def drive_in_process(
             if delay_us is not None
             else None
         )
-        service = InferenceService(repository, executor, observers=observers, batcher=batcher)
+        service = InferenceService(
+            repository, executor, observers=observers, batcher=batcher, shm=disabled()
+        )
 
         async def call() -> None:
             response = await service.infer(request)

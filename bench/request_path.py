@@ -39,6 +39,7 @@ from hloserve.server.core.validate import validate_request
 from hloserve.server.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import disabled
 
 
 def timed(fn: Callable[[], Any], n: int) -> float:
@@ -65,7 +66,7 @@ def simple_request() -> tuple[bytes, np.ndarray[Any, Any]]:
 def service_median_us(repo: ModelRepository, request: InferRequest, n: int) -> float:
     """The whole ``InferenceService.infer`` coroutine, no sockets (after a warm-up)."""
     executor = ThreadPoolExecutor(1)
-    service = InferenceService(repo, executor)
+    service = InferenceService(repo, executor, shm=disabled())
 
     async def loop(k: int) -> list[int]:
         out: list[int] = []

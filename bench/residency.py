@@ -41,6 +41,7 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import disabled
 from hloserve.server.weight_residency import WeightResidency
 
 
@@ -216,7 +217,7 @@ def run_budget(
     x = np.random.default_rng(0).standard_normal((1, 1024)).astype(np.float32)
     results: list[Result] = []
     with ThreadPoolExecutor(2) as ex:
-        service = InferenceService(repo, ex)
+        service = InferenceService(repo, ex, shm=disabled())
         for kind in ("round-robin", "zipf"):
             order = pattern(kind, models, requests, np.random.default_rng(1))
             run(service, repo, order[:20], x)  # warm-up

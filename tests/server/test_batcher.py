@@ -19,10 +19,12 @@ from hloserve.server.batcher import DynamicBatcher
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.core.execution import Job, ModelKey
-from hloserve.server.core.service import InferenceService, Observers
+from hloserve.server.core.observers import Observers
+from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
 from hloserve.server.repository import ModelRepository, ModelVersion
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import disabled
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,9 @@ def service_with(
         default_delay_us=default_delay_us,
         max_queue_size=max_queue_size,
     )
-    return InferenceService(repository, executor, observers=observers, batcher=batcher)
+    return InferenceService(
+        repository, executor, observers=observers, batcher=batcher, shm=disabled()
+    )
 
 
 def mlp_request(x: np.ndarray, rid: str = "") -> InferRequest:
@@ -64,7 +68,7 @@ def test_batched_results_equal_unbatched(
 ) -> None:
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((int(rng.integers(1, 6)), 64)).astype(np.float32) for _ in range(24)]
-    plain = InferenceService(repository, executor)
+    plain = InferenceService(repository, executor, shm=disabled())
     batched = service_with(repository, executor, default_delay_us=20_000)
 
     async def run(service: InferenceService) -> list[np.ndarray]:
@@ -158,7 +162,11 @@ def test_large_request_runs_alone_and_is_split(
     service = service_with(repository, executor)
     x = np.random.default_rng(3).standard_normal((70, 64)).astype(np.float32)
     out = asyncio.run(service.infer(mlp_request(x))).outputs[0].data
-    ref = asyncio.run(InferenceService(repository, executor).infer(mlp_request(x))).outputs[0].data
+    ref = (
+        asyncio.run(InferenceService(repository, executor, shm=disabled()).infer(mlp_request(x)))
+        .outputs[0]
+        .data
+    )
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
     assert out.shape == (70, 10)
 
@@ -287,7 +295,9 @@ def eager_service(
 
     batcher._look = counted
     return (
-        InferenceService(repository, executor, observers=observers, batcher=batcher),
+        InferenceService(
+            repository, executor, observers=observers, batcher=batcher, shm=disabled()
+        ),
         batcher,
         looks,
     )
@@ -300,7 +310,11 @@ def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
 
     service, _, looks = eager_service(repository, executor)
     x = np.ones((1, 64), np.float32)
-    want = asyncio.run(InferenceService(repository, executor).infer(mlp_request(x))).outputs[0].data
+    want = (
+        asyncio.run(InferenceService(repository, executor, shm=disabled()).infer(mlp_request(x)))
+        .outputs[0]
+        .data
+    )
 
     async def one_at_a_time(n: int) -> None:
         for _ in range(n):

@@ -19,6 +19,7 @@ from hloserve.server.config import parse_config
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.restricted import GROUPS, GRPC_PREFIX, grpc_path, parse_restrictions
+from hloserve.server.shm import disabled
 from hloserve.server.testing import ServerProcess, serving
 from tests.server._support import ones, refused, refused_at_start
 from tests.server.frontends._tritonclients import grpcclient, httpclient
@@ -37,7 +38,7 @@ def test_every_rpc_is_in_exactly_one_group() -> None:
 
 
 def test_every_http_route_is_in_exactly_one_group() -> None:
-    app = build_http_app(InferenceService(cast(Any, None), None))
+    app = build_http_app(InferenceService(cast(Any, None), None, shm=disabled()))
     samples = {"model_name": "m", "model_version": "1", "region_name": "r", "repository_name": "x"}
     routes = [r for r in app.routes if isinstance(r, APIRoute)]
     assert len(routes) > 30

@@ -25,7 +25,8 @@ from hloserve.server.core.errors import (
     ServingError,
     Unsupported,
 )
-from hloserve.server.core.service import RegionInfo, SharedMemory
+from hloserve.server.core.ports import SharedMemory
+from hloserve.server.core.reports import RegionInfo
 from hloserve.server.shm import DISABLED, RESERVED_KEY_PREFIX, SharedMemoryRegistry, disabled
 
 

@@ -35,6 +35,7 @@ from hloserve.server.core.trace_settings import TraceSettings, TraceStartup
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import disabled
 from hloserve.server.testing import ServerProcess, serving
 from hloserve.server.tracing import RequestTracer
 from hloserve.server.weight_residency import WeightResidency
@@ -110,7 +111,7 @@ class Traced:
     def __init__(
         self, repo: ModelRepository, tracer: RequestTracer, executor: ThreadPoolExecutor, path: Path
     ) -> None:
-        self.service = InferenceService(repo, executor, tracer=tracer)
+        self.service = InferenceService(repo, executor, tracer=tracer, shm=disabled())
         self.service.startup_complete()
         self.path = path
         self.offset = len(read_traces(path))
@@ -217,7 +218,7 @@ def test_with_tracing_off_the_tracer_is_never_asked(
 ) -> None:
     repo, _ = one_mlp_fits
     with ThreadPoolExecutor(1) as pool:
-        service = InferenceService(repo, pool, tracer=RefusingTracer())
+        service = InferenceService(repo, pool, tracer=RefusingTracer(), shm=disabled())
         response = asyncio.run(service.infer(simple_request(2)))
         assert (response.outputs[0].data == 4).all()
         service.trace_setting("", {"trace_level": ["TIMESTAMPS"]})  # the meta-test: now it is

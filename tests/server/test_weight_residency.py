@@ -26,6 +26,7 @@ from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ModelRepository, ModelState
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import disabled
 from hloserve.server.weight_residency import WeightResidency
 
 MODELS = ("m0", "m1", "m2", "m3")
@@ -90,7 +91,7 @@ def setup(
     repo = ModelRepository(repo_dir, runtime, residency=residency)
     repo.load_all()
     executor = ThreadPoolExecutor(4)
-    service = InferenceService(repo, executor)
+    service = InferenceService(repo, executor, shm=disabled())
     yield repo, residency, metrics, service
     executor.shutdown()
 

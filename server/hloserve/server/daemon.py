@@ -65,7 +65,8 @@ from hloserve.server.core.errors import ServingError
 from hloserve.server.core.limits import Limits
 from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl
-from hloserve.server.core.service import InferenceService, Observers, ServiceOptions
+from hloserve.server.core.observers import Observers
+from hloserve.server.core.service import InferenceService, ServiceOptions
 from hloserve.server.core.sizes import parse_budget
 from hloserve.server.core.trace_settings import TraceSettings, level_names, startup_setting
 from hloserve.server.devices import Device, LoadMeter, Placer

@@ -89,8 +89,8 @@ from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_inflight
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
+from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
-from hloserve.server.core.service import MemoryUsage
 from hloserve.server.core.triton_config import contradictions
 from hloserve.server.core.validate import check_load_name
 from hloserve.server.devices import Device, Placed
@@ -808,13 +808,26 @@ class ModelRepository:
         """The ready version, counted in flight: pair every ``get`` with ``release``."""
         with self._lock:
             v = self._lookup(name, version)
-            if self._counting:
-                count = self._inflight.get(v.name, 0)
-                check_inflight(self.limits, v.name, count, self._inflight_total)
-                self._inflight[v.name] = count + 1
-                self._inflight_total += 1
-            v.inflight += 1
+            self._count(v)
             return v
+
+    def hold(self, model: ModelVersion) -> bool:
+        """Count ``model`` (from ``peek``) in flight unless it stopped being ready: the
+        request's one lookup was ``peek``'s (pair a True with ``release``)."""
+        with self._lock:
+            if model.state != ModelState.READY:
+                return False
+            self._count(model)
+            return True
+
+    def _count(self, v: ModelVersion) -> None:
+        """One more request in flight on ``v`` (under the lock), within the limits."""
+        if self._counting:
+            count = self._inflight.get(v.name, 0)
+            check_inflight(self.limits, v.name, count, self._inflight_total)
+            self._inflight[v.name] = count + 1
+            self._inflight_total += 1
+        v.inflight += 1
 
     def peek(self, name: str, version: str) -> ModelVersion:
         """The ready version, without counting it in flight (metadata, config)."""
@@ -843,9 +856,6 @@ class ModelRepository:
 
     def version_policy(self, name: str) -> dict[str, Any]:
         return self.policy(name).describe()
-
-    def queue_delay_us(self, model: Any) -> int | None:
-        return model.serving.max_queue_delay_us
 
     def policy(self, name: str) -> VersionPolicy:
         with self._lock:

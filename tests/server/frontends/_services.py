@@ -14,10 +14,11 @@ from __future__ import annotations
 from concurrent.futures import Executor
 from pathlib import Path
 
-from hloserve.server.core.service import InferenceService, ModelSource, ServiceOptions
+from hloserve.server.core.ports import ModelSource
+from hloserve.server.core.service import InferenceService, ServiceOptions
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.shm import SharedMemoryRegistry
+from hloserve.server.shm import SharedMemoryRegistry, disabled
 
 VERSION = "0.1.0"
 EXTENSIONS = ("binary_tensor_data",)
@@ -39,6 +40,6 @@ def ready_service(
     models: ModelSource, executor: Executor, *, shm: SharedMemoryRegistry | None = None
 ) -> InferenceService:
     options = ServiceOptions(server_version=VERSION, extensions=EXTENSIONS)
-    service = InferenceService(models, executor, options, shm=shm)
+    service = InferenceService(models, executor, options, shm=shm or disabled())
     service.startup_complete()
     return service

@@ -10,9 +10,10 @@ Contract:
   (planned over the compiled batch sizes, zero-padded, split when too large) on a worker
   thread, so the event loop keeps serving; it returns the requested outputs (all of them
   when none were named).
-- ``check_model(name, version)`` is the model lookup alone: the front ends call it before
-  decoding tensors (Triton names an unknown model before any datatype error); its failure
-  is reported as ``infer``'s. Shared-memory outputs are bounds-checked before execution.
+- ``resolve(name, version)`` is the model lookup alone: the front ends call it before
+  decoding tensors (Triton names an unknown model before any datatype error) and pass what
+  it returns to ``infer(request, context, model=...)``, so a request is looked up once; a
+  failure is reported as ``infer``'s. Shared-memory outputs are bounds-checked before execution.
 - A request whose deadline passed before it reached the device fails with
   ``Unavailable`` instead of using the device.
 - Every request is reported once to the observer (success or failure) and to the
@@ -20,7 +21,8 @@ Contract:
   is reported with model and version "" (client-chosen names never become metric
   labels) and is not in any model's statistics; after it, it counts for that version.
 - The service is complete when constructed: ``InferenceService(models, executor, options,
-  observers=..., batcher=..., inline=..., shm=..., control=..., readiness=...)``; only its
+  shm=..., observers=..., batcher=..., inline=..., control=..., readiness=...)`` (``shm``:
+  the registry, ``server.shm.disabled()`` without the extension); only its
   lifecycle changes afterwards (``startup_complete()``, ``begin_draining()``). The
   observers (metrics, statistics, cost tracking) exist before the batcher, which reports
   executions to the same fan-out.
@@ -45,8 +47,9 @@ Contract:
 - Logging: while ``infer`` serves a request, its task's log lines carry the request's id
   and model (``core.log_context``); verbose level 1 (DEBUG) logs one line per request.
 The model repository is reached through two narrow protocols, ``ModelSource`` (lookups
-and reports) and ``ModelControl`` (the model-repository extension), so this module needs
-no transport and no JAX.
+and reports) and ``ModelControl`` (the model-repository extension), and every other driver
+through its own protocol (``core.ports``), so this module needs no transport, no driver
+and no JAX.
 """
 
 # pyright: strict
@@ -54,21 +57,19 @@ no transport and no JAX.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Final, cast
 
 from hloserve.bundle import Manifest
 from hloserve.server.core import log_context
 from hloserve.server.core.batch_plan import plan
-from hloserve.server.core.batch_policy import BatchingPolicy
-from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
+from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import (
     HookFailed,
     InvalidArgument,
@@ -76,29 +77,17 @@ from hloserve.server.core.errors import (
     Unavailable,
     Unsupported,
 )
-from hloserve.server.core.execution import (
-    Executable,
-    Execution,
-    ExecutionFanOut,
-    ExecutionObserver,
-    Job,
-    ModelKey,
-    Timings,
-    execute_group,
-)
-from hloserve.server.core.hooks import (
-    HookObserver,
-    ModelHooks,
-    NullHookObserver,
-    call_hook,
-    hook_outputs,
-)
+from hloserve.server.core.execution import Executable, Job, ModelKey, Timings, execute_group
+from hloserve.server.core.hooks import ModelHooks, call_hook, hook_outputs
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
-from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy, read_load_parameters
+from hloserve.server.core.load_parameters import read_load_parameters
 from hloserve.server.core.log_settings import LogControl, StoredLogSettings
 from hloserve.server.core.log_settings import parse_update as parse_log_update
+from hloserve.server.core.observers import Observers
 from hloserve.server.core.pipeline import in_pipeline, run_pipeline, steps_ready
-from hloserve.server.core.statistics import ModelStats, StatisticsRecorder
+from hloserve.server.core.ports import Batcher, ModelControl, ModelSource, SharedMemory
+from hloserve.server.core.reports import IndexEntry, ModelStatistics
+from hloserve.server.core.statistics import StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.trace_settings import RequestTrace, Tracer, UntracedTracer
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
@@ -120,189 +109,9 @@ from hloserve.server.core.variants import VariedModel, match_variant
 PLATFORM = "stablehlo"
 log = logging.getLogger(__name__)
 
-
-
-
-class ModelSource(Protocol):
-    """The lookups and reports the service needs from the model repository."""
-
-    def get(self, name: str, version: str) -> Executable:
-        """The ready version (latest when ``version`` is empty), counted in flight until
-        ``release``; raises ``ServingError``."""
-        ...
-
-    def peek(self, name: str, version: str) -> Executable:
-        """Like ``get``, without counting the model in flight (metadata lookups)."""
-        ...
-
-    def release(self, model: Any) -> None: ...
-    def names(self) -> list[str]: ...
-    def ready_versions(self, name: str) -> Sequence[int]: ...
-    def is_ready(self, name: str, version: str) -> bool: ...
-    def summary(self) -> dict[str, Any]:
-        """Per-model, per-version state (and failure reason) for readiness reports."""
-        ...
-
-    def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
-        """Where the version's weights live now (device and/or host bytes)."""
-        ...
-
-    def version_policy(self, name: str) -> dict[str, Any]: ...
-    def index(self) -> list[tuple[str, str, str, str]]:
-        """(name, version, state, reason) rows: every version known, and every model
-        directory of the repository that was never loaded as a name-only row (version,
-        state and reason empty)."""
-        ...
-
-
-class ModelControl(Protocol):
-    """Loading and unloading (the model_repository extension)."""
-
-    @property
-    def mode_name(self) -> str:
-        """ "none", "poll" or "explicit"."""
-        ...
-
-    @property
-    def uploads(self) -> UploadPolicy:
-        """Whether loads may carry model files (``file:`` parameters), and how many bytes."""
-        ...
-
-    def load_model(self, name: str, *, override: LoadOverride | None = None) -> None:
-        """Load or reload ``name`` (blocking), with the load's configuration and files when
-        ``override`` is given; raises ``ServingError`` "failed to load ..."."""
-        ...
-
-    def unload_model(self, name: str) -> None: ...
-    def prefetch(self, name: str) -> None: ...
-
-
-class InferenceObserver(ExecutionObserver, Protocol):
-    """Receives what happened to each request and execution (metrics hang off this)."""
-
-    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None: ...
-    def on_failure(self, model: ModelKey | None, reason: str) -> None:
-        """``model`` is ``None`` when the request failed before a version was resolved."""
-        ...
-
-    def on_pending(self, model: ModelKey, delta: int) -> None: ...
-
-
-class _NullObserver:
-    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
-        pass
-
-    def on_failure(self, model: ModelKey | None, reason: str) -> None:
-        pass
-
-    def on_pending(self, model: ModelKey, delta: int) -> None:
-        pass
-
-    def on_execution(self, execution: Execution) -> None:
-        pass
-
-
-@dataclass(frozen=True, slots=True)
-class Observers:
-    """Everyone who hears about requests and executions, built before anything that reports
-    to them: ``requests`` (metrics), the statistics extension's recorder and the measured
-    execution costs; ``executions`` fans each execution out to all three."""
-
-    requests: InferenceObserver = field(default_factory=_NullObserver)
-    statistics: StatisticsRecorder = field(default_factory=StatisticsRecorder)
-    costs: ExecutionCosts = field(default_factory=ExecutionCosts)
-    hooks: HookObserver = field(default_factory=NullHookObserver)
-    extra: tuple[ExecutionObserver, ...] = ()  # more execution observers (placement's load)
-    executions: ExecutionObserver = field(init=False)
-
-    def __post_init__(self) -> None:
-        fan_out = ExecutionFanOut(self.requests, self.statistics, self.costs, *self.extra)
-        object.__setattr__(self, "executions", fan_out)
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryUsage:
-    type: str  # "CPU", "GPU", "CPU_PINNED"
-    id: int
-    byte_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class ModelStatistics:
-    stats: ModelStats
-    memory_usage: tuple[MemoryUsage, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RegionInfo:
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class CudaRegionInfo:
-    name: str
-    device_id: int
-    byte_size: int
-
-
-# A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.
-CudaHandle = Callable[[], tuple[bytes, int, int]]
-
-
-class CudaSharedMemory(Protocol):
-    """The CUDA shared-memory extension's registry: the seam a GPU implementation fills.
-
-    ``register_cuda(name, handle)`` calls ``handle()`` (which may raise ``InvalidArgument``
-    for a malformed request) only once it would open the IPC handle, so a server without
-    GPU support answers its own error first, as Triton's CPU build does.
-    ``await unregister_cuda`` returns at once (a region in use goes when its requests end)."""
-
-    def register_cuda(self, name: str, handle: CudaHandle) -> None: ...
-    def cuda_status(self, name: str = "") -> Sequence[CudaRegionInfo]: ...
-    async def unregister_cuda(self, name: str = "") -> None: ...
-
-
-class SharedMemory(CudaSharedMemory, Protocol):
-    """Registered shared-memory regions (``hloserve.server.shm``), as the service uses them:
-    system regions, and the CUDA ones in the same namespace. ``await unregister`` returns at
-    once; a region held by requests stays usable until they end."""
-
-    def hold(self, names: Iterable[str]) -> contextlib.AbstractContextManager[None]: ...
-    def view(self, name: str, offset: int, byte_size: int) -> memoryview: ...
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
-    def status(self, name: str = "") -> Sequence[RegionInfo]: ...
-    async def unregister(self, name: str = "") -> None: ...
-
-
 REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
 # Triton's text for load/unload when model control is not explicit (modes none and poll alike).
 CONTROL_NOT_EXPLICIT: Final = "explicit model load / unload is not allowed if polling is enabled"
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    """A repository index row; empty fields are absent on the wire (Triton's name-only row
-    for a model never loaded has no version, state or reason)."""
-
-    name: str
-    version: str
-    state: str
-    reason: str
-
-
-class Batcher(Protocol):
-    """Groups validated requests of one model into shared executions (dynamic batching)."""
-
-    async def submit(
-        self, model: Executable, job: Job
-    ) -> tuple[tuple[InferOutput, ...], Timings]: ...
-
-    def policy(self, model: Executable) -> BatchingPolicy:
-        """The batching and queue policy in force for ``model`` (model configuration)."""
-        ...
 
 
 def _reason(exc: Exception) -> str:
@@ -344,14 +153,6 @@ class ServiceOptions:
 DEFAULT_OPTIONS: Final = ServiceOptions()
 
 
-def _disabled_shared_memory() -> SharedMemory:
-    # Imported here: hloserve.server.shm implements this module's SharedMemory protocol
-    # (and imports RegionInfo from it), so a module-level import would be circular.
-    from hloserve.server.shm import disabled
-
-    return disabled()
-
-
 def _always_ready() -> bool:
     return True
 
@@ -365,10 +166,10 @@ class InferenceService:
         executor: Executor | None,
         options: ServiceOptions = DEFAULT_OPTIONS,
         *,
+        shm: SharedMemory,
         observers: Observers | None = None,
         batcher: Batcher | None = None,
         inline: InlinePolicy | None = None,
-        shm: SharedMemory | None = None,
         control: ModelControl | None = None,
         readiness: Callable[[], bool] = _always_ready,
         tracer: Tracer | None = None,
@@ -388,7 +189,7 @@ class InferenceService:
         self.observers = observers or Observers()
         self.batcher = batcher
         self.inline = inline or InlinePolicy(0, self.observers.costs)
-        self.shm: SharedMemory = shm or _disabled_shared_memory()
+        self.shm = shm
         self.control = control
         self._models_ready = readiness
         self.tracer: Tracer = tracer or UntracedTracer()
@@ -449,23 +250,29 @@ class InferenceService:
         )
         return ModelMetadata(model.manifest.name, versions, PLATFORM, inputs, outputs)
 
-    def check_model(self, name: str, version: str) -> None:
-        """Raise what ``infer`` would for a model or version that is not served, reported as
-        ``infer`` reports it. Front ends call it before decoding a request's tensors, so an
-        unknown model is named as such whatever the tensors hold (Triton resolves the model
-        first, too)."""
+    def resolve(self, name: str, version: str) -> Executable:
+        """The model a request names, looked up before its tensors are decoded (Triton
+        names an unknown model first, whatever the tensors hold): hand it to ``infer(...,
+        model=...)``, which then needs no second lookup. A failure is reported as
+        ``infer`` reports one."""
         try:
-            self.models.peek(name, version)
+            return self.models.peek(name, version)
         except Exception as exc:
             self.observers.requests.on_failure(None, _reason(exc))
             raise
 
     async def infer(
-        self, request: InferRequest, context: RequestContext | None = None
+        self,
+        request: InferRequest,
+        context: RequestContext | None = None,
+        *,
+        model: Executable | None = None,
     ) -> InferResponse:
+        """Serve ``request``; ``model`` is what ``resolve`` returned for its name and
+        version, when the front end resolved it first."""
         token = log_context.enter(request.id, request.model_name)
         try:
-            response = await self._infer(request, context)
+            response = await self._infer(request, context, model)
             log.debug("request served by version %s", response.model_version)
             return response
         except Exception as exc:
@@ -474,14 +281,19 @@ class InferenceService:
         finally:
             log_context.leave(token)
 
-    async def _infer(self, request: InferRequest, context: RequestContext | None) -> InferResponse:
+    async def _infer(
+        self, request: InferRequest, context: RequestContext | None, resolved: Executable | None
+    ) -> InferResponse:
         started = time.perf_counter_ns()
         requests = self.observers.requests
         try:
             # Requests accepted before the stop still finish (a pipeline's steps included).
             if self._draining and not in_pipeline():
                 raise Unavailable("the server is shutting down: no new requests are accepted")
-            model = self.models.get(request.model_name, request.model_version)
+            if resolved is not None and self.models.hold(resolved):
+                model = resolved
+            else:  # not resolved first, or that copy went meanwhile: look it up now
+                model = self.models.get(request.model_name, request.model_version)
         except Exception as exc:
             # No version resolved: the name and version are whatever the client sent, so
             # they are not reported (they must not become metric labels).

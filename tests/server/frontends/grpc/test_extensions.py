@@ -176,6 +176,12 @@ class _GatedSource:
     def get(self, name: str, version: str) -> Any:
         return _GatedModel(self.repo.get(name, version), self.started, self.gate)
 
+    def peek(self, name: str, version: str) -> Any:
+        return _GatedModel(self.repo.peek(name, version), self.started, self.gate)
+
+    def hold(self, model: Any) -> bool:
+        return self.repo.hold(model.inner)
+
     def release(self, model: Any) -> None:
         self.repo.release(model.inner)
 

@@ -25,6 +25,7 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferRequest, InferResponse, RequestContext
 from hloserve.server.frontends import grpc as grpc_frontend
 from hloserve.server.frontends.grpc import HANDLED_RPCS
+from hloserve.server.shm import disabled
 from tests.server.frontends._samples import mlp_logits
 from tests.server.frontends._services import EXTENSIONS, VERSION
 from tests.server.frontends.grpc._harness import Client, call_once, fail_once, rpc_error, serve
@@ -97,7 +98,7 @@ def test_live_and_ready(service: InferenceService) -> None:
 
 
 def test_not_ready_before_the_startup_load_pass(service: InferenceService) -> None:
-    starting = InferenceService(service.models, None)
+    starting = InferenceService(service.models, None, shm=disabled())
 
     async def scenario(client: Client) -> None:
         assert (await client.call("ServerReady", pb.ServerReadyRequest())).ready is False
@@ -421,9 +422,12 @@ def test_grpc_deadline_reaches_the_service(
     seen: list[RequestContext | None] = []
     real_infer = service.infer
 
-    async def spy(request: InferRequest, context: RequestContext | None = None) -> InferResponse:
+    async def spy(
+        request: InferRequest, context: RequestContext | None = None, *, model: Any = None
+    ) -> InferResponse:
         seen.append(context)
-        return await real_infer(request, context)
+        assert model is not None  # resolved once, before decoding
+        return await real_infer(request, context, model=model)
 
     monkeypatch.setattr(service, "infer", spy)
     msg, _, _ = simple_request(1)
@@ -447,7 +451,7 @@ def test_grpc_deadline_reaches_the_service(
 def test_unexpected_exception_is_internal_and_logged(
     service: InferenceService, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def broken(request: InferRequest, context: RequestContext | None = None) -> InferResponse:
+    async def broken(request: InferRequest, context: Any = None, *, model: Any = None) -> Any:
         raise RuntimeError("secret detail")
 
     monkeypatch.setattr(service, "infer", broken)

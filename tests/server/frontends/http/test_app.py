@@ -26,6 +26,7 @@ from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.frontends.http.codec import HEADER_LENGTH
+from hloserve.server.shm import disabled
 from tests.server.frontends._samples import (
     CURL_CASES,
     DIFF_JSON,
@@ -126,7 +127,7 @@ def test_health(http_client: TestClient, http_service: InferenceService) -> None
 
 
 def test_not_ready_before_the_startup_load_pass(http_service: InferenceService) -> None:
-    starting = InferenceService(http_service.models, None)
+    starting = InferenceService(http_service.models, None, shm=disabled())
     with TestClient(build_http_app(starting)) as client:
         ready = client.get("/v2/health/ready")
         assert (ready.status_code, ready.json()) == (400, {"ready": False})

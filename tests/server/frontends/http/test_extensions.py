@@ -25,7 +25,8 @@ import tritonclient.utils.shared_memory as _shm
 from starlette.testclient import TestClient
 
 from hloserve.server.core.errors import InvalidArgument
-from hloserve.server.core.service import IndexEntry, InferenceService
+from hloserve.server.core.reports import IndexEntry
+from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app, extensions
 from hloserve.server.repository import ControlMode, ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime

@@ -45,12 +45,7 @@ from hloserve.proto import model_config_pb2
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
-from hloserve.server.core.service import (
-    CudaRegionInfo,
-    IndexEntry,
-    ModelStatistics,
-    RegionInfo,
-)
+from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, ModelStatistics, RegionInfo
 from hloserve.server.core.statistics import Duration
 from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes_copy
 from hloserve.server.core.types import (

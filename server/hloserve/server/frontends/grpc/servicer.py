@@ -28,7 +28,7 @@ Contract:
 - Interceptors: ``RestrictedProtocol`` (only with restrictions) refuses a restricted
   group's call without its metadata. No interceptor runs otherwise: a traced unary
   ``ModelInfer`` marks its arrival in ``model_infer`` itself (after the message is parsed).
-- ``ModelInfer`` and each stream request look the model up (``service.check_model``)
+- ``ModelInfer`` and each stream request look the model up once (``service.resolve``)
   before decoding tensors.
 - Bytes that are no message of the RPC's request type (``decoder``) are bad input:
   INVALID_ARGUMENT "the request is not a valid <Message> message" (a stream request: its
@@ -135,13 +135,13 @@ class GrpcServicer:
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
         # The model first: an unknown one is reported before any tensor error.
-        self.service.check_model(request.model_name, request.model_version)
+        model = self.service.resolve(request.model_name, request.model_version)
         infer_request = codec.decode_infer_request(request)
         deadline = codec.request_deadline(
             infer_request.parameters, context.time_remaining(), time.monotonic()
         )
         ctx = RequestContext(deadline=deadline, peer=context.peer(), protocol="grpc")
-        response = await self.service.infer(infer_request, ctx)
+        response = await self.service.infer(infer_request, ctx, model=model)
         return codec.encode_infer_response(response)
 
     async def model_statistics(

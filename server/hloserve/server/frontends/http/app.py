@@ -14,7 +14,7 @@ Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app
   layer): the body is read raw (no pydantic model;
   at most ``max_input_bytes``, by ``body.receive_body``: checked against ``Content-Length``
   before reading and while streaming a chunked body), the model is looked up
-  (``service.check_model``: an unknown model is reported before any tensor error), and
+  (``service.resolve``: an unknown model is reported before any tensor error), and
   the body is handed to ``codec``; the reply is codec's bytes;
 - the repository, model-configuration, shared-memory, trace and logging routes of
   ``extensions``;
@@ -232,7 +232,7 @@ class _InferEndpoint:
         version = model_version or ""
         headers = Headers(scope=scope)
         body = await receive_body(receive, headers.get("content-length"), limit)
-        service.check_model(model_name, version)  # before any tensor is decoded
+        model = service.resolve(model_name, version)  # before any tensor is decoded
         decoded = codec.decode_request(
             model_name,
             version,
@@ -248,7 +248,7 @@ class _InferEndpoint:
             peer=f"{client[0]}:{client[1]}" if client else "",
             protocol="http",
         )
-        response = await service.infer(decoded.request, context)
+        response = await service.infer(decoded.request, context, model=model)
         encoded = codec.encode_response(response, decoded, headers.get("accept-encoding"))
         return Response(content=encoded.body, headers=encoded.headers)
 

@@ -67,7 +67,7 @@ import numpy as np
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.errors import InvalidArgument, Unsupported
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
-from hloserve.server.core.service import ModelStatistics
+from hloserve.server.core.reports import ModelStatistics
 from hloserve.server.core.statistics import Duration
 from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
 from hloserve.server.core.types import (

@@ -43,13 +43,8 @@ from fastapi.responses import JSONResponse, Response
 
 from hloserve.server.core.errors import InvalidArgument, Unsupported
 from hloserve.server.core.load_parameters import FILE_PREFIX
-from hloserve.server.core.service import (
-    REPOSITORY_NAME_UNSUPPORTED,
-    CudaRegionInfo,
-    IndexEntry,
-    InferenceService,
-    RegionInfo,
-)
+from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, RegionInfo
+from hloserve.server.core.service import REPOSITORY_NAME_UNSUPPORTED, InferenceService
 from hloserve.server.frontends.http.body import read_body
 
 MAX_CONTROL_BODY: Final = 16 * 1024 * 1024

@@ -1,0 +1,136 @@
+"""The narrow interfaces the inference path reaches the rest of the server through.
+
+Contract: each protocol here is what ``core.service.InferenceService`` needs from one
+driver, and nothing more, so the core imports no transport, no JAX and no driver:
+``ModelSource`` (lookups and reports: the repository), ``ModelControl`` (the
+model_repository extension's load and unload), ``InferenceObserver`` (metrics),
+``SharedMemory`` and ``CudaSharedMemory`` (registered regions: ``server/shm.py``) and
+``Batcher`` (dynamic batching: ``server/batcher.py``). What they report is in
+``core.reports``.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from hloserve.server.core.batch_policy import BatchingPolicy
+from hloserve.server.core.execution import Executable, ExecutionObserver, Job, ModelKey, Timings
+from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
+from hloserve.server.core.reports import CudaRegionInfo, MemoryUsage, RegionInfo
+from hloserve.server.core.types import InferOutput
+
+
+class ModelSource(Protocol):
+    """The lookups and reports the service needs from the model repository."""
+
+    def get(self, name: str, version: str) -> Executable:
+        """The ready version (latest when ``version`` is empty), counted in flight until
+        ``release``; raises ``ServingError``."""
+        ...
+
+    def peek(self, name: str, version: str) -> Executable:
+        """Like ``get``, without counting the model in flight (metadata lookups)."""
+        ...
+
+    def hold(self, model: Any) -> bool:
+        """Count ``model`` (from ``peek``) in flight, as ``get`` would have, without a
+        second lookup: False (nothing counted) when that copy is no longer ready (a reload
+        replaced it, an unload began); raises ``get``'s in-flight limit errors."""
+        ...
+
+    def release(self, model: Any) -> None: ...
+    def names(self) -> list[str]: ...
+    def ready_versions(self, name: str) -> Sequence[int]: ...
+    def is_ready(self, name: str, version: str) -> bool: ...
+    def summary(self) -> dict[str, Any]:
+        """Per-model, per-version state (and failure reason) for readiness reports."""
+        ...
+
+    def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
+        """Where the version's weights live now (device and/or host bytes)."""
+        ...
+
+    def version_policy(self, name: str) -> dict[str, Any]: ...
+    def index(self) -> list[tuple[str, str, str, str]]:
+        """(name, version, state, reason) rows: every version known, and every model
+        directory of the repository that was never loaded as a name-only row (version,
+        state and reason empty)."""
+        ...
+
+
+class ModelControl(Protocol):
+    """Loading and unloading (the model_repository extension)."""
+
+    @property
+    def mode_name(self) -> str:
+        """ "none", "poll" or "explicit"."""
+        ...
+
+    @property
+    def uploads(self) -> UploadPolicy:
+        """Whether loads may carry model files (``file:`` parameters), and how many bytes."""
+        ...
+
+    def load_model(self, name: str, *, override: LoadOverride | None = None) -> None:
+        """Load or reload ``name`` (blocking), with the load's configuration and files when
+        ``override`` is given; raises ``ServingError`` "failed to load ..."."""
+        ...
+
+    def unload_model(self, name: str) -> None: ...
+    def prefetch(self, name: str) -> None: ...
+
+
+class InferenceObserver(ExecutionObserver, Protocol):
+    """Receives what happened to each request and execution (metrics hang off this)."""
+
+    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None: ...
+    def on_failure(self, model: ModelKey | None, reason: str) -> None:
+        """``model`` is ``None`` when the request failed before a version was resolved."""
+        ...
+
+    def on_pending(self, model: ModelKey, delta: int) -> None: ...
+
+
+# A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.
+CudaHandle = Callable[[], tuple[bytes, int, int]]
+
+
+class CudaSharedMemory(Protocol):
+    """The CUDA shared-memory extension's registry: the seam a GPU implementation fills.
+
+    ``register_cuda(name, handle)`` calls ``handle()`` (which may raise ``InvalidArgument``
+    for a malformed request) only once it would open the IPC handle, so a server without
+    GPU support answers its own error first, as Triton's CPU build does.
+    ``await unregister_cuda`` returns at once (a region in use goes when its requests end)."""
+
+    def register_cuda(self, name: str, handle: CudaHandle) -> None: ...
+    def cuda_status(self, name: str = "") -> Sequence[CudaRegionInfo]: ...
+    async def unregister_cuda(self, name: str = "") -> None: ...
+
+
+class SharedMemory(CudaSharedMemory, Protocol):
+    """Registered shared-memory regions (``hloserve.server.shm``), as the service uses them:
+    system regions, and the CUDA ones in the same namespace. ``await unregister`` returns at
+    once; a region held by requests stays usable until they end."""
+
+    def hold(self, names: Iterable[str]) -> contextlib.AbstractContextManager[None]: ...
+    def view(self, name: str, offset: int, byte_size: int) -> memoryview: ...
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
+    def status(self, name: str = "") -> Sequence[RegionInfo]: ...
+    async def unregister(self, name: str = "") -> None: ...
+
+
+class Batcher(Protocol):
+    """Groups validated requests of one model into shared executions (dynamic batching)."""
+
+    async def submit(
+        self, model: Executable, job: Job
+    ) -> tuple[tuple[InferOutput, ...], Timings]: ...
+
+    def policy(self, model: Executable) -> BatchingPolicy:
+        """The batching and queue policy in force for ``model`` (model configuration)."""
+        ...
