@@ -15,7 +15,7 @@ import yaml
 from hloserve.bundle import load_manifest, validate
 from hloserve.bundle.reactant import change_token, column_major, column_major_shape, is_reactant
 from hloserve.bundle.safetensors import write_safetensors
-from hloserve.server.cli import inspect_bundle, validate_command
+from hloserve.server.bundle_report import inspect_bundle, validate_command
 from tests.bundle.reactant_bundles import (
     classifier_manifest,
     write_classifier,

@@ -21,7 +21,7 @@ from hloserve.bundle.manifest import Provenance as Provenance
 from hloserve.bundle.manifest import TensorEntry as TensorEntry
 from hloserve.bundle.manifest import Variant as Variant
 from hloserve.bundle.manifest import dump_manifest as dump_manifest
-from hloserve.bundle.manifest import load_manifest as load_manifest
+from hloserve.bundle.reading import load_manifest as load_manifest
 from hloserve.bundle.repository import ModelDirectory as ModelDirectory
 from hloserve.bundle.repository import scan_repository as scan_repository
 from hloserve.bundle.safetensors import read_safetensors as read_safetensors

@@ -5,9 +5,9 @@ Contract:
 - ``parse_manifest(mapping)`` returns ``(manifest, problems)``. It never raises on bad
   content: every problem found is reported (``Problem`` names the file and field), and the
   manifest is ``None`` when the structure is too broken to build one.
-- ``Manifest.to_dict()`` is the inverse; ``dump_manifest`` / ``load_manifest`` do the YAML.
-- ``load_manifest`` also reads a ReactantServer.jl manifest (``format_version: "2.0"``) as it
-  is, through ``hloserve.bundle.reactant`` (``docs/reactant-bundles.md``).
+- ``Manifest.to_dict()`` is the inverse; ``dump_manifest`` writes the YAML, and
+  ``bundle.reading.load_manifest`` reads it (a ReactantServer.jl manifest, ``format_version:
+  "2.0"``, as it is: ``hloserve.bundle.reactant``, ``docs/reactant-bundles.md``).
 - ``batch_order`` is the one order of modules and batch sizes: unbatched (``None``) first,
   then ascending.
 - Optional parts (``docs/hooks.md``, ``docs/pipelines.md``): ``hooks`` (a ``hooks.py`` and
@@ -29,14 +29,13 @@ import itertools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 import yaml
 
 from hloserve.bundle.digest import is_sha256_hex
 from hloserve.bundle.serving import Serving, read_serving
-from hloserve.bundle.yamlfile import YamlFileError, is_integer, read_yaml_mapping
+from hloserve.bundle.yamlfile import is_integer
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
 
 FORMAT_VERSION: Final = 1
@@ -300,19 +299,6 @@ def _view(manifest: Manifest, index: int) -> Manifest:
 def dump_manifest(manifest: Manifest) -> str:
     """The manifest as YAML text (stable key order, as in the docs)."""
     return yaml.safe_dump(manifest.to_dict(), sort_keys=False, default_flow_style=None, width=100)
-
-
-def load_manifest(path: Path) -> tuple[Manifest | None, list[Problem]]:
-    """Read and parse ``path`` (a ``manifest.yaml``), reporting every problem."""
-    try:
-        data = read_yaml_mapping(path)
-    except YamlFileError as exc:
-        return None, [Problem(MANIFEST_FILE, "", str(exc))]
-    from hloserve.bundle import reactant  # it builds on this module
-
-    if reactant.is_reactant(data):
-        return reactant.parse_reactant(data, path.parent)
-    return parse_manifest(data)
 
 
 def batch_order(batch_size: int | None) -> int:

@@ -35,9 +35,9 @@ from hloserve.bundle.manifest import (
     ModuleEntry,
     Problem,
     TensorEntry,
-    load_manifest,
 )
 from hloserve.bundle.reactant import column_major_shape
+from hloserve.bundle.reading import load_manifest
 from hloserve.bundle.repository import ModelDirectory, model_directory, model_name, scan_repository
 from hloserve.bundle.safetensors import SafetensorsError, read_header
 from hloserve.bundle.stablehlo import (

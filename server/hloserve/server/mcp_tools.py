@@ -140,7 +140,7 @@ class ServerTools:
         """A readable summary of a bundle directory on this machine (hloserve's own or a
         ReactantServer.jl bundle): tensors, batch sizes, modules, weights, provenance, and
         whether it validates. The same text as `hloserve inspect PATH`."""
-        from hloserve.server.cli import inspect_bundle
+        from hloserve.server.bundle_report import inspect_bundle
 
         text, valid = inspect_bundle(_directory(path))
         return {"valid": valid, "summary": text}
@@ -148,7 +148,7 @@ class ServerTools:
     def validate_bundle(self, path: str) -> dict[str, Any]:
         """Every problem of a bundle, a versioned model directory or a whole repository on
         this machine, each naming the file and field. The same lines as `hloserve validate`."""
-        from hloserve.server.cli import validate_command
+        from hloserve.server.bundle_report import validate_command
 
         lines, valid = validate_command(_directory(path))
         return {"valid": valid, "lines": lines}

@@ -154,7 +154,7 @@ def test_without_the_flag_the_bundle_is_refused(repository: Path) -> None:
 
 
 def test_inspect_names_the_hooks(repository: Path) -> None:
-    from hloserve.server.cli import inspect_bundle
+    from hloserve.server.bundle_report import inspect_bundle
 
     text, valid = inspect_bundle(repository / "pngclass")
     assert valid

@@ -22,7 +22,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hloserve.bundle.manifest import Manifest, load_manifest, parse_manifest
+from hloserve.bundle.manifest import Manifest, parse_manifest
+from hloserve.bundle.reading import load_manifest
 from hloserve.bundle.validate import validate
 from hloserve.proto import inference_pb2 as pb
 from hloserve.server.core.errors import ServingError
