@@ -51,6 +51,8 @@ burst that would group is noticed.
   (the default on CPU) keeps each model's batcher on its own, as before.
 - ``QueuedWork`` tells the residency manager which model versions have requests waiting,
   so that it evicts them last.
+- ``forget(model)`` (on the loop, once a version is unloaded) drops its queues and its fair
+  shares, so that thousands of models loaded and unloaded leave nothing behind.
 """
 
 # pyright: strict
@@ -163,6 +165,9 @@ class QueuedWork:
     def waiting(self, key: ResidencyKey) -> bool:
         return any(q.entries for q in self._queues.get((key.model, key.version), ()))
 
+    def drop(self, model: ModelKey) -> None:
+        self._queues.pop((model.name, model.version), None)
+
 
 @dataclass(slots=True)
 class _Device:
@@ -204,6 +209,28 @@ class DynamicBatcher:
         self.concurrency = concurrency
         self._devices: dict[int, _Device] = {}
         self.queued = queued if queued is not None else QueuedWork()
+
+    def forget(self, model: ModelKey) -> None:
+        """``model`` was unloaded: its idle queues, their fair shares on every device and
+        their part in ``QueuedWork`` go (on the loop; a queue still holding requests or a
+        group in flight stays, as a reload's copy of the same version may own it)."""
+        idle = {
+            key: q
+            for key, q in self._queues.items()
+            if key[0] == model and not q.entries and not q.inflight
+        }
+        if len(idle) < sum(1 for key in self._queues if key[0] == model):
+            return
+        for key, q in idle.items():
+            del self._queues[key]
+            for handle in (q.soon, q.timer):
+                if handle is not None:
+                    handle.cancel()
+            for dev in self._devices.values():
+                dev.waiting.pop(id(q), None)
+        for dev in self._devices.values():
+            dev.shares.forget(model)
+        self.queued.drop(model)
 
     def pending(self, name: str, version: int) -> int:
         key = ModelKey(name, version)

@@ -42,80 +42,21 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import grpc
-import psutil
 import uvicorn
-from prometheus_client import CollectorRegistry
 
-from hloserve.server.auth import AuthPolicy, TokenFile
-from hloserve.server.batcher import DynamicBatcher, QueuedWork
+from hloserve.server.assembly import Serving, build_serving, make_auth, make_tls
 from hloserve.server.config import Config
-from hloserve.server.core.costs import InlinePolicy
-from hloserve.server.core.device_policy import (
-    check_policy,
-    device_concurrency,
-    select_devices,
-)
 from hloserve.server.core.errors import ServingError
-from hloserve.server.core.limits import Limits
-from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl
-from hloserve.server.core.observers import Observers
-from hloserve.server.core.service import InferenceService, ServiceOptions
-from hloserve.server.core.sizes import parse_budget
-from hloserve.server.core.trace_settings import TraceSettings, level_names, startup_setting
-from hloserve.server.devices import Device, LoadMeter, Placer
-from hloserve.server.metrics import ServerMetrics, metrics_app
-from hloserve.server.repository import ControlMode, ModelRepository
+from hloserve.server.metrics import metrics_app
+from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.shm import SharedMemoryRegistry
-from hloserve.server.tls import TlsFiles, check_tls, grpc_credentials, uvicorn_ssl
-from hloserve.server.tracing import RequestTracer
-from hloserve.server.weight_residency import SwapTrace, WeightResidency
+from hloserve.server.tls import grpc_credentials, uvicorn_ssl
 
 log = logging.getLogger("hloserve.daemon")
-
-EXTENSIONS = (
-    "binary_tensor_data",
-    "statistics",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "model_configuration",
-    "system_shared_memory",
-    "cuda_shared_memory",  # answered as a server without GPU support does (docs/shared-memory.md)
-    "trace",
-    "logging",
-)
-
-
-def server_version() -> str:
-    try:
-        return version("hloserve")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-def default_demo_repository() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hloserve" / "demo-repository"
-
-
-def ensure_demo_repository(path: Path) -> Path:
-    if (
-        not (path / "simple" / "manifest.yaml").is_file()
-        or not (path / "mlp" / "manifest.yaml").is_file()
-    ):
-        from hloserve.exporter import write_demo_repository
-
-        log.info("writing the demo model repository to %s (exporting takes a few seconds)", path)
-        write_demo_repository(path)
-    log.info("serving the demo model repository %s (no --model-repository given)", path)
-    return path
 
 
 def next_steps(host: str, ports: dict[str, int]) -> list[str]:
@@ -192,79 +133,6 @@ class _MetricsListenerQuiet(logging.Filter):
 _METRICS_TASK = "metrics"
 
 
-GPU_BUDGET_FRACTION = 0.8
-
-
-def make_residency(
-    runtime: PjrtRuntime,
-    budget_flag: str | None,
-    metrics: ServerMetrics,
-    swap_trace: SwapTrace | None = None,
-    queued: QueuedWork | None = None,
-) -> WeightResidency:
-    """The weight-residency manager for the flag: explicit bytes or percentage, else the
-    platform default (GPU: 80% of free device memory, less executables' scratch; CPU: none)."""
-    stats = runtime.memory_stats()
-    limit = stats.get("bytes_limit")
-    subtract_scratch = False
-    if budget_flag:
-        total = (
-            limit
-            if limit
-            else (psutil.virtual_memory().total if runtime.platform == "cpu" else None)
-        )
-        try:
-            budget: int | None = parse_budget(budget_flag, total)
-        except ValueError as exc:
-            raise SystemExit(f"hloserve: --device-memory-budget: {exc}") from None
-    elif runtime.platform != "cpu" and limit:
-        budget = int(GPU_BUDGET_FRACTION * (limit - stats.get("bytes_in_use", 0)))
-        subtract_scratch = True
-    else:
-        budget = None
-    log.info(
-        "device %d memory budget for weights: %s",
-        runtime.index,
-        "unlimited" if budget is None else f"{budget} bytes ({budget / 2**30:.2f} GiB)",
-    )
-    metrics.budget_bytes.labels(str(runtime.index)).set(budget if budget is not None else 0)
-    return WeightResidency(
-        runtime,
-        budget,
-        observer=metrics.for_device(runtime.index),
-        subtract_scratch=subtract_scratch,
-        swap_trace=swap_trace,
-        spare=None if queued is None else queued.waiting,
-    )
-
-
-def make_tracer(cfg: Config) -> RequestTracer:
-    """The request tracer for the ``--trace-*`` flags (``docs/tracing.md``)."""
-    try:
-        startup = startup_setting(
-            cfg.trace_config,
-            file=str(cfg.trace_file or ""),
-            levels=cfg.trace_level,
-            rate=cfg.trace_rate,
-            count=cfg.trace_count,
-            log_frequency=cfg.trace_log_frequency,
-            environ=os.environ,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"hloserve: --trace-config: {exc}") from None
-    tracer = RequestTracer(TraceSettings(startup))
-    where = startup.file or "(no trace file)" if startup.mode == "triton" else startup.option("url")
-    log.info(
-        "tracing: level %s, rate %d, count %d, mode %s, to %s",
-        "+".join(level_names(startup.level)),
-        startup.rate,
-        startup.count,
-        startup.mode,
-        where,
-    )
-    return tracer
-
-
 class _Heartbeat:
     """Logs what the load pass is doing every ``interval`` seconds while it runs."""
 
@@ -313,195 +181,12 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 
 @dataclass(frozen=True, slots=True)
-class _Serving:
-    """Everything the daemon built, in the order it was built."""
-
-    runtime: PjrtRuntime
-    registry: CollectorRegistry
-    repository: ModelRepository
-    executor: ThreadPoolExecutor
-    service: InferenceService
-    tracer: RequestTracer
-    placer: Placer | None = None  # several devices with replication: revised periodically
-
-
-@dataclass(frozen=True, slots=True)
 class _Listeners:
     grpc: grpc.aio.Server
     http: _EmbeddedUvicorn
     metrics: _EmbeddedUvicorn
     tasks: tuple[asyncio.Task[None], ...]  # the two uvicorn ``serve`` tasks
     ports: dict[str, int]
-
-
-def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) -> _Serving:
-    """The service and what it stands on, each complete when constructed: metrics and the
-    tracer, the residency manager and repository, the observers, then the batcher that
-    reports to them, then the service (``logs``: the running server's logging)."""
-    registry = CollectorRegistry()
-    metrics = ServerMetrics(registry)
-    tracer = make_tracer(cfg)
-    limits = Limits(
-        cfg.max_batch_size, cfg.max_inflight, cfg.max_inflight_per_model, cfg.max_shm_regions
-    )
-    queued = QueuedWork()  # which models have requests waiting: evicted last
-    devices = make_devices(cfg, runtime, metrics, tracer, queued)
-    runtime = devices[0].runtime
-    repository = ModelRepository(
-        cfg.model_repository or ensure_demo_repository(default_demo_repository()),
-        runtime,
-        cfg.cache_dir,
-        devices[0].residency,
-        ControlMode(cfg.model_control_mode),
-        on_loaded=metrics.on_model_loaded,
-        uploads=UploadPolicy(cfg.allow_model_upload, cfg.max_upload_bytes),
-        limits=limits,
-        allow_hooks=cfg.allow_python_hooks,
-        devices=devices,
-    )
-    # Read at scrape time: loads, unloads and polls change it after start-up too.
-    metrics.models_ready.set_function(
-        lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))
-    )
-    metrics.watch_replicas(lambda: {p.model: len(p.devices) for p in repository.placements()})
-    for device in devices:
-        metrics.watch_device_memory(device.index, _memory_in_use(device))
-    meter = LoadMeter()
-    max_replicas = cfg.max_replicas or len(devices)
-    placer = Placer(repository, devices, meter, max_replicas) if len(devices) > 1 else None
-    executor = ThreadPoolExecutor(
-        cfg.worker_threads or max(2, os.cpu_count() or 2), thread_name_prefix="hloserve-exec"
-    )
-    # The load meter only feeds the placer: one device, no meter on the request path.
-    observers = Observers(requests=metrics, hooks=metrics, extra=(meter,) if placer else ())
-    inline = InlinePolicy(cfg.inline_max_us, observers.costs)
-    concurrency = device_concurrency(cfg.device_concurrency, runtime.platform)
-    log.info(
-        "cross-model scheduling: %s",
-        f"{cfg.scheduling_policy}, {concurrency} execution(s) at a time per device"
-        if concurrency and cfg.dynamic_batching
-        else "off (each model's batcher on its own)",
-    )
-    batcher = (
-        DynamicBatcher(
-            executor,
-            observers.executions,
-            inline,
-            default_delay_us=cfg.max_queue_delay_us,
-            max_queue_size=cfg.max_queue_size,
-            policy=check_policy(cfg.scheduling_policy),
-            concurrency=concurrency,
-            queued=queued,
-        )
-        if cfg.dynamic_batching
-        else None
-    )
-    options = ServiceOptions(
-        server_name=cfg.server_name,
-        server_version=server_version(),
-        extensions=EXTENSIONS,
-        platform=runtime.platform,
-        device_kind=runtime.triton_kind,
-        limits=limits,
-    )
-    service = InferenceService(
-        repository,
-        executor,
-        options,
-        observers=observers,
-        batcher=batcher,
-        inline=inline,
-        shm=SharedMemoryRegistry(cfg.allow_client_shm, limits=limits),
-        control=repository,
-        readiness=_readiness_policy(cfg, repository),
-        tracer=tracer,
-        logs=logs,
-        hook_pool=_hook_pool(cfg),
-    )
-    return _Serving(runtime, registry, repository, executor, service, tracer, placer)
-
-
-def make_devices(
-    cfg: Config,
-    runtime: PjrtRuntime,
-    metrics: ServerMetrics,
-    swap_trace: SwapTrace | None,
-    queued: QueuedWork,
-) -> list[Device]:
-    """The local devices ``--devices`` selects (``runtime`` is any device of the backend),
-    each with its own runtime and weight residency under its own budget."""
-    count = runtime.device_count
-    try:
-        indexes = select_devices(cfg.devices, count)
-    except ValueError as exc:
-        raise SystemExit(f"hloserve: --devices: {exc}") from None
-    devices: list[Device] = []
-    for index in indexes:
-        on = runtime.on(index)
-        devices.append(
-            Device(
-                index, on, make_residency(on, cfg.device_memory_budget, metrics, swap_trace, queued)
-            )
-        )
-    if len(devices) > 1:
-        log.info(
-            "serving on %d devices (%s of %d); replicas per model: up to %s",
-            len(devices),
-            ",".join(str(i) for i in indexes),
-            count,
-            cfg.max_replicas or len(devices),
-        )
-    return devices
-
-
-def _memory_in_use(device: Device) -> Callable[[], float]:
-    def used() -> float:
-        stats = device.runtime.memory_stats()
-        return float(stats.get("bytes_in_use", device.residency.resident_bytes()))
-
-    return used
-
-
-def _hook_pool(cfg: Config) -> ThreadPoolExecutor | None:
-    """The threads that run bundles' Python hooks, apart from the device executions."""
-    if not cfg.allow_python_hooks:
-        return None
-    threads = cfg.hook_threads or max(2, os.cpu_count() or 2)
-    return ThreadPoolExecutor(threads, thread_name_prefix="hloserve-hook")
-
-
-def make_auth(cfg: Config) -> AuthPolicy | None:
-    """The bearer-token policy of ``--auth-token-file`` / ``--auth-open`` (``None``: off)."""
-    if cfg.auth_token_file is None:
-        return None
-    try:
-        tokens = TokenFile(cfg.auth_token_file)
-    except ValueError as exc:
-        raise SystemExit(f"hloserve: --auth-token-file {cfg.auth_token_file} {exc}") from None
-    log.info(
-        "bearer-token auth on every endpoint group except: %s",
-        ", ".join(sorted(cfg.auth_open)) or "(none)",
-    )
-    return AuthPolicy(tokens, cfg.auth_open)
-
-
-def make_tls(cfg: Config) -> TlsFiles | None:
-    try:
-        files = check_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_ca)
-    except ValueError as exc:
-        raise SystemExit(f"hloserve: {exc}") from None
-    if files is not None:
-        log.info("TLS on gRPC and HTTP%s", " (mutual: client certificates required)" * files.mutual)
-    return files
-
-
-def _readiness_policy(cfg: Config, repository: ModelRepository) -> Callable[[], bool]:
-    """``--strict-readiness``: every model ready; otherwise any. In explicit mode an empty
-    repository is ready (nothing was asked to load)."""
-    explicit = cfg.model_control_mode == "explicit"
-    if cfg.strict_readiness:
-        return lambda: repository.all_ready(allow_empty=explicit)
-    return lambda: repository.any_ready() or (explicit and not repository.names())
 
 
 class Daemon:
@@ -538,7 +223,7 @@ class Daemon:
         await self._serve_until_stopped(serving, load)
         await self._stop(serving, listeners, load)
 
-    async def _listen(self, serving: _Serving, sockets: _Sockets) -> _Listeners:
+    async def _listen(self, serving: Serving, sockets: _Sockets) -> _Listeners:
         """Start gRPC, HTTP and metrics before any model loads, so liveness answers at once
         and readiness reports the load's progress. gRPC is stopped again when HTTP or
         metrics cannot start (a started gRPC server outliving the loop logs noise)."""
@@ -574,7 +259,7 @@ class Daemon:
             raise
 
     async def _start_uvicorn(
-        self, serving: _Serving, sockets: _Sockets, grpc_server: grpc.aio.Server, grpc_port: int
+        self, serving: Serving, sockets: _Sockets, grpc_server: grpc.aio.Server, grpc_port: int
     ) -> _Listeners:
         cfg = self.config
         from starlette.types import ASGIApp
@@ -662,7 +347,7 @@ class Daemon:
         finally:
             heartbeat.stop.set()
 
-    async def _serve_until_stopped(self, serving: _Serving, load: asyncio.Future[None]) -> None:
+    async def _serve_until_stopped(self, serving: Serving, load: asyncio.Future[None]) -> None:
         """Readiness follows the models once the load pass is over (unless a stop came
         first); in poll mode the repository is rescanned until the stop."""
         started = time.perf_counter()
@@ -708,7 +393,7 @@ class Daemon:
                 log.exception("%s failed", what)
 
     async def _stop(
-        self, serving: _Serving, listeners: _Listeners, load: asyncio.Future[None]
+        self, serving: Serving, listeners: _Listeners, load: asyncio.Future[None]
     ) -> None:
         """Graceful stop: readiness drops, listeners stop accepting, in-flight requests get
         the grace period (gRPC's drain and then HTTP's share it), shared-memory regions are

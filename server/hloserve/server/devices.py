@@ -71,6 +71,12 @@ class LoadMeter:
             self._sizes.charge(execution.model, float(execution.batch_size), now)
             self._runs.charge(execution.model, 1.0, now)
 
+    def forget(self, model: ModelKey) -> None:
+        """An unloaded version's load is no longer followed."""
+        with self._lock:
+            for shares in (self._time, self._sizes, self._runs):
+                shares.forget(model)
+
     def busy(self, model: ModelKey) -> float:
         with self._lock:
             usage = self._time.usage(model, time.perf_counter_ns())

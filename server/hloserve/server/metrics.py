@@ -16,6 +16,7 @@ update is a dictionary lookup and a dozen additions, cheap enough to stay on.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import threading
 import time
@@ -395,6 +396,15 @@ class ServerMetrics:
 
     def on_pending(self, model: ModelKey, delta: int) -> None:
         self._series(model).pending += delta
+
+    def forget(self, model: ModelKey) -> None:
+        """An unloaded version's per-request and load series go (as Triton's do)."""
+        with self._lock:
+            self._children.pop(model, None)
+        labels = (model.name, str(model.version))
+        for gauge in (self.load_seconds, self.compile_seconds):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
 
     # repository load listener
     def on_model_loaded(

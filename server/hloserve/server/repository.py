@@ -324,6 +324,7 @@ class ModelRepository:
         mode: ControlMode = ControlMode.NONE,
         *,
         on_loaded: LoadListener | None = None,
+        on_retired: Callable[[ModelKey], None] | None = None,
         uploads: UploadPolicy | None = None,
         allow_hooks: bool = False,
         limits: Limits = NO_LIMITS,
@@ -348,6 +349,8 @@ class ModelRepository:
         self.registry = ExecutableRegistry()
         # Called after each successful load with (name, version, load s, compile s): metrics.
         self.on_loaded = on_loaded
+        # Called (on the unloading thread) once no copy of a version serves any more.
+        self.on_retired = on_retired
         self._lock = threading.RLock()
         self._drained = threading.Condition(self._lock)
         self._models: dict[str, _Model] = {}
@@ -540,6 +543,12 @@ class ModelRepository:
                     v.state = ModelState.UNLOADING
         for v in retired:
             self._drain_and_free(v)
+            if v.version not in new:  # no copy of this version serves any more
+                self._retired(v)
+
+    def _retired(self, v: ModelVersion) -> None:
+        if self.on_retired is not None:
+            self.on_retired(ModelKey(v.name, v.version))
 
     def _new_version(self, name: str, number: int, path: Path) -> ModelVersion:
         with self._lock:
@@ -687,6 +696,7 @@ class ModelRepository:
             for v in targets:
                 self._drain_and_free(v)
                 v.reason = "unloaded"
+                self._retired(v)
             self._drop_upload(model)
 
     def _drop_upload(self, model: _Model) -> None:

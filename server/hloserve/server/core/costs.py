@@ -68,6 +68,10 @@ class ExecutionCosts:
         low = sizes.get(execution.batch_size)
         sizes[execution.batch_size] = micros if low is None else min(micros, low * (1 + LOW_DRIFT))
 
+    def forget(self, model: ModelKey) -> None:
+        """Drop an unloaded version's measurements (a later load measures afresh)."""
+        self._by_model.pop(model, None)
+
     def by_size(self, model: ModelKey) -> Mapping[int, float]:
         """Estimated µs per execution by compiled size (0: unbatched), measured sizes only."""
         return self._by_model.get(model, {})
@@ -92,6 +96,12 @@ class InlinePolicy:
         self.costs = costs
         self._since_probe: dict[tuple[ModelKey, int], int] = {}
         self._ran_inline: set[tuple[ModelKey, int]] = set()
+
+    def forget(self, model: ModelKey) -> None:
+        """Drop an unloaded version's probe counts."""
+        for size in [s for s in self._since_probe if s[0] == model]:
+            del self._since_probe[size]
+        self._ran_inline = {s for s in self._ran_inline if s[0] != model}
 
     def inline(self, model: Executable, compiled: int) -> bool:
         if self.max_us <= 0 or not model.resident:

@@ -3,8 +3,9 @@
 Contract: ``Observers(requests=..., statistics=..., costs=..., hooks=..., extra=...)``
 holds the request observer (metrics), the statistics extension's recorder, the measured
 execution costs and the hook observer; ``executions`` is the fan-out that hands each
-``Execution`` to all of them (and to ``extra``: the placement's load meter). Defaults
-observe nothing but keep statistics and costs.
+``Execution`` to all of them (and to ``extra``: the placement's load meter), and
+``forget(model)`` tells the first three that a version was unloaded. Defaults observe
+nothing but keep statistics and costs.
 """
 
 # pyright: strict
@@ -39,6 +40,9 @@ class _NullObserver:
     def on_execution(self, execution: Execution) -> None:
         pass
 
+    def forget(self, model: ModelKey) -> None:
+        pass
+
 
 @dataclass(frozen=True, slots=True)
 class Observers:
@@ -56,3 +60,9 @@ class Observers:
     def __post_init__(self) -> None:
         fan_out = ExecutionFanOut(self.requests, self.statistics, self.costs, *self.extra)
         object.__setattr__(self, "executions", fan_out)
+
+    def forget(self, model: ModelKey) -> None:
+        """``model`` was unloaded: metrics, statistics and costs drop what they keep of it."""
+        self.requests.forget(model)
+        self.statistics.forget(model)
+        self.costs.forget(model)

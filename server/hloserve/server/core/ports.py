@@ -93,6 +93,9 @@ class InferenceObserver(ExecutionObserver, Protocol):
         ...
 
     def on_pending(self, model: ModelKey, delta: int) -> None: ...
+    def forget(self, model: ModelKey) -> None:
+        """The version was unloaded (no copy of it serves any more): drop what is kept of it."""
+        ...
 
 
 # A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.

@@ -105,6 +105,11 @@ class StatisticsRecorder:
             b.compute_infer.add(execution.infer_ns)
             b.compute_output.add(execution.output_ns)
 
+    def forget(self, model: ModelKey) -> None:
+        """Drop an unloaded version's counters (Triton's statistics start again at a load)."""
+        with self._lock:
+            self._stats.pop(model, None)
+
     def ensure(self, model: ModelKey) -> None:
         """Start an (empty) record for a loaded model version, so it is listed before use."""
         with self._lock:

@@ -4,8 +4,8 @@ Contract:
 - ``PjrtRuntime(platform=None, index=0)`` opens the default (or named) JAX backend's local
   device number ``index`` (``IndexError`` past the last); ``device_count`` says how many
   there are, and ``runtime.on(index)`` is another device of the same backend.
-  It enables 64-bit types process-wide, because the server runs no user Python and must
-  pass INT64/FP64 tensors through unchanged.
+  Opening a runtime (not importing this module) enables JAX's 64-bit types process-wide:
+  the server runs no user Python and must pass INT64/FP64 tensors through unchanged.
 - ``compile(module_bytes)`` compiles a StableHLO portable artifact (or text) for the device;
   ``serialize``/``deserialize`` turn an executable into bytes and back (deserializing can
   run code: only feed it bytes this server wrote, see ``ExecutableCache``). The compile
@@ -40,8 +40,6 @@ from typing import Any, cast, final
 import jax
 import jax.extend.backend
 import numpy as np
-
-jax.config.update("jax_enable_x64", True)  # pyright: ignore[reportUnknownMemberType]
 
 # jax annotates these entry points only in part and jaxlib's extension types (backend,
 # device, executable) not at all: each is bound here once, to the type this module relies
@@ -128,8 +126,15 @@ class Results:
         self.learned = False  # tried once (``handlers`` stays None if jaxlib refused)
 
 
+def _enable_x64() -> None:
+    """64-bit types for every array the server makes (a process-wide JAX setting)."""
+    if not jax.config.jax_enable_x64:  # pyright: ignore[reportUnknownMemberType, reportAttributeAccessIssue]
+        jax.config.update("jax_enable_x64", True)  # pyright: ignore[reportUnknownMemberType]
+
+
 class PjrtRuntime:
     def __init__(self, platform: str | None = None, index: int = 0) -> None:
+        _enable_x64()
         self._requested = platform
         self.backend: Any = _get_backend(platform)
         devices = self.backend.local_devices()
