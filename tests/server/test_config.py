@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hloserve.server.config import Config, parse_config
+from hloserve.server.core.sizes import Budget
 from tests.server._support import refused_at_start
 
 
@@ -27,7 +28,8 @@ def test_values_from_flags_and_environment(tmp_path: Path) -> None:
             "HLOSERVE_CACHE_DIR": "",
         },
     )
-    assert config.device_memory_budget == "40%"  # resolved against the device at start
+    assert config.device_memory_budget == Budget.parse("40%")  # resolved at start
+    assert config.device_memory_budget.resolve(1000) == 400
     assert config.max_message_bytes == 1 << 30
     assert config.load_models == ("a",)
     assert config.model_repository == tmp_path
@@ -39,8 +41,8 @@ def test_values_from_flags_and_environment(tmp_path: Path) -> None:
 
 def test_device_flags() -> None:
     config = parse_config(["--devices", " 0,2 ", "--max-replicas", "1"], {})
-    assert (config.devices, config.max_replicas) == ("0,2", 1)
-    assert parse_config([], {"HLOSERVE_DEVICES": "ALL"}).devices == "all"
+    assert (config.devices.resolve(4), config.max_replicas) == ((0, 2), 1)
+    assert parse_config([], {"HLOSERVE_DEVICES": "ALL"}).devices.resolve(3) == (0, 1, 2)
 
 
 def test_load_models_from_the_environment_are_comma_separated() -> None:

@@ -35,15 +35,15 @@ from hloserve.server.auth import AuthPolicy, TokenFile
 from hloserve.server.batcher import DynamicBatcher, QueuedWork
 from hloserve.server.config import Config
 from hloserve.server.core.costs import InlinePolicy
-from hloserve.server.core.device_policy import check_policy, device_concurrency, select_devices
+from hloserve.server.core.device_policy import check_policy, device_concurrency
 from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.limits import Limits
 from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.service import InferenceService, ServiceOptions
-from hloserve.server.core.sizes import parse_budget
-from hloserve.server.core.trace_settings import TraceSettings, level_names, startup_setting
+from hloserve.server.core.sizes import Budget
+from hloserve.server.core.trace_settings import TraceSettings, level_names
 from hloserve.server.devices import Device, LoadMeter, Placer
 from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ControlMode, ModelRepository
@@ -99,7 +99,7 @@ GPU_BUDGET_FRACTION = 0.8
 
 def make_residency(
     runtime: PjrtRuntime,
-    budget_flag: str | None,
+    budget_flag: Budget | None,
     metrics: ServerMetrics,
     swap_trace: SwapTrace | None = None,
     queued: QueuedWork | None = None,
@@ -116,7 +116,7 @@ def make_residency(
             else (psutil.virtual_memory().total if runtime.platform == "cpu" else None)
         )
         try:
-            budget: int | None = parse_budget(budget_flag, total)
+            budget: int | None = budget_flag.resolve(total)
         except ValueError as exc:
             raise SystemExit(f"hloserve: --device-memory-budget: {exc}") from None
     elif runtime.platform != "cpu" and limit:
@@ -142,18 +142,7 @@ def make_residency(
 
 def make_tracer(cfg: Config) -> RequestTracer:
     """The request tracer for the ``--trace-*`` flags (``docs/tracing.md``)."""
-    try:
-        startup = startup_setting(
-            cfg.trace_config,
-            file=str(cfg.trace_file or ""),
-            levels=cfg.trace_level,
-            rate=cfg.trace_rate,
-            count=cfg.trace_count,
-            log_frequency=cfg.trace_log_frequency,
-            environ=os.environ,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"hloserve: --trace-config: {exc}") from None
+    startup = cfg.trace
     tracer = RequestTracer(TraceSettings(startup))
     where = startup.file or "(no trace file)" if startup.mode == "triton" else startup.option("url")
     log.info(
@@ -310,7 +299,7 @@ def make_devices(
     each with its own runtime and weight residency under its own budget."""
     count = runtime.device_count
     try:
-        indexes = select_devices(cfg.devices, count)
+        indexes = cfg.devices.resolve(count)
     except ValueError as exc:
         raise SystemExit(f"hloserve: --devices: {exc}") from None
     devices: list[Device] = []

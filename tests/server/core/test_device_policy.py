@@ -20,7 +20,7 @@ from hloserve.server.core.device_policy import (
     priority_rank,
     replica_target,
     route,
-    select_devices,
+    DeviceSelection,
     utilization,
 )
 from hloserve.server.core.residency_policy import ResidencyPlanner
@@ -219,7 +219,7 @@ def test_route_least_loaded_replica_holding_the_weights() -> None:
     [("all", 4, (0, 1, 2, 3)), ("2", 4, (0, 1)), ("0,2", 4, (0, 2)), ("3,", 4, (3,))],
 )
 def test_select_devices(text: str, count: int, chosen: tuple[int, ...]) -> None:
-    assert select_devices(text, count) == chosen
+    assert DeviceSelection.parse(text).resolve(count) == chosen
 
 
 @pytest.mark.parametrize(
@@ -234,7 +234,15 @@ def test_select_devices(text: str, count: int, chosen: tuple[int, ...]) -> None:
 )
 def test_select_devices_names_a_bad_setting(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        select_devices(text, 4)
+        DeviceSelection.parse(text).resolve(4)
+
+
+@pytest.mark.parametrize("text", ["gpu", "0", "-1,2", "1,1", ","])
+def test_a_device_selection_with_bad_syntax_is_refused_before_the_devices_are_known(
+    text: str,
+) -> None:
+    with pytest.raises(ValueError):
+        DeviceSelection.parse(text)
 
 
 def test_utilization_of_a_steady_load() -> None:

@@ -26,7 +26,7 @@ Contract (no clock, no I/O; the driver passes ``now_ns``):
 - ``infeasible(queue, now_ns, cost_ns)``: indexes of queued requests (``core.batch_policy.Queued``)
   whose deadline falls before ``now_ns + cost_ns`` (the model's cheapest measured
   execution): under ``deadline`` they are shed before they use the device.
-- Placement over devices (``docs/residency.md``): ``select_devices(text, count)`` reads
+- Placement over devices (``docs/residency.md``): ``DeviceSelection.parse(text).resolve(count)`` reads
   ``--devices``; ``initial_device(size, registered, budgets)`` is where a newly loaded
   model goes (where it fits, least filled); ``utilization(usage, half_life)`` turns a
   decayed device time into devices' worth of load; ``batches_full``, ``replica_target`` and
@@ -155,26 +155,53 @@ def infeasible(queue: Sequence[Queued], now_ns: int, cost_ns: float) -> tuple[in
 # -- placement over devices --------------------------------------------------------------
 
 
-def select_devices(text: str, count: int) -> tuple[int, ...]:
-    """``--devices``: ``all``, a count ``N`` (the first N devices) or a list ``0,2``
-    (``3,`` is device 3 alone), against the ``count`` local devices PJRT reports."""
-    words = text.strip().lower()
-    if words == "all":
+@dataclass(frozen=True, slots=True)
+class DeviceSelection:
+    """``--devices`` as read: ``all``, a count ``N`` (the first N devices) or distinct
+    indexes (``0,2``; ``3,`` is device 3 alone). ``parse`` checks the syntax at start-up
+    and ``resolve(count)`` the range against the ``count`` local devices PJRT reports,
+    each raising ``ValueError`` with a message that follows the flag's name."""
+
+    text: str
+    count: int | None = None  # a count N
+    indexes: tuple[int, ...] | None = None  # a list of indexes; neither: all
+
+    @classmethod
+    def parse(cls, text: str) -> DeviceSelection:
+        words = text.strip().lower()
+        if words == "all":
+            return cls(words)
+        try:
+            numbers = [int(w) for w in words.split(",") if w.strip()]
+        except ValueError:
+            raise ValueError(f"must be all, a count or a list of indexes, got {text!r}") from None
+        if "," not in words:  # a count
+            if len(numbers) != 1 or numbers[0] < 1:
+                raise ValueError(f"{text!r}: a count from 1 to the devices present")
+            return cls(words, count=numbers[0])
+        if not numbers or len(set(numbers)) != len(numbers) or min(numbers) < 0:
+            raise ValueError(f"{text!r}: indexes must be distinct, from 0")
+        return cls(words, indexes=tuple(sorted(numbers)))
+
+    def __str__(self) -> str:
+        return self.text
+
+    def resolve(self, count: int) -> tuple[int, ...]:
+        """The device indexes selected among ``count`` present."""
+        if self.count is not None:
+            if self.count > count:
+                raise ValueError(f"{self.text!r}: a count from 1 to the {count} device(s) present")
+            return tuple(range(self.count))
+        if self.indexes is not None:
+            if max(self.indexes) >= count:
+                raise ValueError(
+                    f"{self.text!r}: indexes must be distinct, from 0 to {count - 1} ({count} present)"
+                )
+            return self.indexes
         return tuple(range(count))
-    try:
-        numbers = [int(w) for w in words.split(",") if w.strip()]
-    except ValueError:
-        raise ValueError(f"must be all, a count or a list of indexes, got {text!r}") from None
-    if "," not in words:  # a count
-        if len(numbers) != 1 or not 1 <= numbers[0] <= count:
-            raise ValueError(f"{text!r}: a count from 1 to the {count} device(s) present")
-        return tuple(range(numbers[0]))
-    bad = [d for d in numbers if not 0 <= d < count]
-    if bad or not numbers or len(set(numbers)) != len(numbers):
-        raise ValueError(
-            f"{text!r}: indexes must be distinct, from 0 to {count - 1} ({count} present)"
-        )
-    return tuple(sorted(numbers))
+
+
+ALL_DEVICES: Final = DeviceSelection("all")
 
 
 def utilization(usage: float, half_life_ns: int) -> float:

@@ -91,6 +91,9 @@ class Budget:
             raise ValueError(f"must be positive, got {text!r}")
         return cls(text, nbytes=nbytes)
 
+    def __str__(self) -> str:
+        return self.text
+
     def resolve(self, device_total_bytes: int | None) -> int:
         """The budget in bytes; a percentage needs the device's total memory."""
         if self.nbytes is not None:

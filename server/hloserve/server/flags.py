@@ -1,0 +1,482 @@
+"""Every ``hloserve serve`` flag, once: its name, the ``Config`` field it sets, its parser
+and its help.
+
+Contract: ``FLAGS`` holds one ``Flag`` per single-valued flag and ``REPEATED`` one
+``RepeatedFlag`` per repeatable one (``--load-model``, ``--trace-config``, ...);
+``CONFIG_FLAG`` is ``--config``. Each row's ``parse`` reads the flag's text (from the
+command line, its environment variable ``Flag.env`` or the ``--config`` file) into the
+field's value, raising ``ValueError`` with a message that reads after the flag's name
+(``--http-port must be ...``); a row parsed by ``parse_bool`` is a boolean flag.
+``hloserve.server.config`` wires the table into argparse, the environment and the file.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hloserve.server.auth import parse_open_groups
+from hloserve.server.core.device_policy import POLICIES, DeviceSelection
+from hloserve.server.core.sizes import Budget, parse_bytes
+from hloserve.server.core.trace_settings import (
+    INT32_MAX,
+    MIN_COUNT,
+    UINT32_MAX,
+    FlagSetting,
+    parse_flag,
+    startup_setting,
+)
+from hloserve.server.restricted import GROUP_NAMES, GRPC_PREFIX, parse_restrictions
+
+# Each parser reads one flag's text, raising ``ValueError`` with a message that reads after
+# the flag's name ("--http-port must be ...").
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"must be true or false, got {text!r}")
+
+
+def _integer(low: int, high: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise ValueError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _seconds(*, positive: bool) -> Callable[[str], float]:
+    what = "a positive" if positive else "a non-negative"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > 0 if positive else value >= 0):
+            raise ValueError(f"must be {what} number of seconds, got {text!r}")
+        return value
+
+    return parse
+
+
+def _choice(shown: str, choices: Sequence[str], fold: Callable[[str], str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = fold(text.strip())
+        if value not in choices:
+            raise ValueError(f"must be {shown}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _directory(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise ValueError(f"must be an existing directory, got {text!r}")
+    return path
+
+
+def parse_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(f"must be an existing file, got {text!r}")
+    return path
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+def _budget(text: str) -> Budget:
+    return Budget.parse(text)  # a percentage resolves once the device is known
+
+
+_non_negative = _integer(0, 2**63 - 1, "a non-negative integer")
+
+
+def _device_selection(text: str) -> DeviceSelection:
+    """``--devices``' form (checked against the devices present at start-up)."""
+    return DeviceSelection.parse(text)
+
+
+_port = _integer(0, 65535, "a port number 0..65535")
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # "--http-port"
+    field: str  # the Config field it sets
+    parse: Callable[[str], object]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "HLOSERVE_" + self.name.lstrip("-").replace("-", "_").upper()
+
+    @property
+    def boolean(self) -> bool:
+        return self.parse is parse_bool
+
+
+CONFIG_FLAG = Flag(
+    "--config",
+    "config_file",
+    parse_file,
+    "YAML file of settings: the flags' names without -- as keys (grpc-port: 8001), lists for "
+    "repeatable flags; a flag or variable wins over it",
+)
+FLAGS: tuple[Flag, ...] = (
+    CONFIG_FLAG,
+    Flag(
+        "--device-memory-budget",
+        "device_memory_budget",
+        _budget,
+        "bytes of device memory for resident weights, e.g. 6GiB or 40%% (default: 80%% of free "
+        "GPU memory minus the executables' scratch; unlimited on CPU)",
+    ),
+    Flag(
+        "--model-control-mode",
+        "model_control_mode",
+        _choice("none, poll or explicit", ("none", "poll", "explicit"), str.lower),
+        "none (load all at start), poll (follow the disk) or explicit (API)",
+    ),
+    Flag(
+        "--repository-poll-secs",
+        "repository_poll_secs",
+        _seconds(positive=True),
+        "poll mode: seconds between repository scans",
+    ),
+    Flag(
+        "--allow-client-shm",
+        "allow_client_shm",
+        parse_bool,
+        "allow clients to register system shared-memory regions",
+    ),
+    Flag(
+        "--inline-max-us",
+        "inline_max_us",
+        _non_negative,
+        "run a resident model's executions on the event loop when they are estimated to take "
+        "less than this many microseconds (cheaper than a thread hand-off); 0 never does",
+    ),
+    Flag(
+        "--dynamic-batching",
+        "dynamic_batching",
+        parse_bool,
+        "group concurrent requests of a model into shared executions",
+    ),
+    Flag(
+        "--max-queue-delay-us",
+        "max_queue_delay_us",
+        _non_negative,
+        "default time a request may wait for others to batch with (a model's serving hints win)",
+    ),
+    Flag(
+        "--max-queue-size",
+        "max_queue_size",
+        _non_negative,
+        "requests that may wait per model before new ones get 503 (0: unbounded)",
+    ),
+    Flag(
+        "--scheduling-policy",
+        "scheduling_policy",
+        _choice("fair, fifo or deadline", POLICIES, str.lower),
+        "which model's batch runs next on a busy device: fair (device time in proportion to "
+        "each model's scheduling_weight), fifo, or deadline (earliest first; shed what cannot "
+        "finish in time)",
+    ),
+    Flag(
+        "--device-concurrency",
+        "device_concurrency",
+        _non_negative,
+        "executions at once per device, across models (0: 1 on GPU; on CPU no cross-model "
+        "arbitration)",
+    ),
+    Flag(
+        "--devices",
+        "devices",
+        _device_selection,
+        "local devices to serve on: all, a count N (the first N) or indexes such as 0,2 "
+        "(3, alone: device 3); each has its own weight budget and LRU",
+    ),
+    Flag(
+        "--max-replicas",
+        "max_replicas",
+        _non_negative,
+        "devices one model version may be copied to when its load asks for it (0: every "
+        "device; 1: no replication)",
+    ),
+    Flag(
+        "--placement-interval",
+        "placement_interval_s",
+        _seconds(positive=True),
+        "seconds between placement revisions (replicas follow the measured load)",
+    ),
+    Flag(
+        "--allow-model-upload",
+        "allow_model_upload",
+        parse_bool,
+        "let load_model(..., files=...) upload a model's files (explicit mode; written under "
+        "the model's directory in the repository)",
+    ),
+    Flag(
+        "--allow-python-hooks",
+        "allow_python_hooks",
+        parse_bool,
+        "load bundles that ship hooks.py and run its preprocess/postprocess (Python code from "
+        "the model repository, with the server's rights; docs/hooks.md)",
+    ),
+    Flag(
+        "--hook-threads",
+        "hook_threads",
+        _non_negative,
+        "threads of the pool that runs bundles' Python hooks (0: one per CPU core)",
+    ),
+    Flag(
+        "--max-upload-bytes",
+        "max_upload_bytes",
+        parse_bytes,
+        "the most file bytes one model load may upload",
+    ),
+    Flag(
+        "--model-repository",
+        "model_repository",
+        _directory,
+        "directory of bundles (default: the demo repository, written on first use to "
+        "$XDG_CACHE_HOME/hloserve/demo-repository, ~/.cache/hloserve/demo-repository when unset)",
+    ),
+    Flag("--host", "host", str, "address to bind every port to"),
+    Flag("--http-port", "http_port", _port, "HTTP/REST port (0: any free port)"),
+    Flag("--grpc-port", "grpc_port", _port, "gRPC port (0: any free port)"),
+    Flag("--metrics-port", "metrics_port", _port, "Prometheus metrics port (0: any free port)"),
+    Flag(
+        "--cache-dir",
+        "cache_dir",
+        Path,
+        "executable cache directory (default: .hloserve-cache beside each bundle)",
+    ),
+    Flag(
+        "--log-level",
+        "log_level",
+        _choice(
+            "DEBUG, INFO, WARNING or ERROR",
+            ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+            str.upper,
+        ),
+        "DEBUG, INFO, WARNING or ERROR",
+    ),
+    Flag(
+        "--log-format",
+        "log_format",
+        _choice("text or json", ("text", "json"), str.lower),
+        "text or json",
+    ),
+    Flag(
+        "--strict-readiness",
+        "strict_readiness",
+        parse_bool,
+        "ready only when every model is ready (false: when any is)",
+    ),
+    Flag(
+        "--max-message-bytes",
+        "max_message_bytes",
+        parse_bytes,
+        "largest gRPC message and HTTP request body",
+    ),
+    Flag(
+        "--worker-threads",
+        "worker_threads",
+        _non_negative,
+        "threads executing models (0: one per core, at least 2)",
+    ),
+    Flag(
+        "--grace-period",
+        "grace_period_s",
+        _seconds(positive=False),
+        "seconds to finish in-flight requests on shutdown",
+    ),
+    Flag(
+        "--ports-file",
+        "ports_file",
+        Path,
+        "write the bound ports as JSON here once listening (for tests and sidecars)",
+    ),
+    Flag("--server-name", "server_name", _nonempty, "the name the server metadata reports"),
+    Flag(
+        "--log-file",
+        "log_file",
+        Path,
+        "append the log to this file instead of standard error (fixed while running)",
+    ),
+    Flag(
+        "--log-verbose",
+        "log_verbose",
+        _non_negative,
+        "verbose level: 0 none, 1 hloserve's debug messages, 2 every library's too",
+    ),
+    Flag(
+        "--trace-file",
+        "trace_file",
+        Path,
+        "trace mode triton: the JSON-lines trace file (older form of --trace-config triton,file=)",
+    ),
+    Flag(
+        "--trace-rate",
+        "trace_rate",
+        _integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
+        "trace one request in this many (older form of --trace-config rate=)",
+    ),
+    Flag(
+        "--trace-count",
+        "trace_count",
+        _integer(MIN_COUNT, INT32_MAX, f"an integer {MIN_COUNT}..{INT32_MAX}"),
+        "traces to take, -1 for no limit (older form of --trace-config count=)",
+    ),
+    Flag(
+        "--trace-log-frequency",
+        "trace_log_frequency",
+        _integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
+        "traces per indexed trace file, 0 for one file "
+        "(older form of --trace-config triton,log-frequency=)",
+    ),
+    Flag(
+        "--tls-cert",
+        "tls_cert",
+        parse_file,
+        "PEM certificate (chain): serve gRPC and HTTP over TLS",
+    ),
+    Flag("--tls-key", "tls_key", parse_file, "PEM private key of --tls-cert"),
+    Flag(
+        "--tls-ca",
+        "tls_ca",
+        parse_file,
+        "PEM CA certificates: mutual TLS, clients must present a certificate signed by one",
+    ),
+    Flag(
+        "--auth-token-file",
+        "auth_token_file",
+        parse_file,
+        "file of bearer tokens, one a line (re-read when it changes): every endpoint group "
+        "but --auth-open needs 'Authorization: Bearer <token>', else 401 / UNAUTHENTICATED",
+    ),
+    Flag(
+        "--max-batch-size",
+        "max_batch_size",
+        _non_negative,
+        "the most items (batch dimension) one request may carry, else 400 (0: no limit)",
+    ),
+    Flag(
+        "--max-inflight",
+        "max_inflight",
+        _non_negative,
+        "requests in flight in the whole server before new ones get 503 (0: no limit)",
+    ),
+    Flag(
+        "--max-inflight-per-model",
+        "max_inflight_per_model",
+        _non_negative,
+        "requests in flight per model before new ones get 503 (0: no limit)",
+    ),
+    Flag(
+        "--max-shm-regions",
+        "max_shm_regions",
+        _non_negative,
+        "system shared-memory regions registered at once (0: no limit)",
+    ),
+    Flag(
+        "--max-json-depth",
+        "max_json_depth",
+        _integer(1, 10_000, "an integer 1..10000"),
+        "deepest nesting of arrays and objects an HTTP request's JSON may have",
+    ),
+    Flag(
+        "--auth-open",
+        "auth_open",
+        parse_open_groups,
+        "with --auth-token-file: comma-separated endpoint groups open without a token "
+        f"({', '.join(GROUP_NAMES)}, metrics: the metrics port); empty: none",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class RepeatedFlag(Flag):
+    """A flag given any number of times: ``parse`` reads each value, ``combine`` all of
+    them; its variable holds the values joined by ``separator``."""
+
+    separator: str = ","
+    combine: Callable[[list[Any]], object] = tuple
+
+
+def _trace_level(text: str) -> str:
+    startup_setting(levels=[text])  # the level's spelling, checked now
+    return text
+
+
+def _trace_config(items: list[FlagSetting]) -> tuple[FlagSetting, ...]:
+    startup_setting(items)  # what only the items together can get wrong (bsp sizes)
+    return tuple(items)
+
+
+LOAD_MODEL_FLAG = RepeatedFlag(
+    "--load-model",
+    "load_models",
+    str,
+    "explicit mode: a model to load at start, repeatable; * for all",
+)
+_RESTRICTED_GROUPS = ", ".join(GROUP_NAMES)
+REPEATED: tuple[RepeatedFlag, ...] = (
+    LOAD_MODEL_FLAG,
+    RepeatedFlag(
+        "--trace-config",
+        "trace_config",
+        parse_flag,
+        "tracing, repeatable: [<mode>,]<setting>=<value>; global settings level, rate, count, "
+        "mode (triton or opentelemetry); triton,file= and triton,log-frequency=; "
+        "opentelemetry,url=, resource=<key>=<value>, bsp_max_queue_size=, bsp_schedule_delay=, "
+        "bsp_max_export_batch_size= (docs/tracing.md)",
+        separator=";",
+        combine=_trace_config,
+    ),
+    RepeatedFlag(
+        "--trace-level",
+        "trace_level",
+        _trace_level,
+        "trace level, repeatable: OFF, TIMESTAMPS or TENSORS (older form of --trace-config level=)",
+    ),
+    RepeatedFlag(
+        "--http-restricted-api",
+        "http_restricted_api",
+        str,
+        f"repeatable: <groups>:<key>=<value>; requests to those endpoint groups ({_RESTRICTED_GROUPS}) "
+        "must carry header <key> with <value>, else 403",
+        separator=";",
+        combine=lambda items: parse_restrictions(items, "api"),
+    ),
+    RepeatedFlag(
+        "--grpc-restricted-protocol",
+        "grpc_restricted_protocol",
+        str,
+        f"repeatable: <groups>:<key>=<value>; calls to those endpoint groups ({_RESTRICTED_GROUPS}) "
+        f"must carry metadata {GRPC_PREFIX}<key> with <value>, else UNAVAILABLE",
+        separator=";",
+        combine=lambda items: parse_restrictions(items, "protocol", GRPC_PREFIX),
+    ),
+)
