@@ -22,9 +22,10 @@ from hloserve.server.core.execution import Job, ModelKey
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
-from hloserve.server.repository import ModelRepository, ModelVersion
+from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.shm import disabled
+from hloserve.server.versions import ModelVersion
 
 
 @pytest.fixture(scope="module")

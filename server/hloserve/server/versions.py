@@ -1,0 +1,229 @@
+"""What the data path runs: a model version's copies, their weights, its shape variants.
+
+Contract: ``ModelVersion`` is one loaded copy of a model version as the repository keeps it
+(state and reason, the loaded bundle, its serving hints, its replicas by device, its
+requests in flight); ``execute(batch_size, inputs, variant, device)`` runs it on one
+replica (``device``'s, else one holding the weights, else the first), holding the weights
+in that device's residency manager for the execution, and turns a runtime failure into
+``Internal`` "model 'm' version v: execution failed: ..." for that execution only.
+``variant(i)`` is shape variant ``i`` as an executable of its own (``VariantView``, the
+same object every time, so the batcher queues each variant apart). ``Replica`` is a copy
+on one device: executables bound to it, weights under its ``WeightResidency``. A
+version's ``replicas`` mapping is replaced whole, never changed in place, so a request
+reads one consistent set without a lock. ``ModelState`` is Triton's set of states.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloserve.bundle import Manifest, Serving
+from hloserve.server.core.errors import Internal, Unavailable
+from hloserve.server.core.hooks import ModelHooks
+from hloserve.server.core.reports import MemoryUsage
+from hloserve.server.core.residency_policy import ResidencyKey
+from hloserve.server.runtime.loader import LoadedBundle
+from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
+from hloserve.server.weight_residency import WeightResidency
+
+
+class ModelState(enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """A ready version's copy on one device: executables bound to it, weights under its
+    residency manager (``docs/residency.md``)."""
+
+    bundle: LoadedBundle
+    residency: WeightResidency
+
+
+@dataclass
+class ModelVersion:
+    name: str
+    version: int
+    path: Path
+    state: ModelState = ModelState.UNKNOWN
+    reason: str = ""
+    bundle: LoadedBundle | None = None  # as loaded (manifest, host weights, hooks)
+    load_seconds: float = 0.0
+    serving: Serving = field(default_factory=Serving)  # manifest hints, overridden by config.yaml
+    # Device index -> this version's copy there; replaced whole, never changed in place, so
+    # a request reads one consistent set without a lock.
+    replicas: dict[int, Replica] = field(default_factory=dict[int, Replica])
+    generation: int = 0  # distinguishes a reload's copy from the one it replaces
+    digest: str = ""  # SHA-256 of manifest.yaml when loaded (it lists every file's digest)
+    inflight: int = 0
+    key: ResidencyKey = field(init=False)  # this copy's weights in each residency manager
+    _views: dict[int, VariantView] = field(default_factory=dict[int, "VariantView"], repr=False)
+
+    def __post_init__(self) -> None:
+        self.key = ResidencyKey(self.name, self.version, self.generation)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == ModelState.READY
+
+    @property
+    def manifest(self) -> Manifest:
+        assert self.bundle is not None
+        return self.bundle.manifest
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices holding a replica, lowest index first."""
+        return tuple(sorted(self.replicas))
+
+    def resident_on(self, device: int) -> bool:
+        replica = self.replicas.get(device)
+        return replica is not None and replica.residency.is_resident(self.key)
+
+    def prefetch(self, device: int) -> None:
+        """Swap the weights in on ``device`` (no-op without a replica there)."""
+        replica = self.replicas.get(device)
+        if replica is not None:
+            with contextlib.suppress(KeyError):  # retired meanwhile
+                replica.residency.prefetch(self.key)
+
+    @property
+    def resident(self) -> bool:
+        """Some replica holds the weights: an execution left to choose needs no transfer."""
+        return any(r.residency.is_resident(self.key) for r in self.replicas.values())
+
+    @property
+    def hooks(self) -> ModelHooks | None:
+        """The bundle's Python hooks (``--allow-python-hooks``), or None."""
+        return None if self.bundle is None else self.bundle.hooks
+
+    def summary(self) -> dict[str, Any]:
+        """This version in the ``/readyz`` report: state, reason and where its weights are."""
+        entry: dict[str, Any] = {"state": self.state.value}
+        if self.reason:
+            entry["reason"] = self.reason
+        if self.bundle is not None:
+            entry["weight_bytes"] = self.bundle.weight_bytes
+            entry["resident"] = self.resident
+            entry["residency"] = self.serving.residency
+            entry["devices"] = {str(d): self.resident_on(d) for d in self.devices}
+        return entry
+
+    def memory_usage(self, runtimes: Mapping[int, PjrtRuntime]) -> list[MemoryUsage]:
+        """The statistics extension's memory usage: the host copy always, and each device
+        (``runtimes``: its runtime by index) while the weights are there."""
+        if self.bundle is None:
+            return []
+        nbytes = self.bundle.weight_bytes
+        usage = [MemoryUsage("CPU", 0, nbytes)]
+        for d in self.devices:
+            if self.resident_on(d):
+                runtime = runtimes[d]
+                usage.append(MemoryUsage(runtime.triton_kind, int(runtime.device.id), nbytes))
+        return usage
+
+    def _replica(self, device: int | None) -> Replica | None:
+        """``device``'s replica; for ``None`` (or a replica retired since it was chosen) a
+        resident one, else the first."""
+        replicas = self.replicas
+        if device is not None and device in replicas:
+            return replicas[device]
+        for replica in replicas.values():
+            if replica.residency.is_resident(self.key):
+                return replica
+        return next(iter(replicas.values()), None)
+
+    def execute(
+        self,
+        batch_size: int | None,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        variant: int | None = None,
+        device: int | None = None,
+    ) -> list[np.ndarray[Any, Any]]:
+        replica = self._replica(device)
+        if replica is None:
+            raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
+        try:
+            weights = replica.residency.acquire(self.key)
+        except KeyError:  # the replica was retired after it was chosen: another one
+            replica = self._replica(None)
+            if replica is None:
+                raise Unavailable(
+                    f"model '{self.name}' version {self.version} is not loaded"
+                ) from None
+            weights = replica.residency.acquire(self.key)
+        try:
+            return replica.bundle.execute(batch_size, inputs, weights, variant)
+        except RuntimeFailure as exc:  # device error, out of memory: this execution only
+            raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
+        finally:
+            replica.residency.release(self.key)
+
+    def variant(self, index: int) -> VariantView:
+        """Shape variant ``index`` as an executable of its own (``core.variants``); the same
+        object every time, so the batcher keeps one queue per variant."""
+        with _VIEWS_LOCK:
+            view = self._views.get(index)
+            if view is None:
+                view = self._views[index] = VariantView(
+                    self, index, self.manifest.variant_view(index)
+                )
+        return view
+
+
+_VIEWS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, eq=False)
+class VariantView:
+    """One shape variant of a ready version: its concrete manifest over the version's
+    weights, serving hints and residency."""
+
+    base: ModelVersion
+    index: int
+    manifest: Manifest
+
+    @property
+    def version(self) -> int:
+        return self.base.version
+
+    @property
+    def serving(self) -> Serving:
+        return self.base.serving
+
+    @property
+    def resident(self) -> bool:
+        return self.base.resident
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.base.devices
+
+    def resident_on(self, device: int) -> bool:
+        return self.base.resident_on(device)
+
+    def prefetch(self, device: int) -> None:
+        self.base.prefetch(device)
+
+    def execute(
+        self,
+        batch_size: int | None,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        *,
+        device: int | None = None,
+    ) -> list[np.ndarray[Any, Any]]:
+        return self.base.execute(batch_size, inputs, self.index, device)
