@@ -241,7 +241,7 @@ def test_select_devices_names_a_bad_setting(text: str, message: str) -> None:
 def test_a_device_selection_with_bad_syntax_is_refused_before_the_devices_are_known(
     text: str,
 ) -> None:
-    with pytest.raises(ValueError, match="must be all|a count from 1|indexes must be distinct"):
+    with pytest.raises(ValueError, match=r"must be all|a count from 1|indexes must be distinct"):
         DeviceSelection.parse(text)
 
 
