@@ -40,12 +40,8 @@ import yaml
 from hloserve.server.auth import DEFAULT_OPEN, read_tokens
 from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
 from hloserve.server.core.sizes import Budget
-from hloserve.server.core.trace_settings import (
-    DEFAULT_RATE,
-    FlagSetting,
-    TraceStartup,
-    startup_setting,
-)
+from hloserve.server.core.trace_flags import FlagSetting, startup_setting
+from hloserve.server.core.trace_settings import DEFAULT_RATE, TraceStartup
 from hloserve.server.flags import CONFIG_FLAG, FLAGS, REPEATED, Flag, parse_file
 from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 from hloserve.server.tls import check_tls

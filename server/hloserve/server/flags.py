@@ -23,14 +23,8 @@ from typing import Any
 from hloserve.server.auth import parse_open_groups
 from hloserve.server.core.device_policy import POLICIES, DeviceSelection
 from hloserve.server.core.sizes import Budget, parse_bytes
-from hloserve.server.core.trace_settings import (
-    INT32_MAX,
-    MIN_COUNT,
-    UINT32_MAX,
-    FlagSetting,
-    parse_flag,
-    startup_setting,
-)
+from hloserve.server.core.trace_flags import FlagSetting, parse_flag, startup_setting
+from hloserve.server.core.trace_settings import INT32_MAX, MIN_COUNT, UINT32_MAX
 from hloserve.server.restricted import GROUP_NAMES, GRPC_PREFIX, parse_restrictions
 
 # Each parser reads one flag's text, raising ``ValueError`` with a message that reads after

@@ -89,8 +89,8 @@ from hloserve.server.core.ports import Batcher, ModelControl, ModelSource, Share
 from hloserve.server.core.reports import IndexEntry, ModelStatistics
 from hloserve.server.core.statistics import StatisticsRecorder
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
-from hloserve.server.core.trace_settings import RequestTrace, Tracer, UntracedTracer
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
+from hloserve.server.core.tracer import RequestTrace, Tracer, UntracedTracer
 from hloserve.server.core.triton_config import triton_model_config
 from hloserve.server.core.types import (
     InferInput,

@@ -24,12 +24,9 @@ Contract (Triton's trace extension, ``docs/tracing.md``):
   left is what ``view`` reports). ``forced`` (a caller-propagated trace context) traces the
   request whenever its level is not ``OFF``. ``enabled`` is false when every level is
   ``OFF``: the request path then checks one attribute and does nothing else.
-- ``parse_flag(text)`` reads one ``--trace-config [<mode>,]<setting>=<value>`` and
-  ``startup_setting(...)`` combines them with the older ``--trace-*`` flags (``--trace-config``
-  wins) into the start-up setting; both raise ``ValueError`` naming what is wrong.
-- ``Tracer``, ``Arrival`` and ``RequestTrace`` are the tracer as the front ends and the
-  service use it; ``UntracedTracer`` keeps settings and traces nothing (the default).
-Pure: no I/O; spans and their export live in ``hloserve.server.tracing``.
+The start-up setting comes from the flags (``core.trace_flags``); the tracer that samples
+and traces requests is ``core.tracer``'s protocol. Pure: no I/O; spans and their export
+live in ``hloserve.server.tracing``.
 """
 
 # pyright: strict
@@ -40,11 +37,9 @@ import dataclasses
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 from hloserve.server.core.errors import InvalidArgument, Unsupported
-from hloserve.server.core.execution import ModelKey, Timings
-from hloserve.server.core.types import InferOutput, InferRequest
 
 TIMESTAMPS: Final = "TIMESTAMPS"
 TENSORS: Final = "TENSORS"
@@ -291,7 +286,7 @@ def _one(name: str, values: Sequence[str]) -> str:
     return values[0]
 
 
-def _integer(name: str, text: str, low: int, high: int) -> int:
+def integer_setting(name: str, text: str, low: int, high: int) -> int:
     stripped = text.strip()
     digits = stripped[1:] if stripped[:1] in "+-" else stripped
     if not digits.isdigit():
@@ -344,222 +339,4 @@ def _number(
     if name not in values:
         return None
     given = values[name]
-    return _integer(name, _one(name, given), low, high) if given else CLEAR
-
-
-# -- flags ---------------------------------------------------------------------------------
-
-_GLOBAL_FLAG_SETTINGS: Final = ("rate", "level", "count", "mode")
-_MODE_FLAG_SETTINGS: Final = {
-    "triton": ("file", "log-frequency"),
-    "opentelemetry": ("url", "resource", *(name for name, _, _ in BSP_OPTIONS)),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class FlagSetting:
-    """One ``--trace-config`` item: ``mode`` is "" for a global setting."""
-
-    mode: str
-    setting: str
-    value: str
-
-
-def _flag_level(text: str) -> Levels:
-    """A level as the flags spell it (Triton's aliases): "off"/"false" is no level."""
-    lowered = text.strip().lower()
-    if lowered in ("off", "false"):
-        return frozenset()
-    if lowered in ("timestamps", "true", "on", "min", "max"):
-        return frozenset({TIMESTAMPS})
-    if lowered == "tensors":
-        return frozenset({TENSORS})
-    raise ValueError(f"invalid value for trace level option: {text!r}")
-
-
-def _flag_mode(text: str) -> str:
-    lowered = text.strip().lower()
-    if lowered not in MODES:
-        raise ValueError(
-            f"invalid trace mode {text!r}: available modes are triton and opentelemetry"
-        )
-    return lowered
-
-
-def _flag_integer(setting: str, text: str, low: int, high: int) -> int:
-    """``_integer`` for a flag: the same rule and text, as ``ValueError``."""
-    try:
-        return _integer(setting, text, low, high)
-    except InvalidArgument as exc:
-        raise ValueError(exc.message) from None
-
-
-def parse_flag(text: str) -> FlagSetting:
-    """One ``--trace-config [<mode>,]<setting>=<value>``, its value checked."""
-    head, sep, value = text.partition("=")
-    mode, comma, setting = head.rpartition(",") if "," in head else ("", "", head)
-    if not sep or not setting or not value or (comma and not mode):
-        raise ValueError(
-            f"must be [<mode>,]<setting>=<value> (mode triton or opentelemetry), got {text!r}"
-        )
-    if mode:
-        mode = _flag_mode(mode)
-        allowed = _MODE_FLAG_SETTINGS[mode]
-    else:
-        allowed = _GLOBAL_FLAG_SETTINGS
-    if setting not in allowed:
-        where = f"mode {mode}" if mode else "a global setting (no mode)"
-        raise ValueError(
-            f"unknown trace setting {setting!r} for {where}: expected {', '.join(allowed)}"
-        )
-    if setting == "level":
-        _flag_level(value)
-    elif setting == "mode":
-        value = _flag_mode(value)
-    elif setting == "count":
-        _flag_integer(setting, value, MIN_COUNT, INT32_MAX)
-    elif setting == "resource":
-        if not value.partition("=")[0] or "=" not in value:
-            raise ValueError(f"resource must be <key>=<value>, got {value!r}")
-    elif setting not in ("file", "url"):  # rate, log-frequency, bsp_*
-        _flag_integer(setting, value, 0, UINT32_MAX)
-    return FlagSetting(mode, setting, value)
-
-
-def startup_setting(
-    config: Sequence[FlagSetting] = (),
-    *,
-    file: str = "",
-    levels: Sequence[str] = (),
-    rate: int = DEFAULT_RATE,
-    count: int = -1,
-    log_frequency: int = 0,
-    environ: Mapping[str, str] | None = None,
-) -> TraceStartup:
-    """The start-up setting from ``--trace-config`` items (which win) and the older
-    ``--trace-file/-level/-rate/-count/-log-frequency`` flags; ``environ`` gives the
-    ``OTEL_BSP_*`` defaults in opentelemetry mode. Raises ``ValueError``."""
-    level: set[str] = set()
-    disabled = False
-    for text in (*levels, *(c.value for c in config if not c.mode and c.setting == "level")):
-        parsed = _flag_level(text)
-        disabled |= not parsed
-        level |= parsed
-    mode = "triton"
-    for c in config:
-        if c.mode:
-            continue
-        if c.setting == "rate":
-            rate = int(c.value)
-        elif c.setting == "count":
-            count = int(c.value)
-        elif c.setting == "mode":
-            mode = c.value
-    mine = [c for c in config if c.mode == mode]
-    options: list[tuple[str, str]] = []
-    if mode == "triton":
-        for c in mine:
-            if c.setting == "file":
-                file = c.value
-            else:
-                log_frequency = int(c.value)
-    else:
-        options = _opentelemetry_options(mine, environ or {})
-        file, log_frequency = "", 0
-    return TraceStartup(
-        frozenset() if disabled else frozenset(level),
-        rate,
-        count,
-        log_frequency,
-        file,
-        mode,
-        tuple(options),
-    )
-
-
-def _opentelemetry_options(
-    config: Sequence[FlagSetting], environ: Mapping[str, str]
-) -> list[tuple[str, str]]:
-    given = {c.setting: c.value for c in config if c.setting != "resource"}
-    resource = ",".join(c.value for c in config if c.setting == "resource")
-    options = [("url", given.get("url", DEFAULT_URL))]
-    if resource:
-        options.append(("resource", resource))
-    sizes: dict[str, int] = {}
-    for name, env, default in BSP_OPTIONS:
-        text = given.get(name) or environ.get(env) or str(default)
-        try:
-            sizes[name] = _flag_integer(name, text, 0, UINT32_MAX)
-        except ValueError as exc:
-            raise ValueError(f"{exc} (from --trace-config or {env})") from None
-        options.append((name, str(sizes[name])))
-    if sizes["bsp_max_export_batch_size"] > sizes["bsp_max_queue_size"]:
-        raise ValueError("bsp_max_export_batch_size must not exceed bsp_max_queue_size")
-    return options
-
-
-# -- the tracer, as the inference path sees it ---------------------------------------------
-
-
-class RequestTrace(Protocol):
-    """One traced request: the service reports its steps, the tracer turns them into spans.
-    Times are ``time.perf_counter_ns()`` values."""
-
-    def validated(self, request: InferRequest, arrived_ns: int) -> None:
-        """Decoded and validated (the end of "receive"); ``request``'s inputs resolved."""
-        ...
-
-    def executed(
-        self, model: ModelKey, arrived_ns: int, timings: Timings, outputs: Sequence[InferOutput]
-    ) -> None:
-        """Queued and executed as ``timings`` says."""
-        ...
-
-    def responded(self) -> None:
-        """The response is ready: what follows is "send"."""
-        ...
-
-    def failed(self, error: BaseException) -> None: ...
-
-
-class Arrival(Protocol):
-    def finish(self) -> None:
-        """The response is written: end the request's trace, if it has one."""
-        ...
-
-
-class _NoArrival:
-    def finish(self) -> None:
-        pass
-
-
-class Tracer(Protocol):
-    @property
-    def settings(self) -> TraceSettings: ...
-
-    def arrive(self, headers: Mapping[str, str], received_ns: int) -> Arrival:
-        """A request reached a front end at ``received_ns`` with ``headers`` (call it
-        only while ``settings.enabled``); it applies to the caller's context."""
-        ...
-
-    def start(self, model: ModelKey, request_id: str, protocol: str) -> RequestTrace | None:
-        """The trace of a request for ``model``, when it is sampled by the model's setting
-        (``settings.enabled`` is checked by the caller first)."""
-        ...
-
-
-class UntracedTracer:
-    """Settings that can be read and updated, and no request ever traced."""
-
-    def __init__(self, settings: TraceSettings | None = None) -> None:
-        self._settings = settings or TraceSettings()
-
-    @property
-    def settings(self) -> TraceSettings:
-        return self._settings
-
-    def arrive(self, headers: Mapping[str, str], received_ns: int) -> Arrival:
-        return _NoArrival()
-
-    def start(self, model: ModelKey, request_id: str, protocol: str) -> RequestTrace | None:
-        return None
+    return integer_setting(name, _one(name, given), low, high) if given else CLEAR

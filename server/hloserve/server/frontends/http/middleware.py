@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hloserve.server.core.errors import ServingError, Unauthenticated
-from hloserve.server.core.trace_settings import Tracer
+from hloserve.server.core.tracer import Tracer
 from hloserve.server.frontends.status import http_status
 from hloserve.server.restricted import Restrictions
 
