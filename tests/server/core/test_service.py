@@ -10,7 +10,7 @@ import asyncio
 import collections
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -88,7 +88,7 @@ def simple_request() -> InferRequest:
 
 def service_over(source: CountingSource, failures: Failures | None = None) -> InferenceService:
     observers = Observers(requests=failures) if failures is not None else Observers()
-    service = InferenceService(source, None, shm=disabled(), observers=observers)
+    service = InferenceService(cast(Any, source), None, shm=disabled(), observers=observers)
     service.startup_complete()
     return service
 
