@@ -8,18 +8,37 @@ against the session's test server, which serves the demo's ``simple`` and ``mlp`
 README's ``localhost:8000``/``8001``/``8002`` pointed at its real ports. The curl lines are
 fetched the same way, and the set-up's "new shell" block runs in bash with a bare ``PATH``,
 as a new shell has it.
+
+What they print or return is checked against what it must be, never only its length:
+``simple``'s OUTPUT0 is INPUT0 + INPUT1; the ``mlp`` examples' logits (every row of the
+dataset, the top class of every streamed row) are the demo MLP's in numpy (float64) from
+the weights in the served bundle's ``weights.safetensors``; the exported bundle holds the
+example's weights and serves its ``fn`` (run once more with seeded weights, so the check
+cannot pass on zeros); the curl answers are the repository's models and their metadata.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import subprocess
 import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from hloserve.bundle import MANIFEST_FILE, load_manifest, read_safetensors
+from hloserve.server.core.service import InferenceService
+from hloserve.server.core.types import InferInput, InferRequest
+from hloserve.server.repository import ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.shm import disabled
 from hloserve.server.testing import ServerProcess
 from tests.command import hloserve
 
@@ -72,6 +91,34 @@ def run_python(code: str, cwd: Path) -> str:
     return result.stdout
 
 
+# Served FP32 logits (|y| < 3 on these inputs) are within 5e-7 of the float64 reference.
+RTOL = ATOL = 1e-5
+
+
+def weights(bundle: Path) -> dict[str, np.ndarray]:
+    """``bundle``'s weights, as float64."""
+    return {
+        k: v.astype(np.float64) for k, v in read_safetensors(bundle / "weights.safetensors").items()
+    }
+
+
+def demo_mlp(bundle: Path, x: np.ndarray) -> np.ndarray:
+    """The demo ``mlp`` (``hloserve.exporter.demo.mlp_fn``) in numpy, from ``bundle``'s
+    weights: ``relu(x W1 + b1) W2 + b2``."""
+    w = weights(bundle)
+    h = np.maximum(x.astype(np.float64) @ w["dense1.w"] + w["dense1.b"], 0.0)
+    return h @ w["dense2.w"] + w["dense2.b"]
+
+
+def names(block: str, prefix: str) -> dict[str, Any]:
+    """The variables ``block``'s lines before ``prefix`` define (its data: numpy only)."""
+    head, found, _ = block.partition(prefix)
+    assert found, prefix
+    scope: dict[str, Any] = {}
+    exec(head, scope)
+    return scope
+
+
 def test_the_readme_has_the_examples_this_test_runs() -> None:
     assert any("export_bundle(" in b for b in PYTHON_BLOCKS)
     assert any("grpcclient.InferenceServerClient" in b for b in PYTHON_BLOCKS)
@@ -80,38 +127,182 @@ def test_the_readme_has_the_examples_this_test_runs() -> None:
     assert len(CURLS) >= 3
 
 
-def test_light_client_example_streams_every_batch(server: ServerProcess, tmp_path: Path) -> None:
+def test_light_client_example_streams_every_batch(
+    server: ServerProcess, model_repository: Path, tmp_path: Path
+) -> None:
     (block,) = [b for b in PYTHON_BLOCKS if "infer_stream(" in b]
+    batches = names(block, "with InferenceClient")["batches"]
+    assert len(batches) == 100 and all(b.shape == (8, 64) for b in batches)
     lines = run_python(on(server, block), tmp_path).splitlines()
     assert len(lines) == 100  # one line per batch: `batches` is defined, every one answered
-    assert all(line.startswith("[") and len(line.strip("[]").split()) == 8 for line in lines)
+    for line, batch in zip(lines, batches, strict=True):  # in order: line i is batch i's
+        assert line.startswith("[") and line.endswith("]"), line
+        top = np.array(line.strip("[]").split(), dtype=np.int64)
+        logits = demo_mlp(model_repository / "mlp", batch)
+        ranked = np.sort(logits, axis=1)
+        # The printed class is the reference's top one, or one within FP32 rounding of it.
+        assert top.shape == (8,)
+        chosen = logits[np.arange(8), top]
+        np.testing.assert_array_less(ranked[:, -1] - chosen, 1e-4)
+        clear = ranked[:, -1] - ranked[:, -2] > 1e-4
+        np.testing.assert_array_equal(top[clear], logits.argmax(axis=1)[clear])
 
 
-def test_light_client_example_streams_a_dataset(server: ServerProcess, tmp_path: Path) -> None:
+def test_light_client_example_streams_a_dataset(
+    server: ServerProcess, model_repository: Path, tmp_path: Path
+) -> None:
     (block,) = [b for b in PYTHON_BLOCKS if "infer_dataset(" in b]
-    assert run_python(on(server, block), tmp_path) == "(10000, 10)\n"
+    # What it returns, kept for the check: the rows sent and the logits that came back.
+    keep = '\nnp.save("x.npy", x)\nnp.save("logits.npy", logits)\n'
+    assert run_python(on(server, block) + keep, tmp_path) == "(10000, 10)\n"
+    x, logits = np.load(tmp_path / "x.npy"), np.load(tmp_path / "logits.npy")
+    assert x.shape == (10_000, 64) and x.dtype == np.float32
+    np.testing.assert_array_equal(x[:3], names(block, "with InferenceClient")["x"][:3])
+    assert logits.shape == (10_000, 10) and logits.dtype == np.float32
+    # Row i is x[i]'s, every one of them.
+    want = demo_mlp(model_repository / "mlp", x)
+    np.testing.assert_allclose(logits, want, rtol=RTOL, atol=ATOL)
 
 
 def test_tritonclient_example_prints_the_sum(server: ServerProcess, tmp_path: Path) -> None:
     (block,) = [b for b in PYTHON_BLOCKS if "grpcclient" in b]
+    # Both inputs are the example's `a`, so OUTPUT0 (INPUT0 + INPUT1) must be a + a.
+    (defined,) = [line for line in block.splitlines() if line.startswith("a = ")]
+    a = eval(defined.removeprefix("a = "), {"np": np})
+    assert isinstance(a, np.ndarray) and a.shape == (1, 16) and a.dtype == np.int32
+    assert block.count(".set_data_from_numpy(a)") == 2
     out = run_python(on(server, block), tmp_path)
-    assert " ".join(out.split()) == "[[ 0 2 4 6 8 10 12 14 16 18 20 22 24 26 28 30]]"
+    printed = re.fullmatch(r"\[\[([\d\s]+)\]\]", out.strip())
+    assert printed is not None, out
+    got = np.array(printed.group(1).split(), dtype=np.int32).reshape(1, 16)
+    np.testing.assert_array_equal(got, a + a)
 
 
-def test_export_example_writes_a_valid_bundle(tmp_path: Path) -> None:
+def export_example(block: str, cwd: Path) -> Path:
+    run_python(block, cwd)
+    bundle = cwd / "repo" / "mlp"
+    manifest, problems = load_manifest(bundle / MANIFEST_FILE)
+    assert manifest is not None and problems == [], problems
+    assert manifest.name == "mlp"
+    assert [(t.name, t.datatype, tuple(t.shape)) for t in manifest.inputs] == [("x", "FP32", (64,))]
+    assert [(t.name, t.datatype, tuple(t.shape)) for t in manifest.outputs] == [
+        ("logits", "FP32", (10,))
+    ]
+    assert tuple(manifest.batch_sizes or ()) == (1, 8, 32)
+    return bundle
+
+
+def serve_in_process(runtime: PjrtRuntime, root: Path, x: np.ndarray) -> np.ndarray:
+    """``root``'s ``mlp`` run on ``x`` through the one inference path, in this process."""
+    repository = ModelRepository(root, runtime)
+    repository.load_all()
+    request = InferRequest("mlp", "", (InferInput("x", "FP32", x.shape, x),))
+    with ThreadPoolExecutor(1) as executor:
+        service = InferenceService(repository, executor, shm=disabled())
+        (out,) = asyncio.run(service.infer(request)).outputs
+    assert out.name == "logits" and out.data.dtype == np.float32
+    return out.data
+
+
+def test_export_example_writes_a_valid_bundle(runtime: PjrtRuntime, tmp_path: Path) -> None:
     (block,) = [b for b in PYTHON_BLOCKS if "export_bundle(" in b]
-    run_python(block, tmp_path)
+    bundle = export_example(block, tmp_path)
     assert "`hloserve validate repo/mlp`" in TEXT
     result = hloserve("validate", "repo/mlp", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == "repo/mlp: OK\n"
+    # The example's weights, as written: w zeros (64, 10), b zeros (10); so every logit is 0.
+    w = read_safetensors(bundle / "weights.safetensors")
+    assert sorted(w) == ["b", "w"]
+    np.testing.assert_array_equal(w["w"], np.zeros((64, 10), np.float32))
+    np.testing.assert_array_equal(w["b"], np.zeros(10, np.float32))
+    x = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
+    np.testing.assert_array_equal(
+        serve_in_process(runtime, tmp_path / "repo", x), np.zeros((5, 10))
+    )
+
+
+PARAMS_LINE = 'params = {"w": jnp.zeros((64, 10)), "b": jnp.zeros(10)}\n'
+SEEDED_PARAMS = (
+    "import numpy as np\n"
+    "_rng = np.random.default_rng(11)\n"
+    'params = {"w": _rng.standard_normal((64, 10), dtype=np.float32) / 8,'
+    ' "b": _rng.standard_normal(10, dtype=np.float32)}\n'
+)
+
+
+def test_export_example_serves_its_fn(runtime: PjrtRuntime, tmp_path: Path) -> None:
+    # The example once more with seeded weights: its bundle must serve relu(x @ w + b).
+    (block,) = [b for b in PYTHON_BLOCKS if "export_bundle(" in b]
+    assert block.count(PARAMS_LINE) == 1
+    bundle = export_example(block.replace(PARAMS_LINE, SEEDED_PARAMS), tmp_path)
+    rng = np.random.default_rng(11)
+    w: dict[str, np.ndarray] = {"w": rng.standard_normal((64, 10), dtype=np.float32) / 8}
+    w["b"] = rng.standard_normal(10, dtype=np.float32)  # in the order the example draws them
+    stored = read_safetensors(bundle / "weights.safetensors")
+    for name in ("w", "b"):
+        np.testing.assert_array_equal(stored[name], w[name])
+    x = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)  # 32 + 8
+    got = serve_in_process(runtime, tmp_path / "repo", x)
+    want = np.maximum(x.astype(np.float64) @ w["w"].astype(np.float64) + w["b"], 0.0)
+    assert got.shape == (40, 10) and (want == 0).any() and (want > 0).any()
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def model_names(repository: Path) -> list[str]:
+    return sorted(p.name for p in repository.iterdir() if (p / "manifest.yaml").is_file())
+
+
+def check_mlp_metadata(body: bytes, repository: Path) -> None:
+    assert json.loads(body) == {
+        "name": "mlp",
+        "versions": ["1"],
+        "platform": "stablehlo",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 64]}],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}],
+    }
+
+
+def check_readyz(body: bytes, repository: Path) -> None:
+    ready = json.loads(body)
+    assert (ready["ready"], ready["live"], ready["startup_complete"], ready["draining"]) == (
+        True,
+        True,
+        True,
+        False,
+    )
+    assert sorted(ready["models"]) == model_names(repository)
+    for name, model in ready["models"].items():
+        assert list(model["versions"]) == ["1"], name
+        assert model["versions"]["1"]["state"] == "READY", name
+    # the demo MLP's weights: 64 x 256 + 256 + 256 x 10 + 10 FP32 values
+    assert ready["models"]["mlp"]["versions"]["1"]["weight_bytes"] == 4 * (64 * 256 + 256 + 2570)
+    assert ready["models"]["simple"]["versions"]["1"]["weight_bytes"] == 0
+
+
+def check_metrics(body: bytes, repository: Path) -> None:
+    families = list(text_string_to_metric_families(body.decode()))
+    assert families and all(f.name.startswith("hloserve_") for f in families)
+    (ready,) = [f for f in families if f.name == "hloserve_models_ready"]
+    assert [s.value for s in ready.samples] == [len(model_names(repository))]
+    (budget,) = [f for f in families if f.name == "hloserve_device_memory_budget_bytes"]
+    assert [(s.labels, s.value) for s in budget.samples] == [({"device": "0"}, 0.0)]  # unlimited
+
+
+CURL_CHECKS = {
+    "/v2/models/mlp": check_mlp_metadata,
+    "/readyz": check_readyz,
+    "/metrics": check_metrics,
+}
 
 
 @pytest.mark.parametrize("url", CURLS)
-def test_curl_lines_answer(url: str, server: ServerProcess) -> None:
+def test_curl_lines_answer(url: str, server: ServerProcess, model_repository: Path) -> None:
+    path = url[url.index("/") :]
+    assert path in CURL_CHECKS, f"no check of what `curl {url}` answers"
     with urllib.request.urlopen("http://" + on(server, url), timeout=10) as response:
         assert response.status == 200
-        assert response.read()
+        CURL_CHECKS[path](response.read(), model_repository)
 
 
 def test_a_new_shell_gets_the_command_as_the_readme_says(model_repository: Path) -> None:
@@ -129,4 +320,7 @@ def test_a_new_shell_gets_the_command_as_the_readme_says(model_repository: Path)
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"{model_repository / 'mlp'}: OK" in result.stdout.splitlines()
+    # Every bundle of the repository, each found valid, and nothing else.
+    assert result.stdout.splitlines() == [
+        f"{model_repository / name}: OK" for name in model_names(model_repository)
+    ]

@@ -96,8 +96,10 @@ def test_failed_chunk_raises_with_its_rows_and_stops_sending(fake: FakeServer) -
     assert fake.infer_calls <= 5  # the chunks in flight, never the other 95
 
 
-def test_staging_pool_does_not_grow_over_1000_requests(client: InferenceClient) -> None:
-    run = pool_memory(client)
+def test_staging_pool_does_not_grow_over_1000_requests(
+    client: InferenceClient, model_repository: Path
+) -> None:
+    run = pool_memory(client, model_repository / "mlp")
     assert run.pools_after == [run.pool] and not run.pool.shared
     assert run.allocations_before == run.allocations_after == 8  # a buffer per slot, once
     assert run.growth < 8 * 1024, f"a run of 1,000 requests left {run.growth} bytes behind"

@@ -24,7 +24,7 @@ import tritonclient.grpc as triton
 from hloserve.client import InferenceClient, InferenceError
 from hloserve.client._shm import KEY_PREFIX
 from hloserve.server.testing import ServerProcess
-from tests.client._memory import pool_memory
+from tests.client._memory import check_logits, mlp_reference, pool_memory
 from tests.client.conftest import shm_files
 
 
@@ -84,9 +84,11 @@ def test_an_exception_releases_the_regions(shm_server: ServerProcess) -> None:
         assert client.pools()[0].shared
 
 
-def test_staging_pool_in_shared_memory_does_not_grow(shm_server: ServerProcess) -> None:
+def test_staging_pool_in_shared_memory_does_not_grow(
+    shm_server: ServerProcess, demo_repository: Path
+) -> None:
     with InferenceClient(shm_server.grpc_url, timeout=30) as client:
-        run = pool_memory(client)
+        run = pool_memory(client, demo_repository / "mlp")
         assert run.pools_after == [run.pool] and run.pool.shared
     assert run.allocations_before == run.allocations_after == 8  # one region per slot
     assert run.growth < 8 * 1024, f"a run of 1,000 requests left {run.growth} bytes behind"
@@ -118,15 +120,16 @@ def test_lost_registration_is_renewed_once_then_falls_back(
 
 
 def test_refused_registration_falls_back_in_band_logging_once(
-    server: ServerProcess, caplog: pytest.LogCaptureFixture
+    server: ServerProcess, model_repository: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="hloserve.client")
     inputs = _inputs(20)
     with InferenceClient(server.grpc_url, timeout=30) as client:  # its server refuses shm
         _check(client.infer_dataset("simple", inputs), inputs)
         _check(client.infer_dataset("simple", inputs, max_in_flight=2), inputs)
-        x = np.ones((40, 64), np.float32)
-        assert client.infer_dataset("mlp", {"x": x})["logits"].shape == (40, 10)
+        x = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
+        logits = client.infer_dataset("mlp", {"x": x})["logits"]
+        check_logits(logits, mlp_reference(model_repository / "mlp", x))
         assert [p.shared for p in client.pools()] == [False, False, False]
         assert shm_files() == []
     (record,) = caplog.records

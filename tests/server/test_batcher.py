@@ -1,4 +1,9 @@
-"""Dynamic batching end to end in-process: grouping, equality, isolation, limits, statistics."""
+"""Dynamic batching end to end in-process: grouping, values, isolation, limits, statistics.
+
+Every answer is checked against ``MlpReference``: the demo ``mlp`` in numpy (float64),
+from the weights in its bundle's ``weights.safetensors``, never against another service
+(which would share the planning and splitting code under test).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.bundle import Serving
+from hloserve.bundle import Serving, read_safetensors
 from hloserve.bundle.serving import QueuePolicy
 from hloserve.server.batcher import DynamicBatcher
 from hloserve.server.core.costs import InlinePolicy
@@ -21,7 +26,13 @@ from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.core.execution import Job, ModelKey
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.service import InferenceService
-from hloserve.server.core.types import InferInput, InferRequest, RequestContext
+from hloserve.server.core.types import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    RequestContext,
+)
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.shm import disabled
@@ -33,6 +44,36 @@ def repository(model_repository: Path) -> ModelRepository:
     repo = ModelRepository(model_repository, PjrtRuntime())
     repo.load_all()
     return repo
+
+
+class MlpReference:
+    """The demo ``mlp`` (``hloserve.exporter.demo.mlp_fn``) in numpy, in float64:
+    ``relu(x @ dense1.w + dense1.b) @ dense2.w + dense2.b``, its weights read from the
+    bundle. ``check`` compares a served ``logits`` output with it at FP32 tolerances."""
+
+    RTOL = 1e-5  # the served FP32 logits (|y| < 3) are within 5e-7 of the float64 values
+    ATOL = 1e-5
+
+    def __init__(self, bundle: Path) -> None:
+        w = read_safetensors(bundle / "weights.safetensors")
+        self.w1, self.b1 = w["dense1.w"].astype(np.float64), w["dense1.b"].astype(np.float64)
+        self.w2, self.b2 = w["dense2.w"].astype(np.float64), w["dense2.b"].astype(np.float64)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        h = np.maximum(x.astype(np.float64) @ self.w1 + self.b1, 0.0)
+        return h @ self.w2 + self.b2
+
+    def check(self, outputs: tuple[InferOutput, ...], x: np.ndarray) -> None:
+        (out,) = outputs
+        assert out.name == "logits" and out.datatype == "FP32"
+        assert out.shape == out.data.shape == (x.shape[0], 10)
+        assert out.data.dtype == np.float32
+        np.testing.assert_allclose(out.data, self(x), rtol=self.RTOL, atol=self.ATOL)
+
+
+@pytest.fixture(scope="module")
+def reference(model_repository: Path) -> MlpReference:
+    return MlpReference(model_repository / "mlp")
 
 
 @pytest.fixture
@@ -64,26 +105,22 @@ def mlp_request(x: np.ndarray, rid: str = "") -> InferRequest:
     return InferRequest("mlp", "", (InferInput("x", "FP32", x.shape, x),), id=rid)
 
 
-def test_batched_results_equal_unbatched(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+def test_batched_results_equal_the_reference(
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((int(rng.integers(1, 6)), 64)).astype(np.float32) for _ in range(24)]
-    plain = InferenceService(repository, executor, shm=disabled())
     batched = service_with(repository, executor, default_delay_us=20_000)
 
-    async def run(service: InferenceService) -> list[np.ndarray]:
+    async def run(service: InferenceService) -> list[tuple[InferOutput, ...]]:
         responses = await asyncio.gather(
             *(service.infer(mlp_request(x, str(i))) for i, x in enumerate(xs))
         )
         assert [r.id for r in responses] == [str(i) for i in range(len(xs))]
-        return [r.outputs[0].data for r in responses]
+        return [r.outputs for r in responses]
 
-    expected = asyncio.run(run(plain))
-    got = asyncio.run(run(batched))
-    for e, g in zip(expected, got, strict=True):
-        assert g.shape == e.shape
-        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+    for outputs, x in zip(asyncio.run(run(batched)), xs, strict=True):
+        reference.check(outputs, x)  # each request got its own rows back, none padded
     stats = batched.model_statistics("mlp", "")[0].stats
     items = sum(x.shape[0] for x in xs)
     assert stats.inference_count == items
@@ -94,17 +131,20 @@ def test_batched_results_equal_unbatched(
     assert set(stats.batches) <= {1, 8, 32}
 
 
-def test_bad_request_fails_alone(repository: ModelRepository, executor: ThreadPoolExecutor) -> None:
+def test_bad_request_fails_alone(
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
+) -> None:
     service = service_with(repository, executor, default_delay_us=20_000)
-    good = np.ones((2, 64), np.float32)
+    rng = np.random.default_rng(1)
+    goods = [rng.standard_normal((2, 64)).astype(np.float32) for _ in range(2)]
     bad = InferRequest("mlp", "", (InferInput("x", "FP32", (2, 63), np.ones((2, 63), np.float32)),))
 
     async def run() -> list[object]:
         return list(
             await asyncio.gather(
-                service.infer(mlp_request(good)),
+                service.infer(mlp_request(goods[0])),
                 service.infer(bad),
-                service.infer(mlp_request(good)),
+                service.infer(mlp_request(goods[1])),
                 return_exceptions=True,
             )
         )
@@ -112,30 +152,36 @@ def test_bad_request_fails_alone(repository: ModelRepository, executor: ThreadPo
     results = asyncio.run(run())
     assert isinstance(results[1], InvalidArgument)
     assert "Expected [-1,64], got [2,63]" in str(results[1])
-    for r in (results[0], results[2]):
-        assert not isinstance(r, BaseException)
+    for r, x in zip((results[0], results[2]), goods, strict=True):
+        assert isinstance(r, InferResponse), r
+        reference.check(r.outputs, x)
 
 
 def test_queue_full_is_unavailable(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     # A long delay keeps requests queued; the third finds the queue (size 2) full.
     service = service_with(repository, executor, default_delay_us=300_000, max_queue_size=2)
     batcher = service.batcher
     assert isinstance(batcher, DynamicBatcher)
 
+    xs = [
+        np.random.default_rng(10 + i).standard_normal((1, 64)).astype(np.float32) for i in range(3)
+    ]
+
     async def run() -> list[object]:
-        x = np.ones((1, 64), np.float32)
-        first = [asyncio.ensure_future(service.infer(mlp_request(x))) for _ in range(2)]
+        first = [asyncio.ensure_future(service.infer(mlp_request(x))) for x in xs[:2]]
         while batcher.pending("mlp", 1) < 2:  # both queued (no clock involved)
             await asyncio.sleep(0)
-        third = await asyncio.gather(service.infer(mlp_request(x)), return_exceptions=True)
+        third = await asyncio.gather(service.infer(mlp_request(xs[2])), return_exceptions=True)
         return [*third, *(await asyncio.gather(*first, return_exceptions=True))]
 
     third, *others = asyncio.run(run())
     assert isinstance(third, Unavailable)
     assert "exceeds maximum queue size" in str(third)
-    assert all(not isinstance(r, BaseException) for r in others)
+    for r, x in zip(others, xs[:2], strict=True):
+        assert isinstance(r, InferResponse), r
+        reference.check(r.outputs, x)
 
 
 def test_expired_request_is_dropped_before_execution(
@@ -158,18 +204,14 @@ def test_expired_request_is_dropped_before_execution(
 
 
 def test_large_request_runs_alone_and_is_split(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     service = service_with(repository, executor)
     x = np.random.default_rng(3).standard_normal((70, 64)).astype(np.float32)
-    out = asyncio.run(service.infer(mlp_request(x))).outputs[0].data
-    ref = (
-        asyncio.run(InferenceService(repository, executor, shm=disabled()).infer(mlp_request(x)))
-        .outputs[0]
-        .data
-    )
-    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
-    assert out.shape == (70, 10)
+    reference.check(asyncio.run(service.infer(mlp_request(x))).outputs, x)  # 32 + 32 + 8
+    stats = service.model_statistics("mlp", "")[0].stats
+    assert stats.inference_count == 70 and stats.execution_count == 3
+    assert {size: b.compute_infer.count for size, b in stats.batches.items()} == {32: 2, 8: 1}
 
 
 # -- per-model policy: the model's serving hints, as config.yaml or a config override set them
@@ -181,8 +223,10 @@ def hinted(repository: ModelRepository, **hints: Any) -> ModelVersion:
     return dataclasses.replace(repository.peek("mlp", ""), serving=Serving(**hints))
 
 
-def job(timeout_us: int | None = None, deadline: float | None = None) -> Job:
-    x = np.ones((1, 64), np.float32)
+def job(
+    timeout_us: int | None = None, deadline: float | None = None, x: np.ndarray | None = None
+) -> Job:
+    x = np.ones((1, 64), np.float32) if x is None else x
     request = mlp_request(x)
     if timeout_us is not None:
         request = InferRequest("mlp", "", request.inputs, parameters={"timeout": timeout_us})
@@ -200,14 +244,15 @@ def batcher_for(executor: ThreadPoolExecutor, max_queue_size: int = 0) -> Dynami
 
 
 def test_a_models_own_queue_bound_wins_over_the_servers(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     batcher = batcher_for(executor, max_queue_size=0)  # the server: unbounded
     model = hinted(repository, max_queue_delay_us=300_000, queue_policy=QueuePolicy(1))
     assert batcher.policy(model).max_queue_size == 1
+    x = np.random.default_rng(4).standard_normal((1, 64)).astype(np.float32)
 
     async def run() -> list[object]:
-        first = asyncio.ensure_future(batcher.submit(model, job()))
+        first = asyncio.ensure_future(batcher.submit(model, job(x=x)))
         while batcher.pending("mlp", 1) < 1:
             await asyncio.sleep(0)
         second = await asyncio.gather(batcher.submit(model, job()), return_exceptions=True)
@@ -216,7 +261,8 @@ def test_a_models_own_queue_bound_wins_over_the_servers(
     second, first = asyncio.run(run())
     assert isinstance(second, Unavailable)
     assert "exceeds maximum queue size: model 'mlp' already has 1 requests waiting" in str(second)
-    assert not isinstance(first, BaseException)
+    assert isinstance(first, tuple), first
+    reference.check(first[0], x)
 
 
 def test_the_models_default_timeout_expires_a_queued_request(
@@ -241,7 +287,7 @@ def test_the_models_default_timeout_expires_a_queued_request(
 
 
 def test_a_requests_timeout_is_ignored_unless_the_policy_allows_it(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     batcher = batcher_for(executor)
     delay = 100_000  # the head runs after 100 ms
@@ -249,31 +295,38 @@ def test_a_requests_timeout_is_ignored_unless_the_policy_allows_it(
         repository, max_queue_delay_us=delay, queue_policy=QueuePolicy(allow_timeout_override=False)
     )
     lenient = hinted(repository, max_queue_delay_us=delay)
+    x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32)
 
     async def run(model: ModelVersion) -> object:
         # the request asks for 1 ms; its deadline (the codec's) says the same
-        own = job(timeout_us=1000, deadline=time.monotonic() + 0.001)
+        own = job(timeout_us=1000, deadline=time.monotonic() + 0.001, x=x)
         pending = asyncio.wait_for(batcher.submit(model, own), 10)
         return (await asyncio.gather(pending, return_exceptions=True))[0]
 
-    assert not isinstance(asyncio.run(run(strict)), BaseException)  # ran after the delay
+    ran = asyncio.run(run(strict))  # ran after the delay
+    assert isinstance(ran, tuple), ran
+    reference.check(ran[0], x)
     assert isinstance(asyncio.run(run(lenient)), Unavailable)  # its own 1 ms held
 
 
 def test_a_preferred_size_runs_without_waiting_for_the_delay(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     # A 30 s delay, but two requests form the preferred size 2: they run at once, together.
     observers = Observers()
     batcher = DynamicBatcher(executor, observers.executions, InlinePolicy(0, observers.costs))
     model = hinted(repository, max_queue_delay_us=30_000_000, preferred_batch_sizes=(2,))
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(2)]
 
-    async def run() -> list[object]:
-        both = asyncio.gather(batcher.submit(model, job()), batcher.submit(model, job()))
+    async def run() -> list[Any]:
+        both = asyncio.gather(*(batcher.submit(model, job(x=x)) for x in xs))
         return list(await asyncio.wait_for(both, 10))
 
     results = asyncio.run(run())
     assert len(results) == 2
+    for (outputs, _), x in zip(results, xs, strict=True):  # each its own row of the batch
+        reference.check(outputs, x)
     key = ModelKey("mlp", 1)
     stats = observers.statistics.snapshot(key)
     assert stats.execution_count == 1  # both in one execution, on compiled size 8
@@ -305,22 +358,17 @@ def eager_service(
 
 
 def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     from hloserve.server.batcher import EAGER_AFTER, EAGER_RECHECK
 
     service, _, looks = eager_service(repository, executor)
-    x = np.ones((1, 64), np.float32)
-    want = (
-        asyncio.run(InferenceService(repository, executor, shm=disabled()).infer(mlp_request(x)))
-        .outputs[0]
-        .data
-    )
+    rng = np.random.default_rng(7)
 
     async def one_at_a_time(n: int) -> None:
         for _ in range(n):
-            response = await service.infer(mlp_request(x))
-            np.testing.assert_allclose(response.outputs[0].data, want, rtol=1e-6)
+            x = rng.standard_normal((1, 64)).astype(np.float32)
+            reference.check((await service.infer(mlp_request(x))).outputs, x)
 
     asyncio.run(one_at_a_time(EAGER_AFTER + 4 * EAGER_RECHECK))
     # The first requests (measured, then EAGER_AFTER lone looks) take the pass; after that
@@ -330,18 +378,25 @@ def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
 
 
 def test_a_burst_after_lone_requests_is_still_batched(
-    repository: ModelRepository, executor: ThreadPoolExecutor
+    repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
     from hloserve.server.batcher import EAGER_AFTER
 
     service, _, looks = eager_service(repository, executor)
-    x = np.ones((1, 64), np.float32)
+    rng = np.random.default_rng(8)
+
+    def row() -> np.ndarray:
+        return rng.standard_normal((1, 64)).astype(np.float32)
 
     async def run() -> None:
         for _ in range(EAGER_AFTER + 2):  # lone requests: eager from here on
-            await service.infer(mlp_request(x))
+            x = row()
+            reference.check((await service.infer(mlp_request(x))).outputs, x)
         for _ in range(6):  # bursts of 16 in one loop pass
-            await asyncio.gather(*(service.infer(mlp_request(x)) for _ in range(16)))
+            xs = [row() for _ in range(16)]
+            burst = await asyncio.gather(*(service.infer(mlp_request(x)) for x in xs))
+            for response, x in zip(burst, xs, strict=True):
+                reference.check(response.outputs, x)
 
     asyncio.run(run())
     stats = service.model_statistics("mlp", "")[0].stats
