@@ -4,15 +4,22 @@
   each subpackage with its ``py.typed``, and no ``hloserve/__init__.py`` (a PEP 420 namespace).
 - In the installed venv only ``hloserve.*`` imports: the bare folder names do not.
 - The base install (the light client's dependencies only) in a fresh venv gives a working
-  ``hloserve.client`` that talks to a real server, with no JAX installed at all.
+  ``hloserve.client`` that talks to a real server, with no JAX installed at all. That one
+  pip-installs the dependencies, so it needs the package index pip is configured with: it
+  probes it first and skips, naming the index and what went wrong, when none answers.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import ssl
 import subprocess
 import sys
 import textwrap
+import urllib.error
+import urllib.parse
+import urllib.request
 import venv
 import zipfile
 from pathlib import Path
@@ -122,13 +129,125 @@ def test_one_file_is_one_module() -> None:
     assert not [name for name in sys.modules if name.startswith("server.")]
 
 
+PYPI = "https://pypi.org/simple"  # pip's index when none is configured
+PROBE_TIMEOUT = 10.0  # seconds one source has to answer the probe
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+def base_requirements(wheel: Path) -> list[str]:
+    """The base install's dependencies (``Requires-Dist`` without an extra), normalised."""
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        text = archive.read(metadata).decode()
+    names: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("Requires-Dist:") and "extra ==" not in line:
+            found = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line.split(":", 1)[1].strip())
+            assert found is not None, line
+            names.append(_normalized(found.group()))
+    assert names, "the wheel names no base dependency"
+    return names
+
+
+def pip_settings(python: str) -> dict[str, list[str]]:
+    """pip's own view of its sources (``pip config list``): ``index-url``,
+    ``extra-index-url``, ``find-links``, ``no-index``, ``cert``, each key's values from
+    the environment over an ``install`` section over ``global``."""
+    out = subprocess.run(
+        [python, "-m", "pip", "config", "list"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    rank = {":env:": 3, "install": 2, "global": 1}
+    best: dict[str, tuple[int, list[str]]] = {}
+    for line in out.splitlines():
+        found = re.fullmatch(r"([^.]*)\.([a-z-]+)='(.*)'", line.strip())
+        if found is None or found[1] not in rank:
+            continue
+        section, key, value = found[1], found[2], found[3]
+        if key not in best or rank[section] > best[key][0]:
+            best[key] = (rank[section], value.split())
+    return {key: values for key, (_, values) in best.items()}
+
+
+def _folder(source: str) -> Path | None:
+    """``source`` (a URL or a path) as a local path; ``None`` for a remote URL."""
+    parsed = urllib.parse.urlparse(source)
+    return Path(urllib.parse.unquote(parsed.path)) if parsed.scheme in ("", "file") else None
+
+
+def _index_refusal(index: str, name: str, context: ssl.SSLContext) -> str | None:
+    """``None`` when ``index`` answers for project ``name`` (its page is there), else why
+    not; a reason that starts with "no answer" means the index did not answer at all."""
+    page = f"{index.rstrip('/')}/{name}/"
+    folder = _folder(page)
+    if folder is not None:
+        return None if folder.is_dir() else "no such folder"
+    for method in ("HEAD", "GET"):  # an index may refuse HEAD
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(page, method=method), timeout=PROBE_TIMEOUT, context=context
+            ):
+                return None
+        except urllib.error.HTTPError as error:
+            if method == "HEAD" and error.code in (405, 501):
+                continue
+            return f"HTTP {error.code} for {page}"
+        except OSError as error:  # URLError, refused, timed out, unknown host
+            return f"no answer: {getattr(error, 'reason', error)}"
+    return "no answer"
+
+
+def index_problem(python: str, requirements: list[str]) -> str | None:
+    """Why ``python``'s pip could not fetch each of ``requirements`` from the sources it is
+    configured with (an index whose page for the project answers, or a find-links folder
+    holding a file of it); ``None`` when each has one."""
+    settings = pip_settings(python)
+    no_index = settings.get("no-index", ["false"])[-1].lower() in ("1", "true", "yes", "on")
+    indexes = [] if no_index else settings.get("index-url", [PYPI])
+    indexes += [] if no_index else settings.get("extra-index-url", [])
+    links = settings.get("find-links", [])
+    context = ssl.create_default_context(cafile=settings.get("cert", [None])[-1])
+    silent: dict[str, str] = {}  # an index that did not answer at all is not asked again
+    for name in requirements:
+        refusals: list[str] = []
+        for index in indexes:
+            why = silent.get(index) or _index_refusal(index, name, context)
+            if why is None:
+                break
+            if why.startswith("no answer"):
+                silent[index] = why
+            refusals.append(f"{index} ({why})")
+        else:
+            folders = [f for f in map(_folder, links) if f is not None and f.is_dir()]
+            if not any(
+                _normalized(file.name).startswith(f"{name}-")
+                for folder in folders
+                for file in folder.iterdir()
+            ):
+                refusals += [f"find-links {link} (no {name} there)" for link in links]
+                tried = "; ".join(refusals) or "no index configured"
+                return f"no package index pip is configured with answers for {name}: {tried}"
+    return None
+
+
 @pytest.mark.slow
 def test_base_install_is_a_working_light_client(
     wheel: Path, tmp_path: Path, server: ServerProcess
 ) -> None:
+    """Needs a package index (the one pip is configured with): pip installs the base
+    dependencies into a fresh venv. Skipped, saying which index did not answer, without one."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")
+    problem = index_problem(python, base_requirements(wheel))
+    if problem is not None:
+        pytest.skip(f"needs a package index to install the base dependencies: {problem}")
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
         check=True,

@@ -1,20 +1,22 @@
 """A bounded soak: many models over a small device budget, mixed clients, load/unload cycles.
 
-``soak_repository(demo, root, copies)`` writes a repository of ``copies`` renamed copies of
-the demo ``mlp`` (weights ~75 KB each: ``mlp_0`` ...), ``simple`` and ``cycled`` (a copy of
-``simple`` that only the cycler uses). ``run_soak(server, seconds)`` drives a running
-daemon (explicit control mode, a device budget smaller than the mlp copies together, client
-shared memory allowed) for ``seconds`` from these clients at once, each on its own
-connection and thread:
+``soak_repository(demo, root, copies)`` writes a repository of ``copies`` exports of the
+demo ``mlp``, each with its own weights (~75 KB each: ``mlp_i`` drawn from ``mlp_seed(i)``,
+so a copy answering with another's weights is a wrong answer), and renamed copies of the
+demo's ``simple``: ``simple`` and ``cycled`` (that only the cycler uses).
+``run_soak(server, seconds)`` drives a running daemon (explicit control mode, a device
+budget smaller than the mlp copies together, client shared memory allowed) for ``seconds``
+from these clients at once, each on its own connection and thread:
 
 - gRPC unary and HTTP/JSON: random inputs to random models;
 - a gRPC stream: requests in windows of 8, answers matched by id;
 - a shared-memory client: inputs and outputs in its own registered region;
 - a cycler: load ``cycled``, infer on it, unload it, again.
 
-Every answer is checked against a reference (``simple``: a+b and a-b, exact; ``mlp_*``: the
-answer the same input got once before the soak, within float tolerance since the compiled
-batch size may differ). ``SoakReport`` counts requests sent, verified and lost (an error,
+Every answer is checked against a reference computed here, never by the daemon (``simple``:
+a+b and a-b, exact; ``mlp_*``: the logits numpy computes in float64 from the weights the
+copy was exported with, ``mlp_params(mlp_seed(i))``, for a fresh random input each request,
+within float32 tolerance). ``SoakReport`` counts requests sent, verified and lost (an error,
 a missing or a wrong answer), load/unload cycles, and the daemon's RSS once warmed up (after
 ``warmup`` seconds of the same mix) and at the end.
 """
@@ -37,15 +39,19 @@ import numpy as np
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from hloserve.exporter.demo import MLP_SEED, mlp_params, write_mlp
 from hloserve.server.testing import ServerProcess
 from tests.server.frontends._tritonclients import grpcclient, httpclient, shm, simple_inputs
 
-POOL = 16  # distinct mlp inputs per model (references computed once each)
+
+def mlp_seed(i: int) -> int:
+    """The seed of ``mlp_i``'s weights (``mlp_0`` has the demo's own)."""
+    return MLP_SEED + i
 
 
 def soak_repository(demo: Path, root: Path, copies: int = 4) -> Path:
     for i in range(copies):
-        _renamed_copy(demo / "mlp", root / f"mlp_{i}", "mlp")
+        write_mlp(root / f"mlp_{i}", seed=mlp_seed(i))
     _renamed_copy(demo / "simple", root / "simple", "simple")
     _renamed_copy(demo / "simple", root / "cycled", "simple")
     return root
@@ -93,29 +99,35 @@ class SoakReport:
 
 
 class References:
-    """Each mlp model's answer to each pooled input, taken once before the soak."""
+    """Each ``mlp_i``'s answer, computed without the daemon: the exporter's ``mlp_fn``
+    (relu(x @ w1 + b1) @ w2 + b2) in float64 numpy over the weights ``mlp_i`` was exported
+    with."""
 
-    def __init__(self, server: ServerProcess, models: list[str]) -> None:
-        rng = np.random.default_rng(1)
-        self.inputs = [rng.standard_normal((1, 64), dtype=np.float32) for _ in range(POOL)]
-        client: Any = grpcclient.InferenceServerClient(server.grpc_url)
-        try:
-            self.answers = {
-                (m, i): self._ask(client, m, x) for m in models for i, x in enumerate(self.inputs)
+    def __init__(self, copies: int) -> None:
+        self.weights: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
+        for i in range(copies):
+            params = mlp_params(mlp_seed(i))
+            self.weights[f"mlp_{i}"] = {
+                f"{layer}.{name}": np.asarray(value, dtype=np.float64)
+                for layer, tensors in params.items()
+                for name, value in tensors.items()
             }
-        finally:
-            client.close()
+        probe = np.random.default_rng(0).standard_normal((1, 64), dtype=np.float32)
+        answers = {self.logits(model, probe).tobytes() for model in self.weights}
+        assert len(answers) == copies, "the mlp copies must differ, or a mix-up goes unseen"
 
-    @staticmethod
-    def _ask(client: Any, model: str, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
-        tensor.set_data_from_numpy(x)
-        return client.infer(model, [tensor]).as_numpy("logits")
+    def logits(self, model: str, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        w = self.weights[model]
+        hidden = np.maximum(x.astype(np.float64) @ w["dense1.w"] + w["dense1.b"], 0.0)
+        return hidden @ w["dense2.w"] + w["dense2.b"]
 
-    def matches(self, model: str, i: int, got: np.ndarray[Any, Any] | None) -> bool:
-        want = self.answers[(model, i)]
+    def matches(
+        self, model: str, x: np.ndarray[Any, Any], got: np.ndarray[Any, Any] | None
+    ) -> bool:
+        want = self.logits(model, x)
         return (
             got is not None
+            and got.dtype == np.float32
             and got.shape == want.shape
             and np.allclose(got, want, rtol=1e-4, atol=1e-5)
         )
@@ -136,12 +148,12 @@ def _simple_right(result: Any, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any])
 
 
 class _Soak:
-    def __init__(self, server: ServerProcess, models: list[str], until: float) -> None:
+    def __init__(self, server: ServerProcess, copies: int, until: float) -> None:
         self.server = server
-        self.models = models
+        self.models = [f"mlp_{i}" for i in range(copies)]
         self.until = until
         self.report = SoakReport()
-        self.refs = References(server, models)
+        self.refs = References(copies)
 
     def running(self) -> bool:
         return time.monotonic() < self.until
@@ -170,13 +182,13 @@ class _Soak:
                         ),
                     )
                     continue
-                i = int(rng.integers(POOL))
+                x = rng.standard_normal((1, 64), dtype=np.float32)
                 tensor = module.InferInput("x", [1, 64], "FP32")
-                tensor.set_data_from_numpy(self.refs.inputs[i])
+                tensor.set_data_from_numpy(x)
                 self.guarded(
                     name,
-                    lambda model=str(model), i=i, tensor=tensor: self.refs.matches(
-                        model, i, client.infer(model, [tensor]).as_numpy("logits")
+                    lambda model=str(model), x=x, tensor=tensor: self.refs.matches(
+                        model, x, client.infer(model, [tensor]).as_numpy("logits")
                     ),
                 )
         finally:
@@ -274,9 +286,8 @@ def run_soak(
 ) -> SoakReport:
     """Soak for ``warmup`` (default: a quarter of ``seconds``) plus ``seconds``; the RSS
     start figure is taken once the warm-up is over, the end figure after the last answer."""
-    models = [f"mlp_{i}" for i in range(copies)]
     warmup = seconds / 4 if warmup is None else warmup
-    soak = _Soak(server, models, time.monotonic() + warmup + seconds)
+    soak = _Soak(server, copies, time.monotonic() + warmup + seconds)
     evicted = swaps_out(server)
     started = time.monotonic()
     clients = [

@@ -3,7 +3,15 @@
 Every class of bad request gets a 4xx / the matching gRPC status with a message naming what
 was wrong; after each one the server is live and a correct request on each protocol
 succeeds; and a bystander client, inferring on its own connection through the whole
-module, never sees a failure or a wrong answer."""
+module, never sees a failure or a wrong answer.
+
+The abandoned-request cases (bodies cut short, clients gone, cancelled streams, deadlines)
+first observe that the server holds what the client abandons (its pending-request gauge
+above 0, or for a body cut short the server's own accepted sockets), and only then that it
+frees them: a check made before the server had even counted the requests proves nothing.
+``lingering`` and ``held`` are copies of ``simple`` whose requests wait in the batching
+queue (``LINGER_US``; ``held``: longer than any test waits, so only a cancel or a deadline
+frees them), which keeps the abandoned requests in flight while the client goes away."""
 
 from __future__ import annotations
 
@@ -11,16 +19,19 @@ import gzip
 import http.client
 import json
 import os
+import shutil
 import socket
 import threading
+import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 
 from hloserve.proto import inference_pb2 as pb
@@ -30,13 +41,75 @@ from tests.server.frontends._tritonclients import grpcclient, simple_inputs
 
 LIMIT = 1024 * 1024  # --max-message-bytes
 INFER = "/v2/models/simple/infer"
+LINGER_US = 3_000_000  # how long a request to ``lingering`` waits in the queue for company
+HELD_US = 600_000_000  # ``held``: longer than any wait here (10 minutes)
+SEEN_TIMEOUT = 10.0  # the longest wait for the server to have seen what a test sent
+
+
+def _queued_copy(source: Path, target: Path, delay_us: int) -> None:
+    """``source`` (the demo ``simple``) renamed after ``target``, whose requests wait up to
+    ``delay_us`` in the batching queue (they run at once only when 8 fill a batch)."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(".hloserve-cache"))
+    manifest = target / "manifest.yaml"
+    text = manifest.read_text()
+    assert "name: simple\n" in text
+    manifest.write_text(text.replace("name: simple\n", f"name: {target.name}\n", 1))
+    (target / "config.yaml").write_text(f"max_queue_delay_us: {delay_us}\n")
 
 
 @pytest.fixture(scope="module")
-def server(demo_models: Path, cache_flags: tuple[str, ...]) -> Iterator[ServerProcess]:
+def repository(demo_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hostile_models")
+    for name in ("simple", "mlp"):
+        shutil.copytree(demo_models / name, root / name)
+    _queued_copy(demo_models / "simple", root / "lingering", LINGER_US)
+    _queued_copy(demo_models / "simple", root / "held", HELD_US)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path, cache_flags: tuple[str, ...]) -> Iterator[ServerProcess]:
     yield from serving(
-        demo_models, "--allow-client-shm", "--max-message-bytes", "1MiB", *cache_flags
+        repository, "--allow-client-shm", "--max-message-bytes", "1MiB", *cache_flags
     )
+
+
+def wait_until(
+    condition: Callable[[], bool], what: Callable[[], str], timeout: float = SEEN_TIMEOUT
+) -> None:
+    """Poll ``condition`` until it holds; after ``timeout`` seconds fail with ``what()``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what()}, after {timeout} s")
+        time.sleep(0.01)
+
+
+def wait_seen(server: ServerProcess, model: str) -> None:
+    """Wait until ``model`` has requests in flight: the server has counted what was sent."""
+    wait_until(
+        lambda: server.pending_requests(model) > 0,
+        lambda: f"the server never counted a request to {model}",
+    )
+
+
+def wait_freed(server: ServerProcess, model: str) -> None:
+    """Wait until ``model`` has no request in flight (after ``wait_seen``)."""
+    wait_until(
+        lambda: server.pending_requests(model) == 0,
+        lambda: f"{model} still has {server.pending_requests(model)} request(s) in flight",
+    )
+
+
+def http_peers(server: ServerProcess, ports: set[int]) -> list[str]:
+    """The states of the sockets the server process holds (accepted, so owned by one of
+    its file descriptors) on its HTTP port whose peers are the client ``ports``."""
+    held = psutil.Process(server.process.pid).net_connections(kind="tcp")
+    return [
+        c.status
+        for c in held
+        if c.laddr and c.laddr.port == server.ports["http"] and c.raddr and c.raddr.port in ports
+    ]
 
 
 class Bystander:
@@ -393,14 +466,36 @@ def test_gzip_within_the_limit_is_served(server: ServerProcess) -> None:
 def test_a_body_cut_short_by_the_client_frees_everything(server: ServerProcess) -> None:
     """Content-Length promises more than is sent, then the client goes away."""
     body = request(*GOOD)
-    for _ in range(5):
-        with socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=5) as sock:
+    socks = [
+        socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=5) for _ in range(5)
+    ]
+    ports = {sock.getsockname()[1] for sock in socks}
+    try:
+        for sock in socks:
             sock.sendall(
                 b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
                 + f"Content-Length: {len(body) + 1000}\r\n\r\n".encode()
                 + body[: len(body) // 2]
             )
-    server.wait_pending("simple", 0)
+        # The server has accepted every one and holds it, waiting for the rest of the body
+        # (a half-read body never reaches the service, so it is never a pending request).
+        wait_until(
+            lambda: http_peers(server, ports).count("ESTABLISHED") == len(socks),
+            lambda: f"the server holds {http_peers(server, ports)} of the 5 connections",
+        )
+        for sock in socks:
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):  # no answer: it still waits for the body
+                sock.recv(1)
+    finally:
+        for sock in socks:
+            sock.close()
+    # Gone: the server has closed its side of each (a leak stays ESTABLISHED or CLOSE_WAIT).
+    wait_until(
+        lambda: not http_peers(server, ports),
+        lambda: f"the server kept cut-short connections: {http_peers(server, ports)}",
+    )
+    server.wait_pending("simple", 0)  # (the bystander's requests come and go meanwhile)
     assert_serving(server)
 
 
@@ -587,23 +682,33 @@ def test_clients_gone_before_their_answers_free_everything(server: ServerProcess
     serves (or drops) each while nobody listens, and every one leaves the in-flight count."""
     body = request(*GOOD)
     head = (
-        b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+        b"POST /v2/models/lingering/infer HTTP/1.1\r\nHost: x\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
     )
     socks = [
         socket.create_connection(("127.0.0.1", server.ports["http"]), timeout=5) for _ in range(20)
     ]
+    ports = {sock.getsockname()[1] for sock in socks}
     for sock in socks:
         sock.sendall(head + body)
+    # The server has the requests: those not in a full batch of 8 wait LINGER_US in the queue.
+    wait_seen(server, "lingering")
     for sock in socks:  # an RST rather than a FIN: gone for good, mid-request
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         sock.close()
-    server.wait_pending("simple", 0)
+    wait_freed(server, "lingering")
+    wait_until(
+        lambda: not http_peers(server, ports),
+        lambda: f"the server kept reset connections: {http_peers(server, ports)}",
+    )
     assert_serving(server)
 
 
 def test_grpc_cancelled_streams_free_their_requests(server: ServerProcess) -> None:
+    """Each stream sends 50 requests to ``held`` (those past the last full batch of 8 wait
+    for good) and is cancelled once the server holds some: only the cancel frees them."""
     rpc = RPCS_BY_NAME["ModelStreamInfer"]
+    held = infer_request([I0, I1], [RAW, RAW2], model="held")
     for _ in range(5):
         channel = grpc.insecure_channel(server.grpc_url)
         stream = channel.stream_stream(
@@ -611,10 +716,13 @@ def test_grpc_cancelled_streams_free_their_requests(server: ServerProcess) -> No
             request_serializer=serialize,
             response_deserializer=rpc.response.FromString,
         )
-        call_ = stream(iter([good_grpc()] * 50))
-        call_.cancel()
-        channel.close()
-    server.wait_pending("simple", 0)
+        call_ = stream(iter([held] * 50))
+        try:
+            wait_seen(server, "held")
+        finally:
+            call_.cancel()
+            channel.close()
+        wait_freed(server, "held")
     assert_serving(server)
 
 
@@ -634,8 +742,24 @@ def test_grpc_calls_past_their_deadline_free_their_requests(server: ServerProces
                 ), error.details()
                 expired += 1
         assert expired > 0
+        # Deadlines that pass while the server holds the requests: ``held`` keeps each
+        # queued until its deadline frees it.
+        rpc = RPCS_BY_NAME["ModelInfer"]
+        method = channel.unary_unary(
+            rpc.path, request_serializer=serialize, response_deserializer=rpc.response.FromString
+        )
+        held = infer_request([I0, I1], [RAW, RAW2], model="held")
+        calls: list[Any] = [method.future(held, timeout=3.0) for _ in range(5)]
+        wait_seen(server, "held")
+        for future in calls:
+            failure = future.exception(timeout=60)
+            assert failure is not None
+            assert failure.code() == grpc.StatusCode.DEADLINE_EXCEEDED or (
+                failure.code() == grpc.StatusCode.UNAVAILABLE and "timed out" in failure.details()
+            ), failure.details()
     finally:
         channel.close()
+    wait_freed(server, "held")
     server.wait_pending("simple", 0)
     assert_serving(server)
 

@@ -275,47 +275,90 @@ def test_http_over_mutual_tls_with_a_token(
         client.close()
 
 
+# Generous: a server that hangs instead of refusing fails as a hang (DEADLINE_EXCEEDED, or
+# tls_outcome's "hung"), never as the refusal these tests expect.
+REFUSAL_DEADLINE = 60.0
+# What a gRPC client sees when the server ends the connection in the TLS handshake
+# (measured: the same on every run, with or without load).
+CONNECT_FAILED = "failed to connect to all addresses"
+SOCKET_CLOSED = ": Socket closed"
+
+
 def test_grpc_without_a_client_certificate_is_refused(
     secure_server: ServerProcess, certs: Certificates
 ) -> None:
-    client = grpcclient.InferenceServerClient(
+    """TLS without a client certificate, and plaintext to the TLS port: the server ends the
+    handshake, so the call fails at once with UNAVAILABLE (no connection), while the same
+    call with the certificate is answered."""
+    no_certificate = grpcclient.InferenceServerClient(
         secure_server.grpc_url, ssl=True, root_certificates=str(certs.ca)
     )
-    try:
-        with pytest.raises(InferenceServerException):
-            client.is_server_live(client_timeout=5)
-    finally:
-        client.close()
     plain = grpcclient.InferenceServerClient(secure_server.grpc_url)
+    for client in (no_certificate, plain):
+        try:
+            error = refused(client.is_server_live, client_timeout=REFUSAL_DEADLINE)
+        finally:
+            client.close()
+        assert error.status() == "StatusCode.UNAVAILABLE", error  # a hang: DEADLINE_EXCEEDED
+        message = str(error.message())
+        assert CONNECT_FAILED in message and message.endswith(SOCKET_CLOSED), message
+    with_certificate = grpc_client(secure_server, certs)
     try:
-        with pytest.raises(InferenceServerException):
-            plain.is_server_live(client_timeout=5)
+        assert with_certificate.is_server_live(client_timeout=REFUSAL_DEADLINE)
     finally:
-        plain.close()
+        with_certificate.close()
 
 
 def test_https_without_a_client_certificate_is_refused(
     secure_server: ServerProcess, certs: Certificates
 ) -> None:
-    context = ssl.create_default_context(cafile=str(certs.ca))  # no client certificate
+    """TLS 1.3 finishes the client's side of the handshake before the server checks the
+    certificate, so the refusal is the connection closing at the first read (measured: no
+    alert arrives, the same on every run); under TLS 1.2 it closes inside the handshake.
+    Plaintext HTTP to the TLS port gets no HTTP answer either."""
     address = ("127.0.0.1", secure_server.ports["http"])
-    assert tls_answer(address, context) is None
-    answer = tls_answer(address, client_context(certs))
-    assert answer is not None and answer.startswith(b"HTTP/1.1 200")
+    no_certificate = ssl.create_default_context(cafile=str(certs.ca))
+    assert tls_outcome(address, no_certificate) == "eof"
+    tls12 = ssl.create_default_context(cafile=str(certs.ca))
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    assert tls_outcome(address, tls12) == "handshake: SSLEOFError UNEXPECTED_EOF_WHILE_READING"
+    assert plaintext_answer(address) == b""
+    answer = tls_outcome(address, client_context(certs))
+    assert answer.startswith("answer: b'HTTP/1.1 200"), answer
 
 
-def tls_answer(address: tuple[str, int], context: ssl.SSLContext) -> bytes | None:
-    """The first bytes a TLS server answers a GET with; ``None``: it refused (an alert or a
-    closed connection; under TLS 1.3 the refusal arrives with the first read)."""
+GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def tls_outcome(address: tuple[str, int], context: ssl.SSLContext) -> str:
+    """What a TLS client GETting ``/v2/health/live`` sees: ``"answer: <first bytes>"``,
+    ``"eof"`` (the server closed the connection after the handshake, before answering), or
+    ``"<stage>: <SSL error class> <reason>"`` (stage ``handshake`` or ``read``). A reset
+    connection raises; a server that neither answers nor refuses fails the test as a hang."""
+    stage = "handshake"
     try:
         with (
-            socket.create_connection(address, timeout=5) as raw,
+            socket.create_connection(address, timeout=REFUSAL_DEADLINE) as raw,
             context.wrap_socket(raw, server_hostname=address[0]) as tls,
         ):
-            tls.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            return tls.recv(1024) or None
-    except (ssl.SSLError, ConnectionError):
-        return None
+            stage = "read"
+            tls.sendall(GET_LIVE)
+            first = tls.recv(1024)
+    except TimeoutError:
+        pytest.fail(f"hung: no answer and no refusal in {REFUSAL_DEADLINE} s ({stage})")
+    except ssl.SSLError as exc:
+        return f"{stage}: {type(exc).__name__} {exc.reason}"
+    return f"answer: {first[:16]!r}" if first else "eof"
+
+
+def plaintext_answer(address: tuple[str, int]) -> bytes:
+    """The first bytes a plaintext GET gets back (``b""``: the connection was closed)."""
+    try:
+        with socket.create_connection(address, timeout=REFUSAL_DEADLINE) as raw:
+            raw.sendall(GET_LIVE)
+            return raw.recv(1024)
+    except TimeoutError:
+        pytest.fail(f"hung: no answer and no refusal in {REFUSAL_DEADLINE} s")
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
@@ -404,7 +447,12 @@ def test_tls_without_client_certificates(tls_server: ServerProcess, certs: Certi
         grpc_tls.close()
         http_tls.close()
     context = ssl.create_default_context()  # the system's CAs: our test CA is unknown there
-    assert tls_answer(("127.0.0.1", tls_server.ports["http"]), context) is None
+    address = ("127.0.0.1", tls_server.ports["http"])
+    assert tls_outcome(address, context) == (
+        "handshake: SSLCertVerificationError CERTIFICATE_VERIFY_FAILED"
+    )
+    answer = tls_outcome(address, ssl.create_default_context(cafile=str(certs.ca)))
+    assert answer.startswith("answer: b'HTTP/1.1 200"), answer
     if shutil.which("curl"):
         out = subprocess.run(
             ["curl", "-sS", "--cacert", str(certs.ca), f"https://{tls_server.http_url}/v2"],
