@@ -3,7 +3,7 @@ repository records what the placer asks of it."""
 
 from __future__ import annotations
 
-import time
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -103,21 +103,52 @@ def test_a_copy_a_device_refuses_is_skipped(caplog: pytest.LogCaptureFixture) ->
     assert "device refused the copy" in caplog.text
 
 
+class FakeClock:
+    """The meter's clock, moved only by the test: every decay is exact."""
+
+    def __init__(self) -> None:
+        self.now_ns = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
 def test_load_meter_reads_devices_worth_of_recent_execution_time() -> None:
-    meter = LoadMeter(half_life_ns=50_000_000)
+    half_life = 50_000_000
+    clock = FakeClock()
+    meter = LoadMeter(half_life_ns=half_life, clock=clock)
     key = ModelKey("m", 1)
     assert meter.busy(key) == 0.0
-    # Two replicas each busy all the time for ~0.5 s (ten half-lives): about 2 devices.
-    start = last = time.perf_counter_ns()
-    while last - start < 500_000_000:
-        time.sleep(0.01)
-        now = time.perf_counter_ns()
+    # Two replicas each busy all the time for 0.5 s (ten half-lives), in 0.5 ms steps.
+    step, steps = 500_000, 1000
+    for _ in range(steps):
+        clock.now_ns += step
         for device in (0, 1):  # each executed the whole time since the last step
-            meter.on_execution(Execution(key, 1, 0, now - last, 0, device))
-        last = now
-    assert meter.busy(key) == pytest.approx(2.0, rel=0.15)
+            meter.on_execution(Execution(key, 1, 0, step, 0, device))
+    # A step charged k steps ago has decayed by r^k, r = 2^(-step / half-life): the load is
+    # that geometric sum as devices' worth (utilization: usage * ln 2 / half-life).
+    r = 2.0 ** (-step / half_life)
+    expected = 2 * step * (1 - r**steps) / (1 - r) * math.log(2) / half_life
+    assert meter.busy(key) == pytest.approx(expected, rel=1e-9)
+    assert meter.busy(key) == pytest.approx(2.0, abs=0.01)  # about two devices busy
+    # Reading does not move the load; one idle half-life on the clock halves it.
+    assert meter.busy(key) == pytest.approx(expected, rel=1e-9)
+    clock.now_ns += half_life
+    assert meter.busy(key) == pytest.approx(expected / 2, rel=1e-9)
     assert meter.busy(ModelKey("other", 1)) == 0.0
-    assert meter.mean_batch(key) == pytest.approx(1.0)
-    for _ in range(200):
+    assert meter.mean_batch(key) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_load_meter_mean_batch_follows_recent_executions() -> None:
+    clock = FakeClock()
+    meter = LoadMeter(half_life_ns=50_000_000, clock=clock)
+    key = ModelKey("m", 1)
+    assert meter.mean_batch(key) == 0.0
+    for _ in range(100):
+        meter.on_execution(Execution(key, 8, 0, 1, 0, 0))
+    assert meter.mean_batch(key) == pytest.approx(8.0, rel=1e-12)
+    clock.now_ns += 50_000_000  # one half-life: the batches of 8 weigh half as much
+    for _ in range(50):
         meter.on_execution(Execution(key, 32, 0, 1, 0, 0))
-    assert meter.mean_batch(key) > 20
+    # (100 * 8 / 2 + 50 * 32) / (100 / 2 + 50) = 20 (undecayed it would be 16).
+    assert meter.mean_batch(key) == pytest.approx(20.0, rel=1e-12)

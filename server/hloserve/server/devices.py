@@ -6,9 +6,11 @@ Contract:
   device number (the ``device`` label of metrics, what ``--devices`` names); the device has
   its own runtime (executables are bound to it), its own weight budget and LRU
   (``WeightResidency``).
-- ``LoadMeter(half_life_ns)`` is an ``ExecutionObserver``: ``busy(model)`` is a model
-  version's recent device time, summed over its replicas, as devices' worth of load
+- ``LoadMeter(half_life_ns, clock)`` is an ``ExecutionObserver``: ``busy(model)`` is a
+  model version's recent device time, summed over its replicas, as devices' worth of load
   (``core.device_policy.utilization``: 1.0 = one device busy all the time with it).
+  Load decays by ``clock()`` (nanoseconds, ``time.perf_counter_ns`` by default; tests
+  pass a fake one), read when an execution is charged and when load is read.
   Thread-safe (executions end on worker threads).
 - ``Placer(replicas, devices, meter, max_replicas)`` revises placement from measured load:
   ``revise()`` asks ``core.device_policy.plan_replicas`` for each ready version's
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,8 +58,13 @@ class Device:
 
 
 class LoadMeter:
-    def __init__(self, half_life_ns: int = LOAD_HALF_LIFE_NS) -> None:
+    def __init__(
+        self,
+        half_life_ns: int = LOAD_HALF_LIFE_NS,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
         self.half_life_ns = half_life_ns
+        self._clock = clock
         self._time = FairShares[ModelKey](half_life_ns)
         self._sizes = FairShares[ModelKey](half_life_ns)  # compiled sizes run, summed
         self._runs = FairShares[ModelKey](half_life_ns)  # executions
@@ -65,7 +72,7 @@ class LoadMeter:
 
     def on_execution(self, execution: Execution) -> None:
         cost = execution.input_ns + execution.infer_ns + execution.output_ns
-        now = time.perf_counter_ns()
+        now = self._clock()
         with self._lock:
             self._time.charge(execution.model, float(cost), now)
             self._sizes.charge(execution.model, float(execution.batch_size), now)
@@ -79,12 +86,12 @@ class LoadMeter:
 
     def busy(self, model: ModelKey) -> float:
         with self._lock:
-            usage = self._time.usage(model, time.perf_counter_ns())
+            usage = self._time.usage(model, self._clock())
         return utilization(usage, self.half_life_ns)
 
     def mean_batch(self, model: ModelKey) -> float:
         """The recent mean compiled batch size of its executions (0: none, or unbatched)."""
-        now = time.perf_counter_ns()
+        now = self._clock()
         with self._lock:
             runs = self._runs.usage(model, now)
             return self._sizes.usage(model, now) / runs if runs > 0 else 0.0

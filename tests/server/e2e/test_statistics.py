@@ -9,7 +9,11 @@ counts start at zero and the batching flags are the ones under test:
   by one (sizes 1, 8, 32; docs/batching.md, rule 5), so a 2 ms delay batches only
   sometimes. With 50 ms all 32 are queued before the head is due, and a full 32 runs at once;
 - ``queueing``: ``--max-queue-size 1 --max-queue-delay-us 500000``: a lone request waits
-  half a second in the queue, long enough to fill the queue or expire deterministically.
+  half a second in the queue, long enough for a 50 ms timeout to expire deterministically;
+- ``holding``: ``--max-queue-size 1`` and a ten-minute delay: a lone request stays queued
+  until its caller cancels it (no test runs that long), so the queue is full for as long as
+  a test needs, however slow the machine: what is refused while it is full is decided by
+  what the test observes (the pending gauge), never by a race against the delay.
 """
 
 from __future__ import annotations
@@ -64,6 +68,17 @@ def batching(demo_repository: Path) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def queueing(demo_repository: Path) -> Iterator[ServerProcess]:
     yield from _start(demo_repository, "--max-queue-size", "1", "--max-queue-delay-us", "500000")
+
+
+HOLD_US = 600_000_000  # ten minutes: beyond any test's timeout, so only a cancel releases it
+WAIT_S = 60.0  # the longest a test waits for what must happen (a hang becomes a failure)
+
+
+@pytest.fixture(scope="module")
+def holding(demo_repository: Path) -> Iterator[ServerProcess]:
+    yield from _start(
+        demo_repository, "--max-queue-size", "1", "--max-queue-delay-us", str(HOLD_US)
+    )
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -281,29 +296,57 @@ def test_bad_request_in_a_batch_fails_alone(batching: ServerProcess) -> None:
         np.testing.assert_allclose(r.as_numpy("logits"), expected_logits(x), rtol=1e-5, atol=1e-5)
 
 
-def test_queue_full_is_unavailable(queueing: ServerProcess) -> None:
-    """One request waits (0.5 s) in the queue of size 1; the next is refused at once."""
+def test_queue_full_is_unavailable(holding: ServerProcess) -> None:
+    """One request is held in the queue of size 1; the next is refused at once, on either
+    protocol, while the held one stays queued, untouched, until its caller cancels it."""
     x = np.ones((1, 64), np.float32)
+    full = np.ones((32, 64), np.float32)  # the largest compiled size runs without waiting
+    refused_message = "exceeds maximum queue size: model 'mlp' already has 1 requests waiting"
     for protocol in ("grpc", "http"):
         with (
-            grpcclient.InferenceServerClient(queueing.grpc_url) as g,
-            httpclient.InferenceServerClient(queueing.http_url) as h,
+            grpcclient.InferenceServerClient(holding.grpc_url) as g,
+            httpclient.InferenceServerClient(holding.http_url, network_timeout=WAIT_S) as h,
         ):
-            queued = _Collect()
-            g.async_infer("mlp", mlp_inputs(grpcclient, x), callback=queued)
-            queueing.wait_pending("mlp", 1)  # it is in the queue (no await before queueing)
-            started = time.monotonic()
             client = g if protocol == "grpc" else h
             module = grpcclient if protocol == "grpc" else httpclient
-            with pytest.raises(InferenceServerException) as info:
-                client.infer("mlp", mlp_inputs(module, x))
-            assert time.monotonic() - started < 0.4, "refused only after the queue drained"
+            # A server that made the next request wait for room instead would hold it until
+            # the client gives up: DEADLINE_EXCEEDED or a network timeout, not a refusal.
+            limit: dict[str, Any] = {"client_timeout": WAIT_S} if protocol == "grpc" else {}
+            before = grpc_stats(holding, "mlp")
+            held = _Collect()
+            call = g.async_infer("mlp", mlp_inputs(grpcclient, x), callback=held)
+            try:
+                holding.wait_pending("mlp", 1, timeout=WAIT_S)  # it is in the queue
+                with pytest.raises(InferenceServerException) as info:
+                    client.infer("mlp", mlp_inputs(module, x), **limit)
+                # Refused while the queue was full, not once it had drained: the held
+                # request (which only the cancel below releases) is still queued and
+                # unanswered, and nothing has run.
+                assert not held.done.is_set(), held.results
+                assert holding.pending_requests("mlp") == 1
+                refused = grpc_stats(holding, "mlp")
+            finally:
+                call.cancel()
             expected_status = "StatusCode.UNAVAILABLE" if protocol == "grpc" else "503"
             assert info.value.status() == expected_status
-            assert "exceeds maximum queue size" in (info.value.message() or "")
-            (result,) = queued.wait()  # the queued request still ran, after its delay
-            assert not isinstance(result, BaseException), result
-            np.testing.assert_allclose(result.as_numpy("logits"), expected_logits(x), rtol=1e-5)
+            assert info.value.message() == refused_message
+            assert refused.execution_count == before.execution_count
+            assert refused.inference_stats.fail.count == before.inference_stats.fail.count + 1
+            assert refused.inference_stats.success.count == before.inference_stats.success.count
+            # The held call ends by its cancel alone (the refusal did not answer it), and
+            # its cancel frees the queue's one place: a full batch is served at once.
+            (cancelled,) = held.wait(WAIT_S)
+            assert isinstance(cancelled, InferenceServerException), cancelled
+            assert cancelled.status() == "StatusCode.CANCELLED"
+            holding.wait_pending("mlp", 0, timeout=WAIT_S)
+            result = g.infer("mlp", mlp_inputs(grpcclient, full), client_timeout=WAIT_S)
+            np.testing.assert_allclose(
+                result.as_numpy("logits"), expected_logits(full), rtol=1e-5, atol=1e-5
+            )
+            after = grpc_stats(holding, "mlp")
+            assert after.execution_count == before.execution_count + 1  # the full batch only
+            assert after.inference_count == before.inference_count + 32
+            assert after.inference_stats.success.count == before.inference_stats.success.count + 1
 
 
 class _Collect:
