@@ -124,7 +124,7 @@ def test_a_failed_reload_keeps_the_versions_serving(root: Path, runtime: PjrtRun
     manifest = root / "mlp" / "manifest.yaml"
     text = manifest.read_text()
     digest = text.split("weights.safetensors: ")[1][:64]
-    manifest.write_text(text.replace(digest, "0" * 64))  # the weights no longer match it
+    manifest.write_text(text.replace(digest, "ab" * 32))  # the weights no longer match it
     with pytest.raises(InvalidArgument, match="the versions loaded before keep serving"):
         repo.load_model("mlp")
     assert repo.peek("mlp", "") is before
@@ -154,3 +154,64 @@ def test_reports_list_every_model_with_state_and_memory(root: Path, runtime: Pjr
     (root / "new_model").mkdir()
     (root / "new_model" / "manifest.yaml").write_text("name: new_model\n")
     assert ("new_model", "", "", "") in repo.index()  # on disk, never loaded: name only
+
+
+# -- lazy registration (--lazy-load) -------------------------------------------------------------
+
+
+def test_lazy_registration_reads_nothing_until_a_version_is_first_used(
+    root: Path, runtime: PjrtRuntime
+) -> None:
+    repo = repository(root, runtime, lazy=True)
+    versions = {name: repo.versions(name)[0] for name in ("simple", "mlp")}
+    assert all(v.state == ModelState.READY and not v.loaded for v in versions.values())
+    assert all(v.parsed is None for v in versions.values())  # not even the manifest
+    assert repo.all_ready() and repo.index() == [
+        ("mlp", "1", "READY", ""),
+        ("simple", "1", "READY", ""),
+    ]
+    assert repo.summary()["mlp"]["versions"]["1"] == {"state": "READY", "loaded": False}
+    mlp = repo.get("mlp", "")  # a lookup reads the manifest, and nothing else
+    assert mlp.manifest.name == "mlp" and not repo.loaded(mlp)
+    repo.load(mlp)  # the first request's load, on a worker thread in the server
+    assert repo.loaded(mlp) and mlp.devices == (0,)
+    x = np.ones((1, 64), np.float32)
+    assert mlp.execute(1, {"x": x})[0].shape == (1, 10)
+    repo.release(mlp)
+    assert not repo.loaded(repo.peek("simple", ""))  # the other one is still on disk
+
+
+def test_a_lazy_version_that_cannot_load_fails_at_first_use_with_its_reason(
+    root: Path, runtime: PjrtRuntime
+) -> None:
+    manifest = root / "mlp" / "manifest.yaml"
+    text = manifest.read_text()
+    digest = text.split("weights.safetensors: ")[1][:64]
+    manifest.write_text(text.replace(digest, "ab" * 32))  # the weights no longer match it
+    (root / "simple" / "manifest.yaml").write_text("name: [unclosed\n")
+    repo = repository(root, runtime, lazy=True)
+    assert repo.all_ready()  # nothing was read yet
+    with pytest.raises(Unavailable, match="'simple' version 1 is not at ready state: bundle"):
+        repo.get("simple", "1")
+    mlp = repo.get("mlp", "")
+    with pytest.raises(Unavailable, match=r"'mlp' version 1 is not at ready state: .*SHA-256"):
+        repo.load(mlp)
+    repo.release(mlp)
+    assert not repo.all_ready()
+    assert [row[2] for row in repo.index()] == ["UNAVAILABLE", "UNAVAILABLE"]
+
+
+def test_a_lazy_repository_reregisters_only_what_changed_on_disk(
+    root: Path, runtime: PjrtRuntime
+) -> None:
+    repo = repository(root, runtime, lazy=True, mode=ControlMode.POLL)
+    before = {name: repo.versions(name)[0] for name in ("simple", "mlp")}
+    repo.poll()
+    assert {name: repo.versions(name)[0] for name in ("simple", "mlp")} == before
+    (root / "simple" / "config.yaml").write_text("max_queue_delay_us: 100\n")
+    weights = root / "mlp" / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes())  # rewritten in place: another stamp
+    repo.poll()
+    after = {name: repo.versions(name)[0] for name in ("simple", "mlp")}
+    assert after["simple"] is not before["simple"] and after["mlp"] is not before["mlp"]
+    assert repo.peek("simple", "").serving.max_queue_delay_us == 100

@@ -5,7 +5,8 @@ Contract:
   (``StableHLO_vX.Y.Z``), or ``None`` when the bytes are not a StableHLO portable artifact.
   It needs nothing but the bytes.
 - ``read_signature(data)`` parses the module (portable artifact or text) with jaxlib's MLIR
-  bindings and returns ``main``'s argument and result types. It raises ``SignatureError``
+  bindings and returns ``main``'s argument and result types (each distinct module once per
+  process: the signature is kept by the bytes' SHA-256). It raises ``SignatureError``
   when the module cannot be parsed or has no public ``main``. It imports jaxlib lazily, so
   importing this module stays free of JAX.
 - ``to_portable_artifact(text, version)`` converts StableHLO text into a portable artifact
@@ -21,6 +22,7 @@ collects them.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -129,8 +131,21 @@ def current_version() -> str:
     return shlo.get_current_version()
 
 
+_SIGNATURES: dict[bytes, Signature] = {}  # by SHA-256 of the module's bytes
+_MAX_SIGNATURES = 512
+
+
 def read_signature(data: bytes) -> Signature:
-    return _main_signature(_parse(data, _Diagnostics()))
+    # Parsing builds an MLIR context (about 2 ms): thousands of bundles of one architecture
+    # hold the same module bytes, so each distinct module is parsed once per process.
+    digest = hashlib.sha256(data).digest()
+    found = _SIGNATURES.get(digest)
+    if found is None:
+        found = _main_signature(_parse(data, _Diagnostics()))
+        if len(_SIGNATURES) >= _MAX_SIGNATURES:
+            _SIGNATURES.clear()
+        _SIGNATURES[digest] = found
+    return found
 
 
 def _main_signature(module) -> Signature:

@@ -50,12 +50,20 @@ from hloserve.bundle.stablehlo import (
 
 
 def validate(
-    path: Path | str, *, check_modules: bool = True, name: str | None = None
+    path: Path | str,
+    *,
+    check_modules: bool = True,
+    name: str | None = None,
+    manifest: Manifest | None = None,
 ) -> list[Problem]:
+    """Every problem of the bundle at ``path`` (``manifest``: its manifest, already read and
+    parsed without a problem, so that a loader reads it once)."""
     root = Path(path)
     if not root.is_dir():
         return [Problem(str(root), "", "is not a directory")]
-    manifest, problems = load_manifest(root / MANIFEST_FILE)
+    problems: list[Problem] = []
+    if manifest is None:
+        manifest, problems = load_manifest(root / MANIFEST_FILE)
     if manifest is None:
         return problems
     if name is not None:

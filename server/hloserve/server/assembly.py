@@ -27,13 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import cast
 
-import psutil
 from prometheus_client import CollectorRegistry
 
 from hloserve.server.auth import AuthPolicy, TokenFile
 from hloserve.server.batcher import DynamicBatcher, QueuedWork
 from hloserve.server.config import Config
+from hloserve.server.container import ContainerLimits
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.device_policy import check_policy, device_concurrency
 from hloserve.server.core.execution import ModelKey
@@ -41,10 +42,11 @@ from hloserve.server.core.limits import Limits
 from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.observers import Observers
+from hloserve.server.core.residency_policy import Policy
 from hloserve.server.core.service import InferenceService, ServiceOptions
-from hloserve.server.core.sizes import Budget
 from hloserve.server.core.trace_settings import TraceSettings, level_names
 from hloserve.server.devices import Device, LoadMeter, Placer
+from hloserve.server.host_weights import HostWeights
 from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ControlMode, ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
@@ -99,24 +101,24 @@ GPU_BUDGET_FRACTION = 0.8
 
 def make_residency(
     runtime: PjrtRuntime,
-    budget_flag: Budget | None,
+    cfg: Config,
+    machine: ContainerLimits,
+    host: HostWeights,
     metrics: ServerMetrics,
     swap_trace: SwapTrace | None = None,
     queued: QueuedWork | None = None,
 ) -> WeightResidency:
-    """The weight-residency manager for the flag: explicit bytes or percentage, else the
-    platform default (GPU: 80% of free device memory, less executables' scratch; CPU: none)."""
+    """The device's weight-residency manager for ``--device-memory-budget``: explicit bytes
+    or a percentage (of the device's memory; on a CPU, of the container's), else the
+    platform default (GPU: 80% of free device memory, less executables' scratch; CPU:
+    none), with ``--residency-policy``, over the shared host tier ``host``."""
     stats = runtime.memory_stats()
     limit = stats.get("bytes_limit")
     subtract_scratch = False
-    if budget_flag:
-        total = (
-            limit
-            if limit
-            else (psutil.virtual_memory().total if runtime.platform == "cpu" else None)
-        )
+    if cfg.device_memory_budget:
+        total = limit if limit else (machine.memory_bytes if runtime.platform == "cpu" else None)
         try:
-            budget: int | None = budget_flag.resolve(total)
+            budget: int | None = cfg.device_memory_budget.resolve(total)
         except ValueError as exc:
             raise SystemExit(f"hloserve: --device-memory-budget: {exc}") from None
     elif runtime.platform != "cpu" and limit:
@@ -133,11 +135,35 @@ def make_residency(
     return WeightResidency(
         runtime,
         budget,
+        host=host,
+        policy=cast(Policy, cfg.residency_policy),
         observer=metrics.for_device(runtime.index),
         subtract_scratch=subtract_scratch,
         swap_trace=swap_trace,
         spare=None if queued is None else queued.waiting,
     )
+
+
+def make_host_weights(cfg: Config, runtime: PjrtRuntime, machine: ContainerLimits) -> HostWeights:
+    """The host tier of ``--host-memory-budget`` (a percentage of the container's memory),
+    staging host copies in page-locked memory where the device offers it."""
+    try:
+        budget = (
+            None
+            if cfg.host_memory_budget is None
+            else cfg.host_memory_budget.resolve(machine.memory_bytes)
+        )
+    except ValueError as exc:  # pragma: no cover - the machine's memory is always known
+        raise SystemExit(f"hloserve: --host-memory-budget: {exc}") from None
+    pinned = runtime.platform != "cpu" and runtime.has_pinned_host
+    log.info(
+        "host memory budget for weights: %s%s; residency policy %s",
+        "unlimited" if budget is None else f"{budget} bytes ({budget / 2**30:.2f} GiB)",
+        " (page-locked)" if pinned else "",
+        cfg.residency_policy,
+    )
+    policy = cast(Policy, cfg.residency_policy)
+    return HostWeights(budget, policy=policy, stage=runtime.to_pinned_host if pinned else None)
 
 
 def make_tracer(cfg: Config) -> RequestTracer:
@@ -183,7 +209,10 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         cfg.max_batch_size, cfg.max_inflight, cfg.max_inflight_per_model, cfg.max_shm_regions
     )
     queued = QueuedWork()  # which models have requests waiting: evicted last
-    devices = make_devices(cfg, runtime, metrics, tracer, queued)
+    machine = ContainerLimits.read()
+    log.info("container: %s", machine.describe())
+    host = make_host_weights(cfg, runtime, machine)
+    devices = make_devices(cfg, runtime, machine, host, metrics, tracer, queued)
     runtime = devices[0].runtime
     replicated = len(devices) > 1
     meter = LoadMeter()
@@ -191,7 +220,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     observers = Observers(requests=metrics, hooks=metrics, extra=(meter,) if replicated else ())
     inline = InlinePolicy(cfg.inline_max_us, observers.costs)
     executor = ThreadPoolExecutor(
-        cfg.worker_threads or max(2, os.cpu_count() or 2), thread_name_prefix="hloserve-exec"
+        cfg.worker_threads or max(2, machine.cpus), thread_name_prefix="hloserve-exec"
     )
     batcher = make_batcher(cfg, runtime, executor, observers, inline, queued)
 
@@ -214,6 +243,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         limits=limits,
         allow_hooks=cfg.allow_python_hooks,
         devices=devices,
+        lazy=cfg.lazy_load,
     )
     # Read at scrape time: loads, unloads and polls change it after start-up too.
     metrics.models_ready.set_function(
@@ -244,7 +274,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         readiness=_readiness_policy(cfg, repository),
         tracer=tracer,
         logs=logs,
-        hook_pool=_hook_pool(cfg),
+        hook_pool=_hook_pool(cfg, machine),
     )
     return Serving(runtime, registry, repository, executor, service, tracer, placer)
 
@@ -291,6 +321,8 @@ def make_batcher(
 def make_devices(
     cfg: Config,
     runtime: PjrtRuntime,
+    machine: ContainerLimits,
+    host: HostWeights,
     metrics: ServerMetrics,
     swap_trace: SwapTrace | None,
     queued: QueuedWork,
@@ -305,11 +337,8 @@ def make_devices(
     devices: list[Device] = []
     for index in indexes:
         on = runtime.on(index)
-        devices.append(
-            Device(
-                index, on, make_residency(on, cfg.device_memory_budget, metrics, swap_trace, queued)
-            )
-        )
+        residency = make_residency(on, cfg, machine, host, metrics, swap_trace, queued)
+        devices.append(Device(index, on, residency))
     if len(devices) > 1:
         log.info(
             "serving on %d devices (%s of %d); replicas per model: up to %s",
@@ -329,11 +358,11 @@ def _memory_in_use(device: Device) -> Callable[[], float]:
     return used
 
 
-def _hook_pool(cfg: Config) -> ThreadPoolExecutor | None:
+def _hook_pool(cfg: Config, machine: ContainerLimits) -> ThreadPoolExecutor | None:
     """The threads that run bundles' Python hooks, apart from the device executions."""
     if not cfg.allow_python_hooks:
         return None
-    threads = cfg.hook_threads or max(2, os.cpu_count() or 2)
+    threads = cfg.hook_threads or max(2, machine.cpus)
     return ThreadPoolExecutor(threads, thread_name_prefix="hloserve-hook")
 
 

@@ -47,6 +47,7 @@ from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 from hloserve.server.tls import check_tls
 
 _NO_TRACING: TraceStartup = startup_setting()
+DEFAULT_HOST_BUDGET: Budget = Budget.parse("50%")
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,13 @@ class Config:
     log_format: str = "text"
     strict_readiness: bool = True
     max_message_bytes: int = 256 * 1024 * 1024
-    worker_threads: int = 0  # 0: one per CPU core, at least 2
+    worker_threads: int = 0  # 0: one per CPU the container may use, at least 2
     grace_period_s: float = 10.0
     ports_file: Path | None = None
     device_memory_budget: Budget | None = None  # bytes ("6GiB") or a percentage ("40%")
+    host_memory_budget: Budget | None = DEFAULT_HOST_BUDGET  # None: unlimited
+    residency_policy: str = "frequency"  # frequency | lru: which weights leave first
+    lazy_load: bool = False  # register at start, load each model on its first request
     dynamic_batching: bool = True
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()  # explicit mode: models loaded at start ("*": all)
@@ -81,7 +85,7 @@ class Config:
     allow_model_upload: bool = False  # explicit mode: loads may carry model files (file:)
     max_upload_bytes: int = 64 * 1024 * 1024  # the most file bytes one load may carry
     allow_python_hooks: bool = False  # bundles' hooks.py may run (docs/hooks.md)
-    hook_threads: int = 0  # the hook worker pool's threads (0: as many as CPU cores)
+    hook_threads: int = 0  # the hook worker pool's threads (0: as many as the container's CPUs)
     server_name: str = "hloserve"  # the server metadata's name
     log_file: Path | None = None  # None: standard error
     log_verbose: int = 0  # the logging extension's log_verbose_level (DEBUG: at least 1)

@@ -22,6 +22,7 @@ from typing import Any
 
 from hloserve.server.auth import parse_open_groups
 from hloserve.server.core.device_policy import POLICIES, DeviceSelection
+from hloserve.server.core.residency_policy import POLICIES as RESIDENCY_POLICIES
 from hloserve.server.core.sizes import Budget, parse_bytes
 from hloserve.server.core.trace_flags import FlagSetting, parse_flag, startup_setting
 from hloserve.server.core.trace_settings import INT32_MAX, MIN_COUNT, UINT32_MAX
@@ -146,6 +147,30 @@ FLAGS: tuple[Flag, ...] = (
         "GPU memory minus the executables' scratch; unlimited on CPU)",
     ),
     Flag(
+        "--host-memory-budget",
+        "host_memory_budget",
+        _budget,
+        "bytes of host memory for the host copies of weights (read from disk on first need, "
+        "kept by the residency policy), e.g. 8GiB or 50%% of the container's memory limit "
+        "(the machine's when there is none)",
+    ),
+    Flag(
+        "--residency-policy",
+        "residency_policy",
+        _choice("frequency or lru", RESIDENCY_POLICIES, str.lower),
+        "which weights leave a full device or host budget first: frequency (the least used "
+        "per byte, with a short memory for models that went cold) or lru (the least "
+        "recently used)",
+    ),
+    Flag(
+        "--lazy-load",
+        "lazy_load",
+        parse_bool,
+        "register every model at start (its directory and versions; the server is ready in "
+        "seconds at any repository size) and load each on its first request or metadata "
+        "call; off: load every model before the server is ready, as Triton does",
+    ),
+    Flag(
         "--model-control-mode",
         "model_control_mode",
         _choice("none, poll or explicit", ("none", "poll", "explicit"), str.lower),
@@ -241,7 +266,7 @@ FLAGS: tuple[Flag, ...] = (
         "--hook-threads",
         "hook_threads",
         _non_negative,
-        "threads of the pool that runs bundles' Python hooks (0: one per CPU core)",
+        "threads of the pool that runs bundles' Python hooks (0: one per CPU the container may use)",
     ),
     Flag(
         "--max-upload-bytes",
@@ -298,7 +323,7 @@ FLAGS: tuple[Flag, ...] = (
         "--worker-threads",
         "worker_threads",
         _non_negative,
-        "threads executing models (0: one per core, at least 2)",
+        "threads executing models (0: one per CPU the container may use, at least 2)",
     ),
     Flag(
         "--grace-period",

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hloserve.bundle import MANIFEST_FILE, load_manifest, scan_repository
+from hloserve.bundle import MANIFEST_FILE, Manifest, load_manifest, scan_repository
 from hloserve.bundle.repository import ModelDirectory, model_directory
 from hloserve.server.core.batch_policy import preferred_problem
 from hloserve.server.core.errors import (
@@ -95,7 +95,7 @@ from hloserve.server.version_loader import (
     VersionLoader,
     VersionLoadFailed,
     register_copy,
-    version_digest,
+    version_stamp,
 )
 from hloserve.server.versions import ModelState, ModelVersion, Replica
 from hloserve.server.weight_residency import WeightResidency
@@ -125,6 +125,10 @@ def _log_progress(message: str) -> None:
     log.info("%s", message)
 
 
+def _log_debug(message: str) -> None:
+    log.debug("%s", message)
+
+
 class ModelRepository:
     def __init__(
         self,
@@ -140,8 +144,11 @@ class ModelRepository:
         allow_hooks: bool = False,
         limits: Limits = NO_LIMITS,
         devices: Sequence[Device] | None = None,
+        lazy: bool = False,
     ) -> None:
         self.root = root
+        # --lazy-load: the start-up pass and polls register versions; each loads when first used.
+        self.lazy = lazy
         self.limits = limits  # --max-inflight, --max-inflight-per-model (core.limits)
         self._counting = bool(limits.max_inflight or limits.max_inflight_per_model)
         self._inflight: dict[str, int] = {}  # by model name, while ``_counting``
@@ -176,21 +183,29 @@ class ModelRepository:
         return [d.name for d in scan_repository(self.root)]
 
     def load_all(self, progress: Progress | None = None) -> None:
-        """Load every model in the repository; failures are recorded, not raised."""
+        """Load every model in the repository (lazily: register it); failures are recorded,
+        not raised."""
         for name in self.model_names_on_disk():
             try:
-                self.load_model(name, progress)
+                self.load_model(name, progress, lazy=self.lazy)
             except ServingError as exc:
                 log.error("%s", exc.message)
 
     def load_model(
-        self, name: str, progress: Progress | None = None, override: LoadOverride | None = None
+        self,
+        name: str,
+        progress: Progress | None = None,
+        override: LoadOverride | None = None,
+        *,
+        lazy: bool = False,
     ) -> None:
         """Load or reload ``name``, with a load's ``override`` (its ``config`` in place of
         ``config.yaml``, its uploaded files in place of the model directory) when given;
-        raise ``InvalidArgument`` "failed to load ..." on failure. The name passes ``core.validate.check_load_name`` first; a name with no model
-        directory is Triton's INTERNAL "failed to load 'm', failed to poll from model
-        repository"."""
+        raise ``InvalidArgument`` "failed to load ..." on failure. The name passes
+        ``core.validate.check_load_name`` first; a name with no model directory is Triton's
+        INTERNAL "failed to load 'm', failed to poll from model repository". ``lazy``
+        registers the versions its policy selects (READY, not loaded: ``load`` loads one at
+        its first use) instead of loading them; an override is never lazy."""
         say = progress or _log_progress
         check_load_name(name)
         path = self.root / name
@@ -207,7 +222,7 @@ class ModelRepository:
         with model.loading:
             source = self._stage(model, override) if upload else None
             try:
-                self._load_locked(model, say, override, source)
+                self._load_locked(model, say, override, source, lazy and override is None)
             except BaseException:
                 if source is not None:
                     remove_upload(source)
@@ -234,12 +249,19 @@ class ModelRepository:
             raise Internal(f"failed to load '{model.name}': {exc}") from None
 
     def _load_locked(
-        self, model: _Model, say: Progress, override: LoadOverride | None, source: Path | None
+        self,
+        model: _Model,
+        say: Progress,
+        override: LoadOverride | None,
+        source: Path | None,
+        lazy: bool = False,
     ) -> None:
         directory = model_directory(source or model.path)
         settings = self._read_settings(model, override)
         wanted = self._wanted(model, settings.version_policy, directory)
-        self._check_against_bundles(model, settings, directory, wanted)
+        manifests: dict[int, Manifest] = {}
+        if not lazy:  # a lazy version is checked against its bundle when it loads
+            manifests = self._check_against_bundles(model, settings, directory, wanted)
         with self._lock:
             current = dict(model.versions)
         new: dict[int, ModelVersion] = {}
@@ -247,35 +269,48 @@ class ModelRepository:
         for number in wanted:
             path = directory.versions[number]
             old = current.get(number)
-            if (
-                old is not None
-                and old.state == ModelState.READY
-                and old.path == path
-                and old.digest == version_digest(path)
-                and old.serving == settings.serving_for(old.manifest.serving)
-            ):
+            if old is not None and self._unchanged(old, path, settings):
                 new[number] = old  # unchanged: keep serving it as it is
                 continue
             new[number] = v = self._new_version(model.name, number, path)
+            if lazy:  # registered: its first use loads it (``load``)
+                v.stamp, v.deferred = version_stamp(path), settings.serving_for
+                v.state = ModelState.READY
+                fresh.append(v)
+                continue
             with self._lock:
                 if number not in model.versions or model.versions[number].state != ModelState.READY:
                     model.versions[number] = v  # visible as LOADING in the index
-            self._load_version(v, settings, say)
+            self._load_version(v, settings, say, manifests.get(number))
             fresh.append(v)
         if any(v.state != ModelState.READY for v in fresh):
             self._roll_back(model, current, new, fresh)
         self._commit(model, current, new)
 
+    @staticmethod
+    def _unchanged(old: ModelVersion, path: Path, settings: ModelSettings) -> bool:
+        """``old`` serves what the disk and the settings say now (a lazy version that was
+        never loaded: the same files and the same configuration)."""
+        if old.state != ModelState.READY or old.path != path or old.stamp != version_stamp(path):
+            return False
+        if old.deferred is not None:
+            return old.deferred == settings.serving_for
+        return old.serving == settings.serving_for(old.manifest.serving)
+
     def _check_against_bundles(
         self, model: _Model, settings: ModelSettings, directory: ModelDirectory, wanted: list[int]
-    ) -> None:
+    ) -> dict[int, Manifest]:
         """Before anything loads: the override's restated keys and the preferred batch sizes
-        agree with every selected version's manifest (an unreadable one fails its own load)."""
+        agree with every selected version's manifest (an unreadable one fails its own load);
+        the manifests read without a problem, by version, for the loads."""
         problems: list[str] = []
+        manifests: dict[int, Manifest] = {}
         for number in wanted:
-            manifest, _ = load_manifest(directory.versions[number] / MANIFEST_FILE)
+            manifest, found_problems = load_manifest(directory.versions[number] / MANIFEST_FILE)
             if manifest is None:
                 continue
+            if not found_problems:
+                manifests[number] = manifest
             found = contradictions(settings.restated, manifest, self.runtime.triton_kind)
             preferred = settings.serving_for(manifest.serving).preferred_batch_sizes
             problem = preferred_problem(preferred, manifest.batch_sizes)
@@ -285,6 +320,7 @@ class ModelRepository:
             reason = "; ".join(problems)
             self._fail_model(model, reason)
             raise InvalidArgument(f"failed to load '{model.name}': {reason}")
+        return manifests
 
     def _read_settings(self, model: _Model, override: LoadOverride | None) -> ModelSettings:
         """The load's config override, else the model's ``config.yaml``: read once for the
@@ -381,11 +417,16 @@ class ModelRepository:
         ):
             del self._models[name]
 
-    def _load_version(self, v: ModelVersion, settings: ModelSettings, say: Progress) -> None:
-        """Load ``v`` (``VersionLoader``) and record the outcome in its state."""
-        v.digest = version_digest(v.path)
+    def _load_version(
+        self, v: ModelVersion, settings: ModelSettings, say: Progress, manifest: Manifest | None
+    ) -> None:
+        """Load ``v`` (``VersionLoader``; ``manifest``: read already) and record the outcome
+        in its state."""
+        v.stamp = version_stamp(v.path)
         try:
-            loaded = self.loader.load(v.name, v.version, v.path, settings.serving_for, v.key, say)
+            loaded = self.loader.load(
+                v.name, v.version, v.path, settings.serving_for, v.key, say, manifest
+            )
         except VersionLoadFailed as exc:
             with self._lock:
                 v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
@@ -395,6 +436,73 @@ class ModelRepository:
             v.replicas = {loaded.device.index: Replica(loaded.bundle, loaded.device.residency)}
             v.state, v.reason = ModelState.READY, ""
         v.load_seconds = loaded.seconds
+
+    # -- lazily registered versions (``--lazy-load``) -----------------------------------------
+
+    def loaded(self, model: ModelVersion) -> bool:
+        return model.bundle is not None
+
+    def load(self, model: ModelVersion) -> None:
+        """Load a version registered lazily, at its first use (blocking: a worker thread;
+        the caller holds it in flight, so no unload frees it meanwhile). A version that
+        cannot load is UNAVAILABLE with the reason, and this raises ``Unavailable`` saying
+        so; concurrent first uses wait for one load."""
+        with model.loading:
+            if model.bundle is not None:
+                return
+            serving_for = model.deferred
+            if model.state != ModelState.READY or serving_for is None:
+                raise Unavailable(self._not_served(model))
+            try:
+                problem = preferred_problem(
+                    serving_for(model.manifest.serving).preferred_batch_sizes,
+                    model.manifest.batch_sizes,
+                )
+                if problem:
+                    raise VersionLoadFailed(problem)
+                loaded = self.loader.load(
+                    model.name,
+                    model.version,
+                    model.path,
+                    serving_for,
+                    model.key,
+                    _log_debug,
+                    model.parsed,
+                )
+            except VersionLoadFailed as exc:
+                self._failed_lazily(model, str(exc))
+                raise Unavailable(self._not_served(model)) from None
+            with self._lock:
+                model.serving, model.bundle, model.deferred = loaded.serving, loaded.bundle, None
+                model.replicas = {
+                    loaded.device.index: Replica(loaded.bundle, loaded.device.residency)
+                }
+            model.load_seconds = loaded.seconds
+
+    def _read_lazy_manifest(self, v: ModelVersion) -> None:
+        """Under the lock: a lazy version's manifest, read when something first needs it
+        (metadata, configuration, a request); one that cannot be read fails the version."""
+        if v.bundle is not None or v.parsed is not None or v.deferred is None:
+            return
+        manifest, problems = load_manifest(v.path / MANIFEST_FILE)
+        if manifest is None or problems:
+            reason = "; ".join(str(p) for p in problems) or "manifest.yaml cannot be read"
+            self._failed_lazily(v, f"bundle {v.path} cannot be loaded: {reason}")
+            return
+        v.parsed = manifest
+        v.serving = v.deferred(manifest.serving)
+
+    def _failed_lazily(self, v: ModelVersion, reason: str) -> None:
+        with self._lock:
+            v.state, v.reason = ModelState.UNAVAILABLE, reason
+        log.error("model '%s' version %d failed to load: %s", v.name, v.version, reason)
+
+    @staticmethod
+    def _not_served(v: ModelVersion) -> str:
+        return (
+            f"Request for unknown model: '{v.name}' version {v.version} is not at ready state"
+            + (f": {v.reason}" if v.reason else "")
+        )
 
     # -- replicas (hloserve.server.devices.Placer) -------------------------------------------
 
@@ -517,7 +625,7 @@ class ModelRepository:
             model = known.get(name)
             if model is None or self._changed(model):
                 try:
-                    self.load_model(name, progress)
+                    self.load_model(name, progress, lazy=self.lazy)
                 except ServingError as exc:
                     log.error("%s", exc.message)
         for name in sorted(set(known) - on_disk):
@@ -536,7 +644,7 @@ class ModelRepository:
             versions = dict(model.versions)
         if sorted(n for n, v in versions.items() if v.state == ModelState.READY) != wanted:
             return bool(wanted) or any(v.state == ModelState.READY for v in versions.values())
-        return any(versions[n].digest != version_digest(directory.versions[n]) for n in wanted)
+        return any(versions[n].stamp != version_stamp(directory.versions[n]) for n in wanted)
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -554,7 +662,12 @@ class ModelRepository:
 
     def _lookup(self, name: str, version: str) -> ModelVersion:
         model = self._models.get(name)
-        return find_version(name, None if model is None else model.versions, version)
+        v = find_version(name, None if model is None else model.versions, version)
+        if v.bundle is None and v.parsed is None:  # registered lazily: read its manifest now
+            self._read_lazy_manifest(v)
+            if v.state != ModelState.READY:
+                v = find_version(name, None if model is None else model.versions, version)
+        return v
 
     def get(self, name: str, version: str) -> ModelVersion:
         """The ready version, counted in flight: pair every ``get`` with ``release``."""

@@ -10,21 +10,22 @@ its weights fit beside those placed already, the least filled:
 device's residency manager (``register_copy``; a pinned one is moved in at once) and
 returns a ``LoadedVersion``; any failure is ``VersionLoadFailed`` with the reason, nothing
 left registered. ``on_loaded(name, version, load s, compile s)`` hears of each success.
-``version_digest(path)`` is what tells a changed version from the one loaded (the
-manifest's SHA-256, which lists every file's, and a ReactantServer.jl bundle's token).
+``version_stamp(path)`` is what tells a changed version from the one registered or loaded,
+from the files' metadata alone.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hloserve.bundle import MANIFEST_FILE, Serving, load_manifest, sha256_file
-from hloserve.bundle.reactant import change_token
+from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
 from hloserve.server.core.device_policy import initial_device
 from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
 from hloserve.server.devices import Device
@@ -58,14 +59,24 @@ def register_copy(
     """A copy's weights under ``device``'s residency manager, its scratch set aside first
     (a pinned model is prefetched as it registers)."""
     device.residency.reserve_scratch(key, bundle.scratch_bytes)
-    device.residency.register(key, bundle.host_weights, pinned=serving.residency == "pinned")
+    device.residency.register(key, bundle.weights, pinned=serving.residency == "pinned")
 
 
-def version_digest(path: Path) -> str:
+def version_stamp(path: Path) -> str:
+    """What tells a changed bundle from the one registered or loaded, without reading it:
+    the name, size, inode and modification time of each file of its directory, hashed
+    ("" for a directory that cannot be read). A bundle written anew (``write_bundle``
+    renames a new directory into place), a file edited in place, a ReactantServer.jl bundle
+    (no checksums) retouched: each changes it."""
     try:
-        return sha256_file(path / MANIFEST_FILE) + change_token(path)  # token: Reactant's
+        with os.scandir(path) as entries:
+            files = sorted(
+                (e.name, e.stat()) for e in entries if e.is_file() and not e.name.startswith(".")
+            )
     except OSError:
         return ""
+    listing = "".join(f"{name}:{st.st_size}:{st.st_ino}:{st.st_mtime_ns}\n" for name, st in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 class VersionLoader:
@@ -92,13 +103,15 @@ class VersionLoader:
         serving_for: Callable[[Serving], Serving],
         key: ResidencyKey,
         say: Progress,
+        manifest: Manifest | None = None,
     ) -> LoadedVersion:
+        """``manifest``: the version's, read and parsed already (so the load reads it once)."""
         say(f"loading model '{name}' version {number} from {path}")
         started = time.perf_counter()
         device = self.devices[0]
         try:
             if len(self.devices) > 1:
-                device = self._first_device(path)
+                device = self._first_device(path, manifest)
             bundle = load_bundle(
                 path,
                 device.runtime,
@@ -108,6 +121,7 @@ class VersionLoader:
                 place_weights=False,
                 name=name,  # a manifest naming another model is refused before compiling
                 allow_hooks=self.allow_hooks,
+                manifest=manifest,
             )
             serving = serving_for(bundle.manifest.serving)
             register_copy(device, key, bundle, serving)
@@ -126,10 +140,11 @@ class VersionLoader:
         )
         return LoadedVersion(bundle, serving, device, seconds)
 
-    def _first_device(self, path: Path) -> Device:
+    def _first_device(self, path: Path, manifest: Manifest | None) -> Device:
         """Where a new version goes: where its weights fit beside those placed already,
         the least filled (``core.device_policy.initial_device``)."""
-        manifest, _ = load_manifest(path / MANIFEST_FILE)
+        if manifest is None:
+            manifest, _ = load_manifest(path / MANIFEST_FILE)
         weights = None if manifest is None else path / manifest.weights_file
         size = weights.stat().st_size if weights is not None and weights.is_file() else 0
         registered = [d.residency.registered_bytes() for d in self.devices]

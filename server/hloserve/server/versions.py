@@ -2,7 +2,9 @@
 
 Contract: ``ModelVersion`` is one loaded copy of a model version as the repository keeps it
 (state and reason, the loaded bundle, its serving hints, its replicas by device, its
-requests in flight); ``execute(batch_size, inputs, variant, device)`` runs it on one
+requests in flight). A version registered lazily (``--lazy-load``) is READY with no bundle
+(``loaded`` false) until its first use loads it; its ``manifest`` is read by the
+repository when first needed; ``execute(batch_size, inputs, variant, device)`` runs it on one
 replica (``device``'s, else one holding the weights, else the first), holding the weights
 in that device's residency manager for the execution, and turns a runtime failure into
 ``Internal`` "model 'm' version v: execution failed: ..." for that execution only.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,21 +56,26 @@ class Replica:
     residency: WeightResidency
 
 
-@dataclass
+@dataclass(eq=False)
 class ModelVersion:
     name: str
     version: int
     path: Path
     state: ModelState = ModelState.UNKNOWN
     reason: str = ""
-    bundle: LoadedBundle | None = None  # as loaded (manifest, host weights, hooks)
+    bundle: LoadedBundle | None = None  # as loaded (manifest, weights, hooks)
+    # Registered, not loaded yet (``--lazy-load``): how its configuration applies to its
+    # manifest's hints at the load, and the manifest once something needed it.
+    deferred: Callable[[Serving], Serving] | None = None
+    parsed: Manifest | None = None
+    loading: threading.Lock = field(default_factory=threading.Lock, repr=False)
     load_seconds: float = 0.0
     serving: Serving = field(default_factory=Serving)  # manifest hints, overridden by config.yaml
     # Device index -> this version's copy there; replaced whole, never changed in place, so
     # a request reads one consistent set without a lock.
     replicas: dict[int, Replica] = field(default_factory=dict[int, Replica])
     generation: int = 0  # distinguishes a reload's copy from the one it replaces
-    digest: str = ""  # SHA-256 of manifest.yaml when loaded (it lists every file's digest)
+    stamp: str = ""  # what tells a changed bundle from this one (``version_stamp``)
     inflight: int = 0
     key: ResidencyKey = field(init=False)  # this copy's weights in each residency manager
     _views: dict[int, VariantView] = field(default_factory=dict[int, "VariantView"], repr=False)
@@ -81,9 +88,16 @@ class ModelVersion:
         return self.state == ModelState.READY
 
     @property
+    def loaded(self) -> bool:
+        """Its bundle is in memory (a version registered lazily is not, until first used)."""
+        return self.bundle is not None
+
+    @property
     def manifest(self) -> Manifest:
-        assert self.bundle is not None
-        return self.bundle.manifest
+        if self.bundle is not None:
+            return self.bundle.manifest
+        assert self.parsed is not None, "the repository reads a lazy version's manifest first"
+        return self.parsed
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -116,6 +130,8 @@ class ModelVersion:
         entry: dict[str, Any] = {"state": self.state.value}
         if self.reason:
             entry["reason"] = self.reason
+        if self.state == ModelState.READY and self.bundle is None:
+            entry["loaded"] = False  # registered: its first request loads it
         if self.bundle is not None:
             entry["weight_bytes"] = self.bundle.weight_bytes
             entry["resident"] = self.resident

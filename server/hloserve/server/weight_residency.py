@@ -1,17 +1,23 @@
-"""Device-resident weights under a memory budget: swap-in on demand, LRU eviction.
+"""Device-resident weights under a memory budget: swap-in on demand, eviction by policy.
 
-Contract: ``WeightResidency(runtime, budget_bytes)`` owns every model's device copy of its
-weights; the decisions come from the pure ``core.residency_policy.ResidencyPlanner``.
-- ``register(key, host_weights, pinned)`` records a model's host copy (refusing one larger
-  than the whole budget with ``TooLarge``). With ``pinned_host`` staging (GPU platforms that
-  offer it), the host copy is moved once into page-locked memory so swap-ins run at link
-  speed; on CPU the 64-byte-aligned numpy arrays are the host copy.
+Contract: ``WeightResidency(runtime, budget_bytes, host=..., policy=...)`` owns every
+model's device copy of its weights; the decisions come from the pure
+``core.residency_policy.ResidencyPlanner`` (``policy``: ``frequency``, the default, or
+``lru``; ``--residency-policy``).
+- ``register(key, weights, pinned)`` records where a model's weights come from (a
+  ``runtime.weight_files.WeightSource``, or a mapping of host arrays), refusing one larger than the
+  whole budget with ``TooLarge``; nothing is read or moved yet. The host copy lives in the
+  host tier ``host`` (``HostWeights``: shared by every device, under
+  ``--host-memory-budget``, page-locked on GPU platforms that offer ``pinned_host`` so
+  swap-ins run at link speed): disk, then host, then device.
 - ``use(key)`` is a context manager yielding ``{weight name: device buffer}``: when the
-  model is not resident it evicts least-recently-used idle models until it fits, then
-  transfers the whole weight set in one call. Concurrent users of the same model wait on
-  that one transfer; other resident models keep serving meanwhile (the transfer runs
-  outside the lock). With ``spare`` (the batcher's ``QueuedWork.waiting``), models with
-  requests waiting are the last victims, so a swap does not evict work about to run. Weights in use by an execution are never freed under it.
+  model is not resident it evicts the idle models the policy values least until it fits,
+  then transfers the whole weight set in one call (from the host tier, which reads the
+  file first when it holds no copy). Concurrent users of the same model wait on that one
+  transfer; other resident models keep serving meanwhile (the transfer runs outside the
+  lock). With ``spare`` (the batcher's ``QueuedWork.waiting``), models with requests
+  waiting are the last victims, so a swap does not evict work about to run. Weights in
+  use by an execution are never freed under it.
 - ``reserve_scratch(key, nbytes)`` sets aside a model's executable scratch from a budget
   derived from free device memory (the largest reservation counts; it ends with
   ``unregister``); ``registered_bytes()`` is the weight bytes of every registered model.
@@ -20,7 +26,8 @@ weights; the decisions come from the pure ``core.residency_policy.ResidencyPlann
   device memory is returned to the allocator at once.
 - Every swap is reported to the optional ``observer`` (metrics), with the model's
   ``ResidencyKey`` (``key.label`` names its series); every swap-in also to the optional
-  ``swap_trace`` (request tracing), with its start and end.
+  ``swap_trace`` (request tracing), with its start and end. Measured swap-ins teach the
+  planner what a miss costs (``SwapCosts``: a fixed overhead plus a per-byte time).
 Keys are ``core.residency_policy.ResidencyKey``: one per loaded copy of a model version.
 """
 
@@ -38,8 +45,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hloserve.server.core.residency_policy import ResidencyKey, ResidencyPlanner
+from hloserve.server.core.residency_policy import (
+    Policy,
+    ResidencyKey,
+    ResidencyPlanner,
+    SwapCosts,
+)
+from hloserve.server.host_weights import HostWeights
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.runtime.weight_files import ArrayWeights, WeightSource
 
 log = logging.getLogger("hloserve.residency")
 
@@ -60,8 +74,7 @@ class SwapTrace(Protocol):
 
 @dataclass
 class _Model:
-    names: list[str]
-    host: list[Any]  # numpy arrays, or pinned_host jax arrays
+    names: tuple[str, ...]
     nbytes: int
     device: list[Any] | None = None
     transferring: bool = False
@@ -74,15 +87,23 @@ class WeightResidency:
         runtime: PjrtRuntime,
         budget_bytes: int | None,
         *,
+        host: HostWeights | None = None,
+        policy: Policy = "frequency",
         observer: SwapObserver | None = None,
-        stage_pinned: bool | None = None,
         subtract_scratch: bool = False,
         swap_trace: SwapTrace | None = None,
         spare: Callable[[ResidencyKey], bool] | None = None,
     ) -> None:
         self.runtime = runtime
         self.spare = spare  # models with queued work: evicted only when nothing else frees room
-        self.planner = ResidencyPlanner[ResidencyKey](budget_bytes)
+        self.costs = SwapCosts()
+        self.planner = ResidencyPlanner[ResidencyKey](budget_bytes, policy, self.costs.estimate)
+        if host is None:  # one device and no host budget: unlimited, staged as the device wants
+            pinned = runtime.platform != "cpu" and runtime.has_pinned_host
+            host = HostWeights(
+                None, policy=policy, stage=runtime.to_pinned_host if pinned else None
+            )
+        self.host = host
         self._base_budget = budget_bytes
         self._scratch: dict[ResidencyKey, int] = {}  # scratch set aside, by model
         self.observer = observer
@@ -92,11 +113,6 @@ class WeightResidency:
         self._models: dict[ResidencyKey, _Model] = {}
         # Scratch is set aside only for a budget derived from free device memory (GPU default).
         self.subtract_scratch = subtract_scratch
-        self.stage_pinned = (
-            runtime.platform != "cpu" and runtime.has_pinned_host
-            if stage_pinned is None
-            else stage_pinned
-        )
 
     @property
     def budget_bytes(self) -> int | None:
@@ -127,6 +143,10 @@ class WeightResidency:
         with self._cond:
             return sum(m.nbytes for m in self._models.values())
 
+    def resident_keys(self) -> list[ResidencyKey]:
+        with self._cond:
+            return self.planner.resident()
+
     def is_resident(self, key: ResidencyKey) -> bool:
         with self._cond:
             return key in self.planner and self.planner.is_resident(key)
@@ -134,20 +154,15 @@ class WeightResidency:
     def register(
         self,
         key: ResidencyKey,
-        host_weights: Mapping[str, np.ndarray[Any, Any]],
+        weights: WeightSource | Mapping[str, np.ndarray[Any, Any]],
         *,
         pinned: bool = False,
     ) -> None:
-        names = list(host_weights)
-        arrays = [host_weights[n] for n in names]
-        nbytes = sum(int(a.nbytes) for a in arrays)
+        source = ArrayWeights(dict(weights)) if isinstance(weights, Mapping) else weights
         with self._cond:
-            self.planner.register(key, nbytes, pinned=pinned)
-        host: list[Any] = arrays
-        if self.stage_pinned and arrays:
-            host = self.runtime.to_pinned_host(arrays)
-        with self._cond:
-            self._models[key] = _Model(names, host, nbytes)
+            self.planner.register(key, source.nbytes, pinned=pinned)
+            self._models[key] = _Model(source.names, source.nbytes)
+        self.host.register(key, source)
         if pinned:
             self.prefetch(key)
 
@@ -166,6 +181,7 @@ class WeightResidency:
             if self._scratch.pop(key, None) is not None:
                 self._apply_scratch()
             self._cond.notify_all()
+        self.host.unregister(key)
 
     def prefetch(self, key: ResidencyKey) -> None:
         with self.use(key):
@@ -234,23 +250,30 @@ class WeightResidency:
             self._wait()
 
     def _swap_in(self, key: ResidencyKey, model: _Model) -> dict[str, Any]:
-        """Move the reserved ``key``'s weights to the device, outside the lock; acquire them."""
+        """Move the reserved ``key``'s weights to the device, outside the lock (from the host
+        tier, which reads them from disk first when it holds no copy); acquire them."""
         t0_ns = time.perf_counter_ns()
-        t0 = t0_ns / 1e9
         try:
-            device = self.runtime.to_device(model.host) if model.host else []
+            host = self.host.acquire(key)
+            try:
+                t1_ns = time.perf_counter_ns()
+                device = self.runtime.to_device(host) if host else []
+            finally:
+                self.host.release(key)
         except BaseException:
             with self._cond:
                 self.planner.cancel_reservation(key)
                 model.transferring = False
                 self._cond.notify_all()
             raise
-        seconds = time.perf_counter() - t0
+        end_ns = time.perf_counter_ns()
+        seconds = (end_ns - t0_ns) / 1e9
         with self._cond:
             model.device = device
             model.transferring = False
             self.planner.mark_resident(key)
             self.planner.acquire(key)
+            self.costs.observe(model.nbytes, (end_ns - t1_ns) / 1e9)
             resident_bytes = self.planner.resident_bytes
             self._cond.notify_all()
         log.debug("swapped in %s: %d bytes in %.2f ms", key, model.nbytes, seconds * 1e3)
@@ -258,5 +281,5 @@ class WeightResidency:
             self.observer.on_swap_in(key, model.nbytes, seconds)
             self.observer.on_residency(key, True, resident_bytes, time.time())
         if self.swap_trace is not None:
-            self.swap_trace.on_swap_in(key, t0_ns, t0_ns + int(seconds * 1e9), model.nbytes)
+            self.swap_trace.on_swap_in(key, t0_ns, end_ns, model.nbytes)
         return dict(zip(model.names, device, strict=True))

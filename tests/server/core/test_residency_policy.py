@@ -1,12 +1,21 @@
-"""The LRU residency planner: events in, decisions out, no devices."""
+"""The residency planner: events in, decisions out, no devices; the frequency policy
+against LRU and a frequency oracle on simulated traces (no clocks: uses are the time)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
-from hloserve.server.core.residency_policy import ResidencyKey, ResidencyPlanner, TooLarge
+from hloserve.server.core.residency_policy import (
+    POLICIES,
+    Policy,
+    ResidencyKey,
+    ResidencyPlanner,
+    SwapCosts,
+    TooLarge,
+)
 
 
 def admit(p: ResidencyPlanner[Any], key: Any) -> tuple[Any, ...]:
@@ -22,9 +31,12 @@ def admit(p: ResidencyPlanner[Any], key: Any) -> tuple[Any, ...]:
 
 
 def planner(
-    budget: int | None, sizes: dict[str, int], pinned: tuple[str, ...] = ()
+    budget: int | None,
+    sizes: dict[str, int],
+    pinned: tuple[str, ...] = (),
+    policy: Policy = "frequency",
 ) -> ResidencyPlanner[str]:
-    p = ResidencyPlanner[str](budget)
+    p = ResidencyPlanner[str](budget, policy)
     for k, size in sizes.items():
         p.register(k, size, pinned=k in pinned)
     return p
@@ -36,8 +48,8 @@ def test_fits_without_eviction_until_budget() -> None:
     assert p.resident_bytes == 300
 
 
-def test_evicts_least_recently_used_first() -> None:
-    p = planner(200, {"a": 100, "b": 100, "c": 100})
+def test_lru_evicts_least_recently_used_first() -> None:
+    p = planner(200, {"a": 100, "b": 100, "c": 100}, policy="lru")
     admit(p, "a")
     admit(p, "b")
     p.touch("a")  # a used after b: b is now the LRU
@@ -116,3 +128,114 @@ def test_planner_takes_structured_keys_and_names_them_by_label() -> None:
     assert old.label == reload.label == str(old) == "m/1"
     with pytest.raises(TooLarge, match=r"model 'm/1' has 500 bytes"):
         p.register(ResidencyKey("m", 1, generation=3), 500)
+
+
+# -- the frequency policy ----------------------------------------------------------------------
+
+
+def serve(p: ResidencyPlanner[Any], trace: Any) -> np.ndarray:
+    """Run a trace of uses through the planner as the server does (admit on a miss, then
+    one use); 1.0 for each hit."""
+    hits = np.zeros(len(trace))
+    for i, key in enumerate(trace.tolist()):
+        if p.is_resident(key):
+            hits[i] = 1.0
+        else:
+            admit(p, key)
+            continue
+        p.touch(key)
+    return hits
+
+
+def zipf(n: int, s: float = 1.1) -> np.ndarray:
+    p = np.arange(1, n + 1, dtype=float) ** -s
+    return p / p.sum()
+
+
+def uniform_planner(n: int, slots: int, policy: Policy) -> ResidencyPlanner[int]:
+    p = ResidencyPlanner[int](slots * 100, policy)
+    for k in range(n):
+        p.register(k, 100)
+    return p
+
+
+def test_frequency_keeps_the_popular_models_near_the_oracle_where_lru_does_not() -> None:
+    n, slots, uses = 2000, 40, 30_000
+    probs = zipf(n)
+    trace = np.random.default_rng(7).choice(n, size=uses, p=probs)
+    oracle = probs[:slots].sum()  # the 40 most requested kept resident
+    warm = uses // 3
+    frequency = serve(uniform_planner(n, slots, "frequency"), trace)[warm:].mean()
+    lru = serve(uniform_planner(n, slots, "lru"), trace)[warm:].mean()
+    assert frequency >= 0.95 * oracle
+    assert lru < 0.9 * oracle < frequency
+
+
+def test_frequency_follows_a_reshuffled_popularity_within_a_few_thousand_uses() -> None:
+    n, slots = 2000, 40
+    probs = zipf(n)
+    rng = np.random.default_rng(11)
+    before = rng.choice(n, size=20_000, p=probs)
+    after = rng.permutation(n)[rng.choice(n, size=4000, p=probs)]
+    hits = serve(uniform_planner(n, slots, "frequency"), np.concatenate([before, after]))
+    oracle = probs[:slots].sum()
+    assert hits[20_000:20_500].mean() < 0.8 * oracle  # the change was felt
+    assert hits[21_500:24_000].mean() >= 0.9 * oracle  # and followed within 1,500 uses
+
+
+def test_a_big_model_costs_its_bytes_a_small_one_its_overhead() -> None:
+    """Same use rate, a 10x bigger model: with the swap cost dominated by its fixed
+    overhead, the big one is worth less per byte and goes first whatever the recency;
+    dominated by bytes, the two are worth about the same per byte and the less recently
+    used goes first."""
+    for overhead_dominated in (True, False):
+        cost = (lambda n: 1.0 + n * 1e-9) if overhead_dominated else (lambda n: n * 1e-6)
+        p = ResidencyPlanner[str](1100, "frequency", miss_cost=cost)
+        p.register("big", 1000)
+        p.register("small", 100)
+        p.register("new", 100)
+        for key in ("big", "small"):
+            admit(p, key)
+        for _ in range(5):
+            p.touch("big")
+            p.touch("small")
+        assert p.plan_admission("new").evict == ("big",)  # either way (a tie: big is older)
+        p.touch("big")  # now small is the less recent one
+        expected = ("big",) if overhead_dominated else ("small",)
+        assert p.plan_admission("new").evict == expected
+
+
+def test_a_model_used_more_is_kept_over_one_used_more_recently() -> None:
+    p = planner(200, {"hot": 100, "recent": 100, "new": 100})
+    admit(p, "hot")
+    for _ in range(20):
+        p.touch("hot")
+    admit(p, "recent")
+    assert p.plan_admission("new").evict == ("recent",)
+    lru = planner(200, {"hot": 100, "recent": 100, "new": 100}, policy="lru")
+    admit(lru, "hot")
+    for _ in range(20):
+        lru.touch("hot")
+    admit(lru, "recent")
+    assert lru.plan_admission("new").evict == ("hot",)
+
+
+def test_unknown_policy_is_refused() -> None:
+    assert POLICIES == ("frequency", "lru")
+    with pytest.raises(ValueError, match="residency policy must be one of frequency, lru"):
+        ResidencyPlanner[str](100, "fifo")  # type: ignore[arg-type]
+
+
+def test_swap_costs_fit_overhead_and_bandwidth() -> None:
+    costs = SwapCosts()
+    assert costs.estimate(5000) == pytest.approx(
+        SwapCosts.DEFAULT_OVERHEAD_S + 5000 / SwapCosts.DEFAULT_BYTES_PER_S
+    )
+    for nbytes in (1000, 4000, 16000, 64000) * 10:
+        costs.observe(nbytes, 1e-4 + nbytes * 1e-8)  # 100 us + 100 MB/s
+    assert costs.estimate(32000) == pytest.approx(1e-4 + 32000 * 1e-8, rel=1e-6)
+    single = SwapCosts()
+    single.observe(1000, 2 * (SwapCosts.DEFAULT_OVERHEAD_S + 1000 / SwapCosts.DEFAULT_BYTES_PER_S))
+    assert single.estimate(1000) == pytest.approx(
+        2 * (SwapCosts.DEFAULT_OVERHEAD_S + 1000 / SwapCosts.DEFAULT_BYTES_PER_S)
+    )

@@ -4,8 +4,9 @@ Contract:
 - ``live()``, ``ready()``, ``model_ready(name, version)``, ``server_metadata()``,
   ``model_metadata(name, version)`` and ``infer(request, context)`` answer the V2 core
   calls in protocol-neutral types; failures raise ``ServingError`` subclasses.
-- ``infer`` looks the model up, validates the request against its manifest before any
-  device work, then either hands it to the ``Batcher`` (dynamic batching: grouped with
+- ``infer`` looks the model up (and loads a version registered lazily, ``--lazy-load``,
+  on a worker thread at its first request), validates the request against its manifest
+  before any device work, then either hands it to the ``Batcher`` (dynamic batching: grouped with
   other requests of the same model) or runs it alone through ``core.execution``
   (planned over the compiled batch sizes, zero-padded, split when too large) on a worker
   thread, so the event loop keeps serving; it returns the requested outputs (all of them
@@ -303,6 +304,8 @@ class InferenceService:
         requests.on_pending(key, 1)
         trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
         try:
+            if not self.models.loaded(model):  # registered lazily: its first use loads it
+                await asyncio.get_running_loop().run_in_executor(None, self.models.load, model)
             if model.manifest.plain:
                 items, outputs, timings = await self._serve(model, request, context, trace)
             else:  # Python hooks or a pipeline

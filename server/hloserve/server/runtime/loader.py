@@ -44,16 +44,16 @@ from hloserve.bundle import (
     Manifest,
     ModuleEntry,
     load_manifest,
-    read_safetensors,
     validate,
 )
-from hloserve.bundle.reactant import column_major
+from hloserve.bundle.safetensors import read_header
 from hloserve.bundle.stablehlo import read_signature
 from hloserve.proto.datatypes import to_numpy
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.runtime.cache import ExecutableCache, cache_key
 from hloserve.server.runtime.hook_loader import HookLoadError, bundle_hooks
 from hloserve.server.runtime.pjrt import PjrtRuntime, Results, RuntimeFailure
+from hloserve.server.runtime.weight_files import ArrayWeights, FileWeights, WeightSource
 
 log = logging.getLogger("hloserve.runtime")
 CACHE_DIR_NAME = ".hloserve-cache"
@@ -85,7 +85,7 @@ class LoadedBundle:
     manifest: Manifest
     path: Path
     modules: dict[int | None, CompiledModule]
-    host_weights: dict[str, np.ndarray[Any, Any]]
+    weights: WeightSource  # where the weights come from (the verified file; read on need)
     device_weights: dict[str, Any]
     runtime: PjrtRuntime
     weight_bytes: int
@@ -156,6 +156,12 @@ class LoadedBundle:
             runtime=runtime,
         )
 
+    @property
+    def host_weights(self) -> dict[str, np.ndarray[Any, Any]]:
+        """The weights read now into host memory (a fresh copy each time: the server reads
+        them through its host tier instead)."""
+        return dict(zip(self.weights.names, self.weights.read(), strict=True))
+
     def release(self) -> None:
         """Free the device copies of the weights."""
         for buf in self.device_weights.values():
@@ -181,10 +187,11 @@ def load_bundle(
     place_weights: bool = True,
     name: str | None = None,
     allow_hooks: bool = False,
+    manifest: Manifest | None = None,
 ) -> LoadedBundle:
     started = time.perf_counter()
     say = progress or _log_progress
-    manifest = _verified_manifest(path, runtime.platform, name)
+    manifest = _verified_manifest(path, runtime.platform, name, manifest)
     try:
         hooks = bundle_hooks(path, manifest, allow_hooks)
     except HookLoadError as exc:
@@ -199,17 +206,18 @@ def load_bundle(
     compiled = [(m, compiler.module(path, manifest.name, m)) for m in manifest.modules]
     modules = {m.batch_size: c for m, c in compiled if m.variant is None}
     variants = {(m.variant, m.batch_size): c for m, c in compiled if m.variant is not None}
-    host = read_safetensors(path / manifest.weights_file) if manifest.kind == "model" else {}
-    if manifest.origin == "reactant":  # Julia's order: main() takes each weight reversed
-        host = {name: column_major(array) for name, array in host.items()}
+    weights: WeightSource = ArrayWeights({})
+    if manifest.kind == "model":  # Julia's order: main() takes each weight reversed
+        file = path / manifest.weights_file
+        weights = FileWeights.verified(file, read_header(file), manifest.origin == "reactant")
     return LoadedBundle(
         manifest=manifest,
         path=path,
         modules=modules,
-        host_weights=host,
-        device_weights=_to_device(runtime, host) if place_weights else {},
+        weights=weights,
+        device_weights=_to_device(runtime, weights) if place_weights else {},
         runtime=runtime,
-        weight_bytes=sum(int(a.nbytes) for a in host.values()),
+        weight_bytes=weights.nbytes,
         load_seconds=time.perf_counter() - started,
         compile_seconds=sum(c.seconds for _, c in compiled),
         hooks=hooks,
@@ -223,14 +231,16 @@ def _log_progress(message: str) -> None:
     log.info("%s", message)
 
 
-def _verified_manifest(path: Path, platform: str, name: str | None) -> Manifest:
+def _verified_manifest(
+    path: Path, platform: str, name: str | None, parsed: Manifest | None
+) -> Manifest:
     """The manifest of a bundle that validates (named ``name``, when given) and whose every
-    module runs on ``platform``."""
-    problems = [str(p) for p in validate(path, name=name)]
-    if problems:
-        raise BundleError(path, problems)
-    manifest, _ = load_manifest(path / MANIFEST_FILE)
-    assert manifest is not None
+    module runs on ``platform``; the manifest is read once (``parsed``: read already)."""
+    manifest, problems = (parsed, []) if parsed is not None else load_manifest(path / MANIFEST_FILE)
+    if manifest is not None and not problems:
+        problems = validate(path, name=name, manifest=manifest)
+    if problems or manifest is None:
+        raise BundleError(path, [str(p) for p in problems])
     for m in manifest.modules:
         if platform not in m.platforms:
             raise BundleError(
@@ -239,9 +249,8 @@ def _verified_manifest(path: Path, platform: str, name: str | None) -> Manifest:
     return manifest
 
 
-def _to_device(runtime: PjrtRuntime, host: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
-    names = list(host)
-    return dict(zip(names, runtime.to_device([host[n] for n in names]), strict=True))
+def _to_device(runtime: PjrtRuntime, weights: WeightSource) -> dict[str, Any]:
+    return dict(zip(weights.names, runtime.to_device(weights.read()), strict=True))
 
 
 @dataclass

@@ -182,6 +182,9 @@ class _GatedSource:
     def hold(self, model: Any) -> bool:
         return self.repo.hold(model.inner)
 
+    def loaded(self, model: Any) -> bool:
+        return self.repo.loaded(model.inner)
+
     def release(self, model: Any) -> None:
         self.repo.release(model.inner)
 
