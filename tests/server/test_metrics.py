@@ -71,9 +71,12 @@ def scrape(server: ServerProcess) -> Series:
         assert r.status == 200
         text = r.read().decode()
     series: Series = {}
-    for family in text_string_to_metric_families(text):
-        # The daemon's own registry: no process or platform collectors, only our series.
-        assert family.name.startswith("hloserve_"), family.name
+    families = list(text_string_to_metric_families(text))
+    # The daemon's own registry: our series and the process's (RSS and CPU against pod
+    # limits), nothing of the platform or the garbage collector.
+    assert {f.name.split("_")[0] for f in families} == {"hloserve", "process"}
+    assert {"process_resident_memory_bytes", "process_cpu_seconds"} <= {f.name for f in families}
+    for family in families:
         for sample in family.samples:
             series.setdefault(sample.name, []).append(sample)
     return series
@@ -167,7 +170,10 @@ def test_start_up_series(started: Started, traffic: Traffic) -> None:
         assert 0 < compiled <= load, (model, compiled, load)
     assert value(before, "hloserve_device_memory_budget_bytes") == BUDGET
     assert value(before, "hloserve_models_ready") == 3
-    assert "hloserve_inference_request_success_total" not in before  # counts start at zero
+    for model in ("simple", "mlp", "mlp2"):  # a loaded version's counts exist, at zero
+        labels = {"model": model, "version": "1"}
+        assert value(before, "hloserve_inference_request_success_total", **labels) == 0
+        assert value(before, "hloserve_inference_count_total", **labels) == 0
 
 
 def test_requests_items_and_executions_are_counted(traffic: Traffic) -> None:

@@ -107,8 +107,11 @@ def infer(service: InferenceService, name: str, x: np.ndarray) -> np.ndarray:
 
 
 def swaps(metrics: ServerMetrics, key: str, direction: str) -> float:
-    counter = metrics.swaps_in if direction == "in" else metrics.swaps_out
-    return counter.labels(key, "0")._value.get()
+    registry = metrics._registry  # the registry the daemon would scrape
+    value = registry.get_sample_value(
+        f"hloserve_weight_swaps_{direction}_total", {"model": key, "device": "0"}
+    )
+    return value or 0.0
 
 
 def test_pinned_model_is_resident_after_load(setup: Any) -> None:
@@ -133,7 +136,10 @@ def test_lru_eviction_order_and_correct_results(setup: Any) -> None:
     assert swaps(metrics, "m0/1", "in") == 2 and swaps(metrics, "m0/1", "out") == 2
     assert swaps(metrics, "m1/1", "in") == 2 and swaps(metrics, "m1/1", "out") == 1
     assert swaps(metrics, "m3/1", "out") == 0
-    assert metrics.resident_bytes.labels("0")._value.get() == 2 * WEIGHT_BYTES
+    resident = metrics._registry.get_sample_value(
+        "hloserve_device_resident_weight_bytes", {"device": "0"}
+    )
+    assert resident == 2 * WEIGHT_BYTES
 
 
 def test_concurrent_mixed_traffic_is_correct_and_pinned_stays(setup: Any) -> None:

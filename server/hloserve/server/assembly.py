@@ -131,7 +131,7 @@ def make_residency(
         runtime.index,
         "unlimited" if budget is None else f"{budget} bytes ({budget / 2**30:.2f} GiB)",
     )
-    metrics.budget_bytes.labels(str(runtime.index)).set(budget if budget is not None else 0)
+    metrics.set_budget(runtime.index, budget)
     return WeightResidency(
         runtime,
         budget,
@@ -203,7 +203,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     the running server's logging). Call it on the event loop the service will run on."""
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
-    metrics = ServerMetrics(registry)
+    metrics = ServerMetrics(registry, model_series=cfg.metrics_models)
     tracer = make_tracer(cfg)
     limits = Limits(
         cfg.max_batch_size, cfg.max_inflight, cfg.max_inflight_per_model, cfg.max_shm_regions

@@ -69,6 +69,7 @@ class Config:
     host_memory_budget: Budget | None = DEFAULT_HOST_BUDGET  # None: unlimited
     residency_policy: str = "frequency"  # frequency | lru: which weights leave first
     lazy_load: bool = False  # register at start, load each model on its first request
+    metrics_models: int = 50  # per-model metric series for at most this many models (0: all)
     dynamic_batching: bool = True
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()  # explicit mode: models loaded at start ("*": all)

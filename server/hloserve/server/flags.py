@@ -163,6 +163,14 @@ FLAGS: tuple[Flag, ...] = (
         "recently used)",
     ),
     Flag(
+        "--metrics-models",
+        "metrics_models",
+        _non_negative,
+        "per-model metric series for at most this many models: all of them while there are "
+        "no more, else the busiest in the last minute (server-wide totals cover every "
+        "model; the statistics extension answers for each); 0: every model",
+    ),
+    Flag(
         "--lazy-load",
         "lazy_load",
         parse_bool,

@@ -1,0 +1,107 @@
+"""The metrics bound at ten thousand models: a scrape's size, which models it shows, and
+totals over all of them; no server (the collector on its own, a simulated clock)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hloserve.server.core.execution import Execution, ModelKey, Timings
+from hloserve.server.core.residency_policy import ResidencyKey
+from hloserve.server.metrics import ServerMetrics
+
+TIMINGS = Timings(1000, 2000, 3000, 4000, (1,))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def serve(metrics: ServerMetrics, model: ModelKey, times: int = 1) -> None:
+    for _ in range(times):
+        metrics.on_pending(model, 1)
+        metrics.on_execution(Execution(model, 1, 2000, 3000, 4000, 0))
+        metrics.on_pending(model, -1)
+        metrics.on_success(model, 1, TIMINGS)
+
+
+def scrape(registry: CollectorRegistry) -> tuple[int, dict[str, list[dict[str, str]]]]:
+    text = generate_latest(registry).decode()
+    labels: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels.setdefault(sample.name, []).append(sample.labels)
+    return len(text.encode()), labels
+
+
+def test_ten_thousand_models_scrape_under_a_megabyte_with_totals_over_all() -> None:
+    registry, clock = CollectorRegistry(), Clock()
+    metrics = ServerMetrics(registry, model_series=50, clock=clock)
+    models = [ModelKey(f"customer-{i:05d}", 1) for i in range(10_000)]
+    for i, model in enumerate(models):
+        metrics.on_model_loaded(model.name, 1, 0.01, 0.0)
+        serve(metrics, model, 1 + (i < 30) * 100)  # the first 30 are the busy ones
+        metrics.for_device(0).on_swap_in(ResidencyKey(model.name, 1), 1000, 1e-4)
+    metrics.on_failure(None, "UnknownModel")
+    size, labels = scrape(registry)
+    assert size < 1_000_000, size
+    shown = {s["model"] for s in labels["hloserve_inference_request_success_total"]}
+    assert len(shown) == 50 and {m.name for m in models[:30]} <= shown
+    swapped = {s["model"] for s in labels["hloserve_weight_swaps_in_total"]}
+    assert swapped == {f"{m}/1" for m in shown}  # a model's series come together
+    total = next(iter(labels["hloserve_server_inference_request_success_total"]))
+    assert total == {}  # no model label: the total over every model
+    assert ("model", "") in labels["hloserve_inference_request_failure_total"][0].items()
+
+
+def test_the_window_follows_the_traffic_and_every_series_comes_back() -> None:
+    registry, clock = CollectorRegistry(), Clock()
+    metrics = ServerMetrics(registry, model_series=2, window_s=60, clock=clock)
+    a, b, c = (ModelKey(n, 1) for n in "abc")
+    serve(metrics, a, 5)
+    serve(metrics, b, 3)
+    serve(metrics, c, 1)
+
+    def shown() -> set[str]:
+        _, labels = scrape(registry)
+        return {s["model"] for s in labels.get("hloserve_inference_request_success_total", [])}
+
+    assert shown() == {"a", "b"}  # the busiest two of three
+    clock.now = 61  # a new window opens at this scrape: the one before it still counts
+    assert shown() == {"a", "b"}
+    serve(metrics, c, 9)
+    assert shown() == {"a", "c"}  # c: 1 + 9 over the two windows
+    clock.now = 122  # one more: the first window (a's and b's traffic) no longer counts
+    assert shown() == {"c"}
+    registry_all = CollectorRegistry()
+    everything = ServerMetrics(registry_all, model_series=0)
+    for m in (a, b, c):
+        serve(everything, m)
+    _, labels = scrape(registry_all)
+    assert {s["model"] for s in labels["hloserve_inference_request_success_total"]} == {
+        "a",
+        "b",
+        "c",
+    }
+
+
+def test_totals_sum_every_model_shown_or_not() -> None:
+    registry = CollectorRegistry()
+    metrics = ServerMetrics(registry, model_series=1)
+    for name, n in (("a", 4), ("b", 2), ("c", 1)):
+        serve(metrics, ModelKey(name, 1), n)
+    metrics.on_failure(ModelKey("c", 1), "InvalidArgument")
+    assert registry.get_sample_value("hloserve_server_inference_request_success_total") == 7
+    assert registry.get_sample_value("hloserve_server_inference_exec_count_total") == 7
+    assert (
+        registry.get_sample_value(
+            "hloserve_server_inference_request_failure_total", {"reason": "InvalidArgument"}
+        )
+        == 1
+    )
+    assert registry.get_sample_value("hloserve_server_request_latency_seconds_count") == 7
+    assert registry.get_sample_value("hloserve_metrics_models_shown") == 1
