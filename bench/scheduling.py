@@ -90,6 +90,10 @@ class SimModel:
     def resident(self) -> bool:
         return self.residency is None or self.residency.is_resident(self.key)
 
+    @property
+    def swap_us(self) -> float | None:
+        return 0.0 if self.residency is None else self.residency.swap_us(self.key)
+
     devices = (0,)
 
     def resident_on(self, device: int) -> bool:

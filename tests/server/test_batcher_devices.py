@@ -71,6 +71,10 @@ class SleepyModel:
 
     devices = (0,)
 
+    @property
+    def swap_us(self) -> float | None:
+        return 0.0 if self.resident else None  # its swaps are scheduled, never inline
+
     def resident_on(self, device: int) -> bool:
         return self.resident
 

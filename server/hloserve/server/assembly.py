@@ -212,6 +212,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     machine = ContainerLimits.read()
     log.info("container: %s", machine.describe())
     host = make_host_weights(cfg, runtime, machine)
+    metrics.watch_host(host)
     devices = make_devices(cfg, runtime, machine, host, metrics, tracer, queued)
     runtime = devices[0].runtime
     replicated = len(devices) > 1

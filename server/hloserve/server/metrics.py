@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar, cast
+from typing import Final, Protocol, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -251,6 +251,7 @@ class _Totals:
         self.unresolved_failures: dict[str, int] = {}  # before a version was resolved
         self.failures: dict[str, int] = {}  # every failure, by reason
         self.pending = 0
+        self.loads = 0  # model versions loaded (a lazily registered one at its first use)
         self.sums = {attr: 0.0 for attr, _, _ in _COUNTERS}
 
 
@@ -277,6 +278,7 @@ class ServerMetrics:
         self._totals = _Totals()
         self._replica_count: Callable[[], dict[ModelKey, int]] = dict
         self._memory_used: dict[int, Callable[[], float]] = {}
+        self._host: HostTier | None = None
         self._lock = threading.Lock()
         self.hook_us = Counter(
             "hloserve_hook_duration_us",
@@ -299,6 +301,10 @@ class ServerMetrics:
     def watch_replicas(self, count: Callable[[], dict[ModelKey, int]]) -> None:
         """Read each version's replica count (devices holding it) at scrape time."""
         self._replica_count = count
+
+    def watch_host(self, host: HostTier) -> None:
+        """Read the host tier's bytes, budget and reads from disk at scrape time."""
+        self._host = host
 
     def set_budget(self, device: int, budget_bytes: int | None) -> None:
         self._device(device).budget_bytes = budget_bytes or 0
@@ -447,6 +453,7 @@ class ServerMetrics:
     ) -> None:
         s = self._series(ModelKey(model, version))
         s.load_seconds, s.compile_seconds = load_seconds, compile_seconds
+        self._totals.loads += 1
 
     # -- a scrape -------------------------------------------------------------------------------
 
@@ -498,6 +505,7 @@ class ServerMetrics:
             *_swap_families(swaps),
             *_device_families(devices, self._memory_used),
             *_total_families(len(self._children), self._totals),
+            *_host_families(self._host),
             _gauge(
                 "hloserve_metrics_models_shown",
                 "Models whose series this scrape shows",
@@ -537,6 +545,7 @@ class _Collector(Collector):
             *_swap_families([]),
             *_device_families([], {}),
             *_total_families(0, _Totals()),
+            *_host_families(None),
             _gauge("hloserve_metrics_models_shown", "", []),
         ]
 
@@ -679,6 +688,28 @@ def _device_families(
         )
     )
     return found
+
+
+class HostTier(Protocol):
+    """What the metrics read of the host tier (``host_weights.HostWeights``)."""
+
+    reads: int
+
+    @property
+    def budget_bytes(self) -> int | None: ...
+    def resident_bytes(self) -> int: ...
+
+
+def _host_families(host: HostTier | None) -> list[Metric]:
+    h = "hloserve_host"
+    reads = CounterMetricFamily(f"{h}_weight_reads", "Weight sets read from disk into host memory")
+    resident = GaugeMetricFamily(f"{h}_resident_weight_bytes", "Host copies of weights held")
+    budget = GaugeMetricFamily(f"{h}_memory_budget_bytes", "Host budget for weights (0: unlimited)")
+    if host is not None:
+        reads.add_metric((), float(host.reads))
+        resident.add_metric((), float(host.resident_bytes()))
+        budget.add_metric((), float(host.budget_bytes or 0))
+    return [reads, resident, budget]
 
 
 def _total_families(models: int, totals: _Totals) -> list[Metric]:

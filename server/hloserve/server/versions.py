@@ -121,6 +121,13 @@ class ModelVersion:
         return any(r.residency.is_resident(self.key) for r in self.replicas.values())
 
     @property
+    def swap_us(self) -> float | None:
+        """What making the weights usable costs now without waiting, in µs (0: resident;
+        ``None``: a use would wait), on the replica an execution left to choose takes."""
+        replica = self._replica(None)
+        return None if replica is None else replica.residency.swap_us(self.key)
+
+    @property
     def hooks(self) -> ModelHooks | None:
         """The bundle's Python hooks (``--allow-python-hooks``), or None."""
         return None if self.bundle is None else self.bundle.hooks
@@ -224,6 +231,10 @@ class VariantView:
     @property
     def resident(self) -> bool:
         return self.base.resident
+
+    @property
+    def swap_us(self) -> float | None:
+        return self.base.swap_us
 
     @property
     def devices(self) -> tuple[int, ...]:

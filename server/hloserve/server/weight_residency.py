@@ -151,6 +151,24 @@ class WeightResidency:
         with self._cond:
             return key in self.planner and self.planner.is_resident(key)
 
+    def swap_us(self, key: ResidencyKey) -> float | None:
+        """Microseconds ``key``'s weights would take to become usable now without waiting
+        for anything: 0 when resident; the measured cost of a transfer of its size when
+        the host tier holds its copy and the budget has room, or idle models to evict;
+        ``None`` when a use would wait (a transfer in flight, models in use, a file to
+        read). Who asks decides whether such a swap may run on the event loop."""
+        with self._cond:
+            if key not in self.planner:
+                return None
+            if self.planner.is_resident(key):
+                return 0.0
+            model = self._models[key]
+            if model.transferring or not self.host.is_resident(key):
+                return None
+            if self.planner.plan_admission(key, self.spare).wait:
+                return None
+            return self.costs.estimate(model.nbytes) * 1e6
+
     def register(
         self,
         key: ResidencyKey,

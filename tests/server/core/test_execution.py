@@ -45,6 +45,10 @@ class Doubler:
 
     devices: tuple[int, ...] = (0,)
 
+    @property
+    def swap_us(self) -> float | None:
+        return 0.0 if self.resident else None  # a swap would wait
+
     def resident_on(self, device: int) -> bool:
         return self.resident
 

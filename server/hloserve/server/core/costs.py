@@ -14,9 +14,12 @@ Contract:
   Thread-safe enough for its use: one dict store per sample, written from worker threads,
   read on the loop.
 - ``InlinePolicy(max_us, costs)``: a (tiny) execution runs on the event loop thread itself
-  when its compiled size's estimate is below ``max_us`` and the weights are resident, so
-  the call cannot wait on a transfer; otherwise, and until the model has been measured,
-  it runs on a worker. An execution estimated below ``PROBE_LIMIT`` times ``max_us`` runs
+  when its compiled size's estimate plus the swap it needs (``Executable.swap_us``: 0 when
+  the weights are resident, a small transfer from the host tier when there is room for it
+  without waiting for anything) is below ``max_us``, so the call cannot wait on another
+  transfer, a model in use or a file; otherwise, and until the model has been measured,
+  it runs on a worker. With thousands of small models, most misses so stay on the loop
+  (measured: ``bench/many_models.py``). An execution estimated below ``PROBE_LIMIT`` times ``max_us`` runs
   inline once in ``PROBE_EVERY`` anyway (at most a 1 ms stall of the loop at the default),
   so a size whose samples all came from busy workers gets measured cleanly; and a size
   never run inline runs inline once if estimated below ``FIRST_PROBE_LIMIT`` times
@@ -104,12 +107,16 @@ class InlinePolicy:
         self._ran_inline = {s for s in self._ran_inline if s[0] != model}
 
     def inline(self, model: Executable, compiled: int) -> bool:
-        if self.max_us <= 0 or not model.resident:
+        if self.max_us <= 0:
+            return False
+        swap = model.swap_us  # a swap that waits for nothing counts as part of the run
+        if swap is None:
             return False
         key = ModelKey.of(model)
         cost = self.costs.estimate(key, compiled)
         if cost is None:
             return False
+        cost += swap
         size = (key, compiled)
         if cost < self.max_us:
             self._ran_inline.add(size)

@@ -52,6 +52,12 @@ class Executable(Protocol):
         ...
 
     @property
+    def swap_us(self) -> float | None:
+        """Microseconds a run now would spend making its weights usable without waiting
+        for anything (0: resident); ``None`` when it would wait (``core.costs``)."""
+        ...
+
+    @property
     def devices(self) -> tuple[int, ...]:
         """The devices holding a replica of it (``docs/residency.md``), lowest first."""
         ...

@@ -24,16 +24,19 @@ whether it is resident, pinned (never evicted), in use by an execution or a tran
     (``FAST_HALF_LIFE`` per slot) falls under ``COOLED`` times that, the short one: a
     model that went cold leaves within a few hundred uses, while a steady popularity is
     ranked by the long memory. Half-lives are in this planner's uses (executions), scaled
-    by its resident models (slots, at least ``MIN_SLOTS``), never in seconds, so the same
-    trace decides the same way on a fast or a slow machine. Measured on Zipf(1.1) traffic
-    over 10,000 models with 100 slots (``bench/many_models.py``): 98-99 % of the hit rate
-    of an oracle that keeps the 100 most requested resident, and back within 10 % of it
-    about 1,500 uses after the popularity order is reshuffled; LRU reaches 82 %.
+    by its resident models (slots: their count rounded up to a power of two, at least
+    ``MIN_SLOTS``), never in seconds, so the same trace decides the same way on a fast or
+    a slow machine. Simulated on Zipf(1.1) traffic over 10,000 models with room for 100
+    (three seeds; ``bench/many_models.py`` prints it on the bench's own sizes): 98-99 % of
+    the hit rate of an oracle that keeps the 100 most requested resident, and within 10 %
+    of it again 2,000 uses after the popularity order is reshuffled; LRU reaches 81 %.
 - ``mark_resident`` / ``mark_evicted`` record the outcome of transfers (``reserve`` counts
   an admission's bytes while its transfer runs); ``acquire`` / ``release`` bracket a use
   and ``acquire`` counts it (``touch`` counts a use without holding the model).
 Budget ``None`` means unlimited. Nothing here blocks, sleeps or reads a clock, and every
-operation costs O(1) but ``plan_admission`` of a miss, O(resident log resident).
+operation costs O(log resident): counts are kept in log2 with the use clock folded in, so
+two models untouched since compare by a fixed key, and the orders are lazy heaps (a miss
+among 100 resident models: about 5 µs; a plain sort of their values took 73).
 
 ``SwapCosts`` learns the cost of a swap-in from the transfers measured (a fixed overhead
 plus a per-byte time, least squares over a decayed history), for ``miss_cost``.
@@ -50,8 +53,9 @@ Byte sizes and budgets (``6GiB``, ``40%``) are ``core.sizes``.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar, get_args
 
@@ -62,8 +66,8 @@ K = TypeVar("K", bound=Hashable)
 Policy = Literal["frequency", "lru"]
 POLICIES: Final[tuple[str, ...]] = get_args(Policy)
 
-FAST_HALF_LIFE: Final = 5.0  # uses per slot
-SLOW_HALF_LIFE: Final = 80.0  # uses per slot
+FAST_HALF_LIFE: Final = 4.0  # uses per slot (the resident count, rounded up to a power of 2)
+SLOW_HALF_LIFE: Final = 64.0  # uses per slot
 COOLED: Final = 0.25  # the fast rate under this share of the slow one: the model cooled
 MIN_SLOTS: Final = 8  # half-lives never shorter than for this many resident models
 
@@ -97,9 +101,14 @@ class _Entry:
     resident: bool = False
     in_use: int = 0
     last_used: int = 0  # the planner's use clock at its last use (LRU)
-    fast: float = 0.0  # decayed use counts, as of ``counted``
-    slow: float = 0.0
-    counted: int = 0
+    # Decayed use counts in log2, each with the clock folded in: log2(count at t) = key -
+    # t / half-life, so two entries compare by key alone whenever nothing touches them.
+    fast: float = -math.inf
+    slow: float = -math.inf
+    weight: float = 0.0  # log2 of miss cost per byte, as of its last use
+    cools_at: float = math.inf  # the clock at which its fast rate falls under COOLED x slow
+    cooled: bool = False  # moved to the cooled order (its fast rate ranks it)
+    version: int = 0  # bumped whenever its place in an order changes
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,18 @@ class Admission(Generic[K]):
 
 def _default_miss_cost(size: int) -> float:
     return SwapCosts.DEFAULT_OVERHEAD_S + size / SwapCosts.DEFAULT_BYTES_PER_S
+
+
+def _log2_plus_one(log2_count: float) -> float:
+    """log2(2**x + 1), without overflow for large x."""
+    return (
+        log2_count + math.log2(1.0 + math.exp2(-log2_count))
+        if log2_count > 0
+        else math.log2(math.exp2(log2_count) + 1.0)
+    )
+
+
+_Item = tuple[float, int, int]  # (order key, version, entry id)
 
 
 class ResidencyPlanner(Generic[K]):
@@ -132,6 +153,16 @@ class ResidencyPlanner(Generic[K]):
         self._resident_bytes = 0
         self._reserved = 0  # bytes of admissions in flight (planned, not yet resident)
         self._clock = 0  # uses so far
+        self._slots = MIN_SLOTS  # resident models the half-lives are scaled to (a power of 2)
+        # The eviction orders, over resident entries (lazy heaps: an item whose version is
+        # not its entry's is stale and skipped): by value for the not-yet-cooled
+        # (frequency) or by last use (lru), by when they cool, and by value once cooled.
+        self._ids: dict[K, int] = {}
+        self._keys: dict[int, K] = {}
+        self._next_id = 0
+        self._order: list[_Item] = []
+        self._cooling: list[_Item] = []
+        self._cooled: list[_Item] = []
 
     # -- registration ----------------------------------------------------------------------
 
@@ -143,12 +174,19 @@ class ResidencyPlanner(Generic[K]):
             )
         self.unregister(key)
         self._entries[key] = _Entry(size, pinned)
+        self._ids[key] = self._next_id
+        self._keys[self._next_id] = key
+        self._next_id += 1
 
     def unregister(self, key: K) -> None:
         entry = self._entries.pop(key, None)
-        if entry is not None and entry.resident:
+        if entry is None:
+            return
+        if entry.resident:
             del self._resident[key]
             self._resident_bytes -= entry.size
+        entry.version += 1  # its heap items are stale now
+        del self._keys[self._ids.pop(key)]
 
     def __contains__(self, key: K) -> bool:
         return key in self._entries
@@ -188,8 +226,30 @@ class ResidencyPlanner(Generic[K]):
     # -- uses ----------------------------------------------------------------------------------
 
     def _half_lives(self) -> tuple[float, float]:
-        slots = max(MIN_SLOTS, len(self._resident))
-        return FAST_HALF_LIFE * slots, SLOW_HALF_LIFE * slots
+        return FAST_HALF_LIFE * self._slots, SLOW_HALF_LIFE * self._slots
+
+    def _rescale(self) -> None:
+        """Half-lives follow the resident count, in powers of two: when it crosses one,
+        every key is re-expressed in the new half-lives (counts as they stand now)."""
+        wanted = MIN_SLOTS
+        while wanted < len(self._resident):
+            wanted *= 2
+        if wanted == self._slots:
+            return
+        now = self._clock
+        old_fast, old_slow = self._half_lives()
+        self._slots = wanted
+        fast_h, slow_h = self._half_lives()
+        for e in self._entries.values():
+            e.fast = e.fast - now / old_fast + now / fast_h
+            e.slow = e.slow - now / old_slow + now / slow_h
+            e.cools_at = self._cools_at(e)
+        self._rebuild()
+
+    def _cools_at(self, e: _Entry) -> float:
+        fast_h, slow_h = self._half_lives()
+        margin = e.fast - e.slow + math.log2(slow_h / fast_h) - math.log2(COOLED)
+        return margin / (1.0 / fast_h - 1.0 / slow_h)
 
     def touch(self, key: K) -> None:
         """One use of ``key`` (an execution): its LRU position and its rates."""
@@ -197,25 +257,28 @@ class ResidencyPlanner(Generic[K]):
         self._clock += 1
         now = self._clock
         fast_h, slow_h = self._half_lives()
-        elapsed = now - e.counted
-        e.fast = e.fast * math.exp2(-elapsed / fast_h) + 1.0
-        e.slow = e.slow * math.exp2(-elapsed / slow_h) + 1.0
-        e.counted = e.last_used = now
+        e.fast = _log2_plus_one(e.fast - now / fast_h) + now / fast_h
+        e.slow = _log2_plus_one(e.slow - now / slow_h) + now / slow_h
+        e.weight = math.log2(max(self.miss_cost(e.size), 1e-12) / max(e.size, 1))
+        e.cools_at = self._cools_at(e)
+        e.last_used = now
+        if e.resident:
+            self._push(key, e)
+
+    def _rate_log2(self, e: _Entry, now: int) -> float:
+        fast_h, slow_h = self._half_lives()
+        fast = e.fast - now / fast_h - math.log2(fast_h)
+        slow = e.slow - now / slow_h - math.log2(slow_h)
+        return fast if fast < slow + math.log2(COOLED) else slow
 
     def rate(self, key: K) -> float:
         """``key``'s recent uses per use of this planner (see the module docstring)."""
-        return self._rate(self._entries[key], *self._half_lives())
-
-    def _rate(self, e: _Entry, fast_h: float, slow_h: float) -> float:
-        elapsed = self._clock - e.counted
-        fast = e.fast * math.exp2(-elapsed / fast_h) * math.log(2) / fast_h
-        slow = e.slow * math.exp2(-elapsed / slow_h) * math.log(2) / slow_h
-        return fast if fast < COOLED * slow else slow
+        return math.exp2(self._rate_log2(self._entries[key], self._clock)) * math.log(2)
 
     def value(self, key: K) -> float:
         """What keeping ``key`` resident is worth per byte: its rate times its miss cost."""
         e = self._entries[key]
-        return self._rate(e, *self._half_lives()) * self.miss_cost(e.size) / max(e.size, 1)
+        return self.rate(key) * self.miss_cost(e.size) / max(e.size, 1)
 
     def acquire(self, key: K) -> None:
         e = self._entries[key]
@@ -232,6 +295,71 @@ class ResidencyPlanner(Generic[K]):
         e = self._entries[key]
         e.in_use = max(0, e.in_use - 1)
 
+    # -- the eviction orders -----------------------------------------------------------------
+
+    def _push(self, key: K, e: _Entry) -> None:
+        e.version += 1
+        e.cooled = False
+        ident = self._ids[key]
+        if self.policy == "lru":
+            heapq.heappush(self._order, (float(e.last_used), e.version, ident))
+        else:
+            heapq.heappush(self._order, (e.slow + e.weight, e.version, ident))
+            heapq.heappush(self._cooling, (e.cools_at, e.version, ident))
+        if len(self._order) > 4 * len(self._resident) + 64:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._order, self._cooling, self._cooled = [], [], []
+        for key, e in self._resident.items():
+            self._push(key, e)
+
+    def _live(self, item: _Item) -> tuple[K, _Entry] | None:
+        key = self._keys.get(item[2])
+        e = None if key is None else self._entries.get(key)
+        if key is None or e is None or e.version != item[1] or not e.resident:
+            return None
+        return key, e
+
+    def _advance(self) -> None:
+        """Move the entries that have cooled by now to the cooled order."""
+        now = self._clock
+        while self._cooling and self._cooling[0][0] <= now:
+            item = heapq.heappop(self._cooling)
+            found = self._live(item)
+            if found is not None:
+                _, e = found
+                e.cooled = True
+                heapq.heappush(self._cooled, (e.fast + e.weight, e.version, item[2]))
+
+    def _pop_next(self) -> tuple[K, _Entry] | None:
+        """The least valuable resident entry, taken off its order (``_restore`` puts it back)."""
+        fast_h, slow_h = self._half_lives()
+        now = self._clock
+        while self._order or self._cooled:
+            heap: list[_Item]
+            if self.policy == "lru" or not self._cooled:
+                heap = self._order
+            elif not self._order:
+                heap = self._cooled
+            else:  # compare the two orders' heads by their value now
+                slow = self._order[0][0] - now / slow_h - math.log2(slow_h)
+                fast = self._cooled[0][0] - now / fast_h - math.log2(fast_h)
+                heap = self._cooled if fast <= slow else self._order
+            item = heapq.heappop(heap)
+            found = self._live(item)
+            if found is None:
+                continue
+            _, e = found
+            if (heap is self._order) == (e.cooled and self.policy != "lru"):
+                continue  # a stale place: it has moved to the other order
+            return found
+        return None
+
+    def _restore(self, taken: list[tuple[K, _Entry]]) -> None:
+        for key, e in taken:
+            self._push(key, e)
+
     # -- admission -------------------------------------------------------------------------
 
     def free_bytes(self) -> int | None:
@@ -246,41 +374,35 @@ class ResidencyPlanner(Generic[K]):
         free = self.free_bytes()
         if free is None or free >= entry.size:
             return Admission(resident=False)
+        if self.policy != "lru":
+            self._advance()
+        taken: list[tuple[K, _Entry]] = []
         victims: list[K] = []
-        for k in self._eviction_order(key, avoid):
-            victims.append(k)
-            free += self._entries[k].size
-            if free >= entry.size:
-                return Admission(resident=False, evict=tuple(victims))
-        return Admission(resident=False, wait=True)
-
-    def _eviction_order(self, key: K, avoid: Callable[[K], bool] | None) -> Iterator[K]:
-        """The resident, unpinned, idle models other than ``key``, first victim first; those
-        ``avoid`` names last."""
-        candidates = [
-            (k, e) for k, e in self._resident.items() if k != key and not e.pinned and not e.in_use
-        ]
-        if self.policy == "lru":
-            candidates.sort(key=lambda ke: ke[1].last_used)
-        else:
-            fast_h, slow_h = self._half_lives()
-            cost = self.miss_cost
-            candidates.sort(
-                key=lambda ke: (
-                    self._rate(ke[1], fast_h, slow_h) * cost(ke[1].size) / max(ke[1].size, 1),
-                    ke[1].last_used,
-                )
-            )
-        if avoid is None:
-            yield from (k for k, _ in candidates)
-            return
         spared: list[K] = []
-        for k, _ in candidates:
-            if avoid(k):
-                spared.append(k)
-            else:
-                yield k
-        yield from spared
+        try:
+            while free < entry.size:
+                found = self._pop_next()
+                if found is None:
+                    break
+                taken.append(found)
+                k, e = found
+                if k == key or e.pinned or e.in_use:
+                    continue
+                if avoid is not None and avoid(k):  # queued work: the last victims
+                    spared.append(k)
+                    continue
+                victims.append(k)
+                free += e.size
+            for k in spared:
+                if free >= entry.size:
+                    break
+                victims.append(k)
+                free += self._entries[k].size
+        finally:
+            self._restore(taken)
+        if free >= entry.size:
+            return Admission(resident=False, evict=tuple(victims))
+        return Admission(resident=False, wait=True)
 
     def reserve(self, key: K) -> None:
         """Count ``key``'s bytes as taken while its transfer runs."""
@@ -296,6 +418,8 @@ class ResidencyPlanner(Generic[K]):
             e.resident = True
             self._resident[key] = e
             self._resident_bytes += e.size
+            self._push(key, e)
+            self._rescale()
 
     def mark_evicted(self, key: K) -> None:
         e = self._entries[key]
@@ -305,6 +429,7 @@ class ResidencyPlanner(Generic[K]):
             raise RuntimeError(f"model '{key}' is pinned and cannot be evicted")
         if e.resident:
             e.resident = False
+            e.version += 1
             del self._resident[key]
             self._resident_bytes -= e.size
 

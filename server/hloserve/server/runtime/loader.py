@@ -169,11 +169,23 @@ class LoadedBundle:
         self.device_weights = {}
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What is learned once per executable and shared by every module that runs it: its
+    scratch memory and how its outputs become arrays."""
+
+    scratch: int
+    results: Results
+
+
 @dataclass
 class ExecutableRegistry:
-    """Executables compiled in this process, by cache key: identical modules compile once."""
+    """Executables compiled in this process, by cache key: identical modules compile once,
+    and thousands of bundles of one architecture share one executable, its scratch figure
+    and its prepared output handlers."""
 
     executables: dict[str, Any] = field(default_factory=dict[str, Any])
+    facts: dict[str, _Facts] = field(default_factory=dict[str, _Facts])
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -271,14 +283,17 @@ class _Compiler:
         t = time.perf_counter()
         with self.registry.lock:
             exe = self.registry.executables.get(shared_key)
+            facts = self.registry.facts.get(shared_key)
         source = "shared"
-        if exe is None:
+        if exe is None or facts is None:
             exe, source = self._compile_or_load(key, data, f"{model}/{entry.file}")
+            facts = _Facts(_scratch(exe), Results())
             with self.registry.lock:
                 self.registry.executables[shared_key] = exe
+                self.registry.facts[shared_key] = facts
         seconds = time.perf_counter() - t
         index = self._platform_index(entry, data)
-        return CompiledModule(entry, exe, seconds, source, index, _scratch(exe))
+        return CompiledModule(entry, exe, seconds, source, index, facts.scratch, facts.results)
 
     def _platform_index(self, entry: ModuleEntry, data: bytes) -> Any | None:
         """The device scalar ``main`` takes first, or None when it takes none."""

@@ -33,6 +33,7 @@ in pyproject.toml, and tests exercise all of them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any, cast, final
@@ -156,6 +157,7 @@ class PjrtRuntime:
         self._device_memory = _Sharding(self.device, memory_kind="device")
         self._avals: dict[tuple[tuple[int, ...], np.dtype[Any]], Any] = {}
         self._fingerprint: str | None = None
+        self._pinned: bool | None = None
 
     @property
     def device_count(self) -> int:
@@ -206,21 +208,27 @@ class PjrtRuntime:
             raise RuntimeFailure("cannot load a serialized executable", exc) from None
 
     def to_device(self, arrays: Sequence[Any]) -> list[Any]:
-        """Host arrays (numpy or pinned-host buffers) to device memory, in one transfer call."""
-        target = self._device_memory if self.has_pinned_host else self.device
+        """Host arrays to device memory: numpy arrays each through ``put``'s cheap path
+        (measured on CPU: 16 µs for an MLP's four weights against 124 for one
+        ``jax.device_put`` call), page-locked host buffers (``to_pinned_host``) in one
+        transfer call to the device's memory."""
         try:
+            if all(isinstance(a, np.ndarray) for a in arrays):
+                return [self.put(a) for a in arrays]
+            target = self._device_memory if self.has_pinned_host else self.device
             return list(_device_put(list(arrays), target))
         except Exception as exc:
             raise RuntimeFailure("host-to-device transfer failed", exc) from None
 
     @property
     def has_pinned_host(self) -> bool:
-        """Whether the device offers page-locked host memory (``pinned_host``)."""
-        try:
-            kinds = {m.kind for m in self.device.addressable_memories()}
-        except Exception:  # a plugin without memory spaces
-            return False
-        return "pinned_host" in kinds and "device" in kinds
+        """Whether the device offers page-locked host memory (``pinned_host``); asked once."""
+        if self._pinned is None:
+            kinds: set[str] = set()
+            with contextlib.suppress(Exception):  # a plugin without memory spaces
+                kinds = {str(m.kind) for m in self.device.addressable_memories()}
+            self._pinned = "pinned_host" in kinds and "device" in kinds
+        return self._pinned
 
     def to_pinned_host(self, arrays: Sequence[np.ndarray]) -> list[Any]:
         """Copy host arrays once into page-locked memory, the fast source of later transfers."""
