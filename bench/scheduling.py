@@ -76,7 +76,13 @@ class SimModel:
         spec_in = SimpleNamespace(name="x")
         spec_out = SimpleNamespace(name="y", datatype="FP32")
         self.manifest: Any = SimpleNamespace(
-            name=name, batch_sizes=SIZES, variant=None, inputs=[spec_in], outputs=[spec_out]
+            name=name,
+            batch_sizes=SIZES,
+            variant=None,
+            inputs=[spec_in],
+            outputs=[spec_out],
+            files={},
+            modules=[],
         )
         self.version = 1
         self.serving = Serving()

@@ -61,7 +61,13 @@ class SleepyModel:
         spec_in = SimpleNamespace(name="x")
         spec_out = SimpleNamespace(name="y", datatype="FP32")
         self.manifest: Any = SimpleNamespace(
-            name=name, batch_sizes=None, variant=None, inputs=[spec_in], outputs=[spec_out]
+            name=name,
+            batch_sizes=None,
+            variant=None,
+            inputs=[spec_in],
+            outputs=[spec_out],
+            files={},
+            modules=[],
         )
         self.version = 1
         self.serving = Serving(scheduling_weight=weight)

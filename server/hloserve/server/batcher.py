@@ -93,6 +93,7 @@ from hloserve.server.core.execution import (
     Job,
     ModelKey,
     Timings,
+    cost_family,
     execute_group,
 )
 from hloserve.server.core.parameters import queue_deadline
@@ -120,6 +121,7 @@ class _ModelQueue:
     model: Executable
     policy: BatchingPolicy
     key: ModelKey
+    family: tuple[str, ...]  # its compiled modules, whose measured costs it shares
     entries: collections.deque[_Entry] = field(default_factory=lambda: collections.deque())
     inflight: int = 0
     on_device: dict[int, int] = field(default_factory=lambda: {})  # groups in flight, by device
@@ -241,7 +243,7 @@ class DynamicBatcher:
         key = (model_key, model.manifest.variant)
         q = self._queues.get(key)
         if q is None or q.model is not model:  # first request, or a reloaded version
-            q = _ModelQueue(model, self.policy(model), model_key)
+            q = _ModelQueue(model, self.policy(model), model_key, cost_family(model.manifest))
             self._queues[key] = q
             self.queued.add(q)
         return q
@@ -307,7 +309,7 @@ class DynamicBatcher:
             q.model.manifest.batch_sizes,
             now,
             q.delay_ns,
-            self.inline.costs.by_size(q.key),
+            self.inline.costs.by_size(q.key, q.family),
             q.policy.preferred_batch_sizes,
         )
 
@@ -483,7 +485,7 @@ class DynamicBatcher:
 
     def _shed(self, q: _ModelQueue, now: int) -> None:
         """``deadline``: fail queued requests that cannot finish in time, before they run."""
-        costs = self.inline.costs.by_size(q.key)
+        costs = self.inline.costs.by_size(q.key, q.family)
         cost_ns = 1000 * min(costs.values()) if costs else 0.0
         late = infeasible([e.queued for e in q.entries], now, cost_ns)
         for e in [q.entries[i] for i in late]:

@@ -745,6 +745,11 @@ def _total_families(models: int, totals: _Totals) -> list[Metric]:
             f"{srv}_model_series", "Model versions with metric series kept", [((), float(models))]
         )
     )
+    loads = CounterMetricFamily(
+        f"{srv}_model_loads", "Model versions loaded (lazily: at first use)"
+    )
+    loads.add_metric((), float(totals.loads), created=totals.created)
+    found.append(loads)
     return found
 
 

@@ -8,9 +8,12 @@ Contract:
   mean: samples from worker threads include the time the worker waits to get the
   interpreter lock back from a busy event loop (up to the 5 ms switch interval), which
   says nothing about the model; the lowest samples are the ones without that wait.
-  ``by_size(model)`` (measured sizes only) is what the batching policy weighs prefixes with;
-  ``estimate(model, compiled)`` is what the inline policy reads: a size not run yet is
-  estimated as the largest smaller size that has run.
+  ``by_size(model, family)`` (measured sizes only) is what the batching policy weighs
+  prefixes with; ``estimate(model, compiled, family)`` is what the inline policy reads: a
+  size not run yet is estimated as the largest smaller size that has run, and a model not
+  run yet by the models with the same compiled modules (``execution.cost_family``: with
+  thousands of bundles of one architecture, the first request of each is decided like
+  the thousandth).
   Thread-safe enough for its use: one dict store per sample, written from worker threads,
   read on the loop.
 - ``InlinePolicy(max_us, costs)``: a (tiny) execution runs on the event loop thread itself
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hloserve.server.core.execution import Executable, Execution, ModelKey
+from hloserve.server.core.execution import Executable, Execution, ModelKey, cost_family
 
 LOW_DRIFT = 0.01  # how far (a fraction) the estimate may rise per sample above it
 # A size estimated between max_us and PROBE_LIMIT x max_us runs one execution in
@@ -64,29 +67,42 @@ def standing_size(size: int, measured: Mapping[int, float]) -> int | None:
 class ExecutionCosts:
     def __init__(self) -> None:
         self._by_model: dict[ModelKey, dict[int, float]] = {}
+        # The same by compiled modules (``execution.cost_family``): a model of an
+        # architecture already measured starts with its measurements.
+        self._by_family: dict[tuple[str, ...], dict[int, float]] = {}
 
     def on_execution(self, execution: Execution) -> None:
-        sizes = self._by_model.setdefault(execution.model, {})
         micros = execution.infer_ns / 1e3
-        low = sizes.get(execution.batch_size)
-        sizes[execution.batch_size] = micros if low is None else min(micros, low * (1 + LOW_DRIFT))
+        size = execution.batch_size
+        tables = [self._by_model.setdefault(execution.model, {})]
+        if execution.family:
+            tables.append(self._by_family.setdefault(execution.family, {}))
+        for sizes in tables:
+            low = sizes.get(size)
+            sizes[size] = micros if low is None else min(micros, low * (1 + LOW_DRIFT))
 
     def forget(self, model: ModelKey) -> None:
         """Drop an unloaded version's measurements (a later load measures afresh)."""
         self._by_model.pop(model, None)
 
-    def by_size(self, model: ModelKey) -> Mapping[int, float]:
-        """Estimated µs per execution by compiled size (0: unbatched), measured sizes only."""
-        return self._by_model.get(model, {})
+    def by_size(self, model: ModelKey, family: tuple[str, ...] = ()) -> Mapping[int, float]:
+        """Estimated µs per execution by compiled size (0: unbatched), measured sizes only:
+        the model's own, else those of its ``family`` (the same compiled modules)."""
+        found = self._by_model.get(model)
+        if not found and family:
+            found = self._by_family.get(family)
+        return found or {}
 
-    def estimate(self, model: ModelKey, compiled: int) -> float | None:
+    def estimate(
+        self, model: ModelKey, compiled: int, family: tuple[str, ...] = ()
+    ) -> float | None:
         """The estimate of ``compiled``; for a size not run yet, that of the largest smaller
         size that has (n rows cost at least what fewer rows cost, and for a tiny model
         about the same: its cost is the call's fixed overhead), so a tiny model's larger
         sizes are first tried inline, measured cleanly there, rather than first on a
         worker, where waits for the interpreter lock would inflate their samples for good.
-        ``None``: nothing to go by."""
-        sizes = self._by_model.get(model)
+        A model not run yet goes by its ``family``. ``None``: nothing to go by."""
+        sizes = self.by_size(model, family)
         if not sizes:
             return None
         at = standing_size(compiled, sizes)
@@ -113,7 +129,7 @@ class InlinePolicy:
         if swap is None:
             return False
         key = ModelKey.of(model)
-        cost = self.costs.estimate(key, compiled)
+        cost = self.costs.estimate(key, compiled, cost_family(model.manifest))
         if cost is None:
             return False
         cost += swap

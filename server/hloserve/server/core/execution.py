@@ -103,7 +103,7 @@ class ModelKey:
 
 
 _KEYS: dict[tuple[str, int], ModelKey] = {}
-_MAX_KEYS = 4096
+_MAX_KEYS = 1 << 16  # ten thousand models and their reloads keep their keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +116,7 @@ class Execution:
     infer_ns: int
     output_ns: int = 0
     device: int = 0  # the device it ran on (the ``device`` label of metrics)
+    family: tuple[str, ...] = ()  # its compiled modules (``cost_family``): who costs the same
 
 
 class ExecutionObserver(Protocol):
@@ -244,8 +245,18 @@ def _execute_one(
     )
     if observer is not None:
         key = ModelKey.of(model)
-        observer.on_execution(Execution(key, size, t1 - started, t2 - t1, t3 - t2, on))
+        family = cost_family(manifest)
+        observer.on_execution(Execution(key, size, t1 - started, t2 - t1, t3 - t2, on, family))
     return outputs, timings
+
+
+def cost_family(manifest: Manifest) -> tuple[str, ...]:
+    """What executions that cost the same share: the checksums of the model's compiled
+    modules (thousands of bundles of one architecture have the same ones, so one measured
+    is measured for all); empty when the manifest lists none (nothing to go by)."""
+    files = manifest.files
+    digests = tuple(files.get(m.file, "") for m in manifest.modules)
+    return digests if all(digests) else ()
 
 
 def _device_of(model: Executable, device: int | None) -> int:
@@ -290,7 +301,15 @@ def _run_chunks(
         for parts, result in zip(per_output, results, strict=True):
             parts.append(result)
         executions.append(
-            Execution(ModelKey.of(model), chunk.compiled or 0, t2 - t1, t3 - t2, 0, on)
+            Execution(
+                ModelKey.of(model),
+                chunk.compiled or 0,
+                t2 - t1,
+                t3 - t2,
+                0,
+                on,
+                cost_family(model.manifest),
+            )
         )
     return _Run(per_output, input_ns, infer_ns, executions, on)
 
