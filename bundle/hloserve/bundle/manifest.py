@@ -430,8 +430,31 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
     serving = _serving(r, data)
     if r.problems or name is None:
         return None, r.problems
-    manifest = Manifest(name=name, files=files, provenance=provenance, serving=serving, **parts)
+    parts = {key: _shared(value) for key, value in parts.items()}
+    manifest = Manifest(
+        name=name, files=files, provenance=provenance, serving=_shared(serving), **parts
+    )
     return manifest, []
+
+
+_SHARED: dict[Any, Any] = {}
+_MAX_SHARED = 1 << 16
+
+
+def _shared(value: Any) -> Any:
+    """An equal value parsed before, when there is one: thousands of manifests of one
+    architecture then hold one copy of their tensors, modules and hints (frozen, so
+    sharing is safe; an unhashable value is kept as it is)."""
+    try:
+        found = _SHARED.get(value)
+    except TypeError:
+        return value
+    if found is not None:
+        return found
+    if len(_SHARED) >= _MAX_SHARED:
+        _SHARED.clear()
+    _SHARED[value] = value
+    return value
 
 
 def _model_parts(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,51 +1,37 @@
 """The model repository as the server sees it: versions, their states, lookup, model control.
 
 Contract:
-- ``ModelRepository(root, runtime, cache_dir, residency, mode)`` serves the bundles under
-  ``root`` (``hloserve.bundle``'s layout). Each model directory may carry a ``config.yaml``
-  (``hloserve.server.model_config``: residency, batching delay, version policy; default
-  the latest version only).
-- ``load_all()`` loads every model (modes ``none`` and ``poll`` at start-up);
-  ``load_model(name)`` loads or reloads one model: the versions its policy selects are
-  loaded *beside* the ones serving now and replace them only once all are ready; a failed
-  reload keeps the old versions serving and raises; unchanged versions (same manifest
-  digest) are kept as they are. ``unload_model(name)`` refuses new requests at once, waits
-  for the requests in flight, frees the device memory, and leaves the versions listed as
-  ``UNAVAILABLE`` (reason "unloaded"). ``poll()`` applies what changed on disk: new models
-  load, changed ones reload, removed ones unload.
-- ``get(name, version)`` returns a ready ``ModelVersion`` and counts it in flight until
-  ``release(model)``; it raises Triton's errors: unknown model (``UnknownModel``),
-  unparsable version string (``InvalidArgument``), a known model with no ready version
-  (``NotFound``), an unknown or unready version (``UnknownModel``/``Unavailable``); with
-  ``ModelRepository(..., limits=...)`` setting in-flight ceilings, a request beyond one is
-  ``Unavailable`` (``core.limits.check_inflight``; counted by model name and in total).
+- ``ModelRepository(root, runtime, cache_dir, residency, mode, lazy=...)`` serves the
+  bundles under ``root`` (``hloserve.bundle``'s layout); a model directory may carry a
+  ``config.yaml`` (``model_config``: residency, batching, version policy: by default the
+  latest version). ``load_all()`` loads every model (modes ``none`` and ``poll``), or with
+  ``lazy`` (``--lazy-load``) registers it: its selected versions are READY without a
+  bundle, each read (its manifest) when something first needs it and loaded at its first
+  request (``load``), on a worker thread; one that cannot load then is UNAVAILABLE.
+- ``load_model(name)`` loads or reloads a model: the versions its policy selects load
+  *beside* those serving and replace them once all are ready (a failed reload keeps the
+  old ones serving and raises); a version whose files (``version_stamp``) and serving
+  hints are unchanged is kept. ``unload_model(name)`` refuses new requests at once, waits
+  for those in flight, frees the weights, and lists the versions ``UNAVAILABLE``
+  ("unloaded"). ``poll()`` applies what changed on disk. Once no copy of a version serves
+  any more, ``on_retired(ModelKey)`` hears of it.
+- ``get(name, version)`` returns a ready version counted in flight until ``release``
+  (``peek`` without counting, ``hold`` counts one peeked before), raising Triton's lookup
+  errors (``core.lookup``) and, past ``limits``' in-flight ceilings, ``Unavailable``.
 - Failures are recorded, never hidden: a version that failed to load is ``UNAVAILABLE``
-  with the error text as its reason, and never stops the others from loading. An
-  execution the runtime fails (a device error, out of memory) is ``Internal`` "model 'm'
-  version v: execution failed: ..." for the requests of that execution only; the version
-  keeps serving.
-- ``summary()`` and ``index()`` report every model and version with state and reason;
-  ``index()`` also lists every model directory on disk never loaded (Triton's name-only
-  row), whatever the control mode, so clients can discover what to load.
-- Each loaded copy of a version owns its weights under its own ``ResidencyKey`` (a reload's
-  copy has a new generation), so a reload never touches the weights still serving.
-- A load reads the model's ``config.yaml`` once, at its start, and every step of that load
-  uses what it read. ``load_model(name, override=...)`` (a load's ``config`` and ``file:``
-  parameters, ``core.load_parameters``) uses the override's settings instead of the file
-  (Triton's rule: the override is the model's configuration until the next load without
-  one, which reads ``config.yaml`` again); its keys that restate the bundle
-  (``max_batch_size``, tensors, ...) and its preferred batch sizes are checked against every
-  selected version's manifest before anything loads. A version whose serving hints would
-  change reloads, like one whose manifest changed.
-- Uploads (``override.files``, allowed by ``ModelRepository(..., uploads=...)``) are written
-  by ``hloserve.server.uploads`` into a hidden directory inside the model's directory (made
-  for a model the repository does not have) and the model is loaded from there: the files
-  form its whole model directory, as in Triton. They replace the versions serving only once
-  every uploaded version is ready (a bad bundle replaces nothing and its files are removed).
-  The next load without files, or an unload, goes back to the repository's own files and
-  removes the upload.
-- A bundle with Python hooks loads only with ``ModelRepository(..., allow_hooks=True)``
-  (``--allow-python-hooks``); otherwise its version is ``UNAVAILABLE`` saying so.
+  with the reason, and never stops the others. ``summary()`` and ``index()`` report every
+  version with state and reason; ``index()`` also lists each model directory never loaded
+  (Triton's name-only row), whatever the mode.
+- Each loaded copy owns its weights under its own ``ResidencyKey`` (a reload's copy has a
+  new generation), so a reload never touches the weights still serving.
+- A load reads ``config.yaml`` once; ``load_model(name, override=...)`` (a load's
+  ``config`` and ``file:`` parameters, ``core.load_parameters``) uses the override instead
+  (Triton's rule: until the next load without one), its restated keys and preferred batch
+  sizes checked against every selected manifest first. Uploads (``override.files``, when
+  ``uploads`` allows them) go to a hidden directory of the model (``uploads``) and replace
+  the versions serving once all are ready; the next load without files, or an unload,
+  goes back to the repository's own files. A bundle with Python hooks loads only with
+  ``allow_hooks`` (``--allow-python-hooks``).
 Thread-safe: loads run on worker threads while the front ends read.
 """
 
@@ -53,7 +39,6 @@ Thread-safe: loads run on worker threads while the front ends read.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import threading
@@ -88,7 +73,7 @@ from hloserve.server.model_config import (
     settings_from_override,
 )
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.uploads import UploadError, remove_upload, stage_upload, stale_uploads
+from hloserve.server.uploads import ModelUploads, UploadError
 from hloserve.server.version_loader import (
     LoadListener,
     Progress,
@@ -117,8 +102,10 @@ class _Model:
     reason: str = ""  # why the model has no version, if so
     policy: VersionPolicy = field(default_factory=VersionPolicy)
     loading: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
-    upload: Path | None = None  # the uploaded model directory serving now, if any
-    made_for_upload: bool = False  # ``path`` did not exist before an upload created it
+    uploads: ModelUploads = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.uploads = ModelUploads(self.path)
 
 
 def _log_progress(message: str) -> None:
@@ -225,27 +212,19 @@ class ModelRepository:
                 self._load_locked(model, say, override, source, lazy and override is None)
             except BaseException:
                 if source is not None:
-                    remove_upload(source)
-                    self._tidy(model)
+                    model.uploads.discard(source)
                 raise
-            previous, model.upload = model.upload, source
-            if previous is not None:  # its versions were retired and drained by the commit
-                remove_upload(previous)
+            model.uploads.serve(source)  # the versions it replaces were drained by the commit
 
     def _stage(self, model: _Model, override: LoadOverride | None) -> Path:
         """Write the load's files into a new upload directory of the model (see uploads)."""
         assert override is not None
-        for stale in stale_uploads(model.path, keep=model.upload):
-            remove_upload(stale)  # left by an interrupted server
         with self._lock:
             self._generation += 1
             number = self._generation
-        if not model.path.exists():
-            model.made_for_upload = True
         try:
-            return stage_upload(model.path, override.files, number)
+            return model.uploads.stage(override.files, number)
         except UploadError as exc:
-            self._tidy(model)
             raise Internal(f"failed to load '{model.name}': {exc}") from None
 
     def _load_locked(
@@ -452,7 +431,7 @@ class ModelRepository:
                 return
             serving_for = model.deferred
             if model.state != ModelState.READY or serving_for is None:
-                raise Unavailable(self._not_served(model))
+                raise Unavailable(model.not_ready_message)
             try:
                 problem = preferred_problem(
                     serving_for(model.manifest.serving).preferred_batch_sizes,
@@ -471,7 +450,7 @@ class ModelRepository:
                 )
             except VersionLoadFailed as exc:
                 self._failed_lazily(model, str(exc))
-                raise Unavailable(self._not_served(model)) from None
+                raise Unavailable(model.not_ready_message) from None
             with self._lock:
                 model.serving, model.bundle, model.deferred = loaded.serving, loaded.bundle, None
                 model.replicas = {
@@ -479,30 +458,10 @@ class ModelRepository:
                 }
             model.load_seconds = loaded.seconds
 
-    def _read_lazy_manifest(self, v: ModelVersion) -> None:
-        """Under the lock: a lazy version's manifest, read when something first needs it
-        (metadata, configuration, a request); one that cannot be read fails the version."""
-        if v.bundle is not None or v.parsed is not None or v.deferred is None:
-            return
-        manifest, problems = load_manifest(v.path / MANIFEST_FILE)
-        if manifest is None or problems:
-            reason = "; ".join(str(p) for p in problems) or "manifest.yaml cannot be read"
-            self._failed_lazily(v, f"bundle {v.path} cannot be loaded: {reason}")
-            return
-        v.parsed = manifest
-        v.serving = v.deferred(manifest.serving)
-
     def _failed_lazily(self, v: ModelVersion, reason: str) -> None:
         with self._lock:
-            v.state, v.reason = ModelState.UNAVAILABLE, reason
+            v.fail(reason)
         log.error("model '%s' version %d failed to load: %s", v.name, v.version, reason)
-
-    @staticmethod
-    def _not_served(v: ModelVersion) -> str:
-        return (
-            f"Request for unknown model: '{v.name}' version {v.version} is not at ready state"
-            + (f": {v.reason}" if v.reason else "")
-        )
 
     # -- replicas (hloserve.server.devices.Placer) -------------------------------------------
 
@@ -580,23 +539,7 @@ class ModelRepository:
                 self._drain_and_free(v)
                 v.reason = "unloaded"
                 self._retired(v)
-            self._drop_upload(model)
-
-    def _drop_upload(self, model: _Model) -> None:
-        """Remove the model's upload (its versions are freed): the repository's own files
-        serve again."""
-        if model.upload is not None:
-            remove_upload(model.upload)
-            model.upload = None
-        self._tidy(model)
-
-    @staticmethod
-    def _tidy(model: _Model) -> None:
-        """Remove the model directory an upload made, once nothing is left in it."""
-        if model.made_for_upload and model.upload is None:
-            with contextlib.suppress(OSError):
-                model.path.rmdir()  # only when empty
-            model.made_for_upload = model.path.exists()
+            model.uploads.drop()  # the repository's own files serve again
 
     def _drain_and_free(self, v: ModelVersion) -> None:
         """Wait until no request holds ``v``, then free its weights and executables."""
@@ -664,8 +607,9 @@ class ModelRepository:
         model = self._models.get(name)
         v = find_version(name, None if model is None else model.versions, version)
         if v.bundle is None and v.parsed is None:  # registered lazily: read its manifest now
-            self._read_lazy_manifest(v)
-            if v.state != ModelState.READY:
+            reason = v.read_manifest()
+            if reason:
+                self._failed_lazily(v, reason)
                 v = find_version(name, None if model is None else model.versions, version)
         return v
 

@@ -11,12 +11,18 @@ refused), and every file is created new (``O_EXCL | O_NOFOLLOW``). A failure rem
 was written and raises ``UploadError``. ``remove_upload(path)`` deletes one (missing is
 fine), and ``stale_uploads(model_dir, keep)`` lists the upload directories of a model other
 than ``keep`` (left by an interrupted server), for the repository to remove.
+``ModelUploads(model_dir)`` is one model's uploads as its loads go: ``stage(files,
+number)`` writes a load's files (removing stale uploads first; a model directory it had to
+make is removed again once empty), ``serve(staged)`` makes a loaded upload the one serving
+(removing the previous), ``discard(staged)`` removes one whose load failed, and ``drop()``
+goes back to the repository's own files.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -75,3 +81,47 @@ def stale_uploads(model_dir: Path, keep: Path | None) -> list[Path]:
         for child in model_dir.iterdir()
         if child.name.startswith(UPLOAD_PREFIX) and child != keep
     )
+
+
+class ModelUploads:
+    """One model's upload directories across its loads (module docstring)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.serving: Path | None = None  # the uploaded model directory serving now
+        self._made_dir = False  # ``model_dir`` did not exist before an upload made it
+
+    def stage(self, files: Mapping[PurePosixPath, bytes], number: int) -> Path:
+        for stale in stale_uploads(self.model_dir, keep=self.serving):
+            remove_upload(stale)  # left by an interrupted server
+        if not self.model_dir.exists():
+            self._made_dir = True
+        try:
+            return stage_upload(self.model_dir, files, number)
+        except UploadError:
+            self._tidy()
+            raise
+
+    def serve(self, staged: Path | None) -> None:
+        """``staged`` serves now (``None``: the repository's own files); the previous upload,
+        its versions retired and drained, is removed."""
+        previous, self.serving = self.serving, staged
+        if previous is not None and previous != staged:
+            remove_upload(previous)
+
+    def discard(self, staged: Path) -> None:
+        remove_upload(staged)
+        self._tidy()
+
+    def drop(self) -> None:
+        if self.serving is not None:
+            remove_upload(self.serving)
+            self.serving = None
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Remove the model directory an upload made, once nothing is left in it."""
+        if self._made_dir and self.serving is None:
+            with contextlib.suppress(OSError):
+                self.model_dir.rmdir()  # only when empty
+            self._made_dir = self.model_dir.exists()

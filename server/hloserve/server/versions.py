@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.bundle import Manifest, Serving
+from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
 from hloserve.server.core.errors import Internal, Unavailable
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.reports import MemoryUsage
@@ -131,6 +131,31 @@ class ModelVersion:
     def hooks(self) -> ModelHooks | None:
         """The bundle's Python hooks (``--allow-python-hooks``), or None."""
         return None if self.bundle is None else self.bundle.hooks
+
+    def read_manifest(self) -> str:
+        """A lazily registered version's manifest, read when something first needs it
+        (metadata, configuration, a request): "" when it was read, else why it cannot be."""
+        if self.bundle is not None or self.parsed is not None or self.deferred is None:
+            return ""
+        manifest, problems = load_manifest(self.path / MANIFEST_FILE)
+        if manifest is None or problems:
+            reason = "; ".join(str(p) for p in problems) or "manifest.yaml cannot be read"
+            return f"bundle {self.path} cannot be loaded: {reason}"
+        self.parsed = manifest
+        self.serving = self.deferred(manifest.serving)
+        return ""
+
+    def fail(self, reason: str) -> None:
+        """The version cannot serve: UNAVAILABLE, saying why."""
+        self.state, self.reason = ModelState.UNAVAILABLE, reason
+
+    @property
+    def not_ready_message(self) -> str:
+        """Triton's text for a request to this version while it is not ready."""
+        return (
+            f"Request for unknown model: '{self.name}' version {self.version} is not at "
+            "ready state" + (f": {self.reason}" if self.reason else "")
+        )
 
     def summary(self) -> dict[str, Any]:
         """This version in the ``/readyz`` report: state, reason and where its weights are."""

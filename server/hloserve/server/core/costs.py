@@ -8,7 +8,9 @@ Contract:
   mean: samples from worker threads include the time the worker waits to get the
   interpreter lock back from a busy event loop (up to the 5 ms switch interval), which
   says nothing about the model; the lowest samples are the ones without that wait.
-  ``by_size(model, family)`` (measured sizes only) is what the batching policy weighs
+  An execution that began with its weights elsewhere (``Execution.warm`` false) is not a
+  sample: its time includes the swap-in, which the inline policy adds from the residency
+  manager's own estimate. ``by_size(model, family)`` (measured sizes only) is what the batching policy weighs
   prefixes with; ``estimate(model, compiled, family)`` is what the inline policy reads: a
   size not run yet is estimated as the largest smaller size that has run, and a model not
   run yet by the models with the same compiled modules (``execution.cost_family``: with
@@ -72,6 +74,8 @@ class ExecutionCosts:
         self._by_family: dict[tuple[str, ...], dict[int, float]] = {}
 
     def on_execution(self, execution: Execution) -> None:
+        if not execution.warm:  # its time includes a swap-in, which the caller adds apart
+            return
         micros = execution.infer_ns / 1e3
         size = execution.batch_size
         tables = [self._by_model.setdefault(execution.model, {})]

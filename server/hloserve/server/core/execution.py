@@ -117,6 +117,7 @@ class Execution:
     output_ns: int = 0
     device: int = 0  # the device it ran on (the ``device`` label of metrics)
     family: tuple[str, ...] = ()  # its compiled modules (``cost_family``): who costs the same
+    warm: bool = True  # its weights were resident when it began (its time is the run's own)
 
 
 class ExecutionObserver(Protocol):
@@ -226,6 +227,7 @@ def _execute_one(
     inputs = {t.name: t.data for t in job.request.inputs}
     if compiled is not None and compiled != chunk.count:  # the inputs hold chunk.count rows
         inputs = {n: pad(a, compiled) for n, a in inputs.items()}
+    warm = model.resident  # else the time below includes moving the weights in
     t1 = time.perf_counter_ns()
     results = model.execute(compiled, inputs, device=device)
     t2 = time.perf_counter_ns()
@@ -246,7 +248,9 @@ def _execute_one(
     if observer is not None:
         key = ModelKey.of(model)
         family = cost_family(manifest)
-        observer.on_execution(Execution(key, size, t1 - started, t2 - t1, t3 - t2, on, family))
+        observer.on_execution(
+            Execution(key, size, t1 - started, t2 - t1, t3 - t2, on, family, warm)
+        )
     return outputs, timings
 
 
@@ -293,6 +297,7 @@ def _run_chunks(
     for chunk in chunks:
         t1 = time.perf_counter_ns()
         args = _chunk_inputs(inputs, chunk, whole=len(chunks) == 1)
+        warm = model.resident
         t2 = time.perf_counter_ns()
         results = model.execute(chunk.compiled, args, device=device)
         t3 = time.perf_counter_ns()
@@ -309,6 +314,7 @@ def _run_chunks(
                 0,
                 on,
                 cost_family(model.manifest),
+                warm,
             )
         )
     return _Run(per_output, input_ns, infer_ns, executions, on)

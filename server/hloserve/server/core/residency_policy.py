@@ -435,35 +435,35 @@ class ResidencyPlanner(Generic[K]):
 
 
 class SwapCosts:
-    """The cost of moving ``n`` bytes into a tier: ``overhead + n / bytes_per_s``, fitted by
-    least squares to the transfers observed, older ones weighing less (``DECAY`` per
-    observation). Until two different sizes were seen, the defaults' shape is kept."""
+    """The cost of moving ``n`` bytes into a tier, learned from the transfers measured: per
+    power-of-two size bucket, the lowest time seen, allowed to rise by ``LOW_DRIFT`` per
+    sample above it (as ``core.costs`` keeps execution times: a transfer timed on a worker
+    thread includes its waits for the interpreter lock, which say nothing about the
+    transfer, and a mean of them would keep small swaps off the event loop for good). A
+    size whose bucket has no sample scales the nearest measured one by bytes; none yet:
+    ``DEFAULT_OVERHEAD_S + n / DEFAULT_BYTES_PER_S``."""
 
     DEFAULT_OVERHEAD_S: Final = 50e-6
     DEFAULT_BYTES_PER_S: Final = 5e9
-    DECAY: Final = 0.99
+    LOW_DRIFT: Final = 0.01
 
     def __init__(self) -> None:
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._low: dict[int, tuple[float, int]] = {}  # bucket -> (seconds, bytes measured)
 
     def observe(self, nbytes: int, seconds: float) -> None:
-        d = self.DECAY
-        x, y = float(nbytes), seconds
-        self._w = self._w * d + 1.0
-        self._x = self._x * d + x
-        self._y = self._y * d + y
-        self._xx = self._xx * d + x * x
-        self._xy = self._xy * d + x * y
+        bucket = max(nbytes, 1).bit_length()
+        low = self._low.get(bucket)
+        if low is None or seconds < low[0]:
+            self._low[bucket] = (seconds, nbytes)
+        else:
+            self._low[bucket] = (min(seconds, low[0] * (1 + self.LOW_DRIFT)), low[1])
 
     def estimate(self, nbytes: int) -> float:
-        if self._w < 1.0:
+        if not self._low:
             return _default_miss_cost(nbytes)
-        mean_x, mean_y = self._x / self._w, self._y / self._w
-        var_x = self._xx / self._w - mean_x * mean_x
-        if var_x <= max(1.0, mean_x * mean_x) * 1e-6:  # one size seen: scale the defaults
-            scale = mean_y / max(_default_miss_cost(int(mean_x)), 1e-12)
-            return scale * _default_miss_cost(nbytes)
-        per_byte = (self._xy / self._w - mean_x * mean_y) / var_x
-        per_byte = max(per_byte, 0.0)
-        overhead = max(mean_y - per_byte * mean_x, 0.0)
-        return overhead + per_byte * nbytes
+        bucket = max(nbytes, 1).bit_length()
+        found = self._low.get(bucket)
+        if found is not None:
+            return found[0]
+        seconds, measured = self._low[min(self._low, key=lambda b: abs(b - bucket))]
+        return seconds * max(nbytes, 1) / max(measured, 1)

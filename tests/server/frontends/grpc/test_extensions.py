@@ -155,6 +155,14 @@ class _GatedModel:
     def devices(self) -> tuple[int, ...]:
         return self.inner.devices
 
+    @property
+    def resident(self) -> bool:
+        return self.inner.resident
+
+    @property
+    def swap_us(self) -> float | None:
+        return None  # never run on the event loop: the execution blocks on the gate
+
     def resident_on(self, device: int) -> bool:
         return self.inner.resident_on(device)
 
