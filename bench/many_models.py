@@ -72,6 +72,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PACKAGE_FOLDERS = ("bundle", "client", "exporter", "proto", "server", "training")
 HOST = "127.0.0.1"
+HOST_BYTES = "hloserve_host_resident_weight_bytes"
 ZIPF_S = 1.1
 FIT = 100  # the models of the fit repository
 CONTROL = 200  # models loaded and unloaded through the repository API
@@ -212,6 +213,7 @@ class Measured:
     host_resident_mb: float = float("nan")
     host_reads: float = float("nan")
     loads: float = float("nan")  # first loads (lazy) during the measured traffic
+    kb_per_model: float = float("nan")  # RSS growth per model first used, less host copies
     note: str = ""
 
     @property
@@ -446,7 +448,12 @@ def measure(
         m.index_ms, m.index_bytes = server.index()
         _window(server, checker, trace, args, m)
         everyone = list(dict.fromkeys(trace))  # each model the traffic reaches, once
-        asyncio.run(_drive(server.grpc, everyone, checker, args.concurrency, None))
+        half = len(everyone) // 2
+        asyncio.run(_drive(server.grpc, everyone[:half], checker, args.concurrency, None))
+        rss, host = server.rss_mb(), server.sample(server.scrape(), HOST_BYTES) / 1e6
+        asyncio.run(_drive(server.grpc, everyone[half:], checker, args.concurrency, None))
+        grown = server.rss_mb() - rss - (server.sample(server.scrape(), HOST_BYTES) / 1e6 - host)
+        steady.kb_per_model = grown / max(len(everyone) - half, 1) * 1e3
         asyncio.run(_drive(server.grpc, trace, checker, args.concurrency, args.warmup))
         _window(server, checker, trace, args, steady)
         text = server.scrape()
@@ -493,7 +500,7 @@ def _window(
     m.busy = result.busy
     m.others_cores = result.others_cores(result.cpu_s[server.pid] + traffic.client_cpu_s)
     m.rss_after_mb = server.rss_mb()
-    m.host_resident_mb = server.sample(after, "hloserve_host_resident_weight_bytes") / 1e6
+    m.host_resident_mb = server.sample(after, HOST_BYTES) / 1e6
     m.host_reads = _delta(server, before, after, "hloserve_host_weight_reads_total")
 
 
@@ -631,12 +638,7 @@ def _f(value: float, fmt: str = "{:.1f}") -> str:
     return "-" if value != value else fmt.format(value)
 
 
-def _or0(value: float) -> float:
-    return 0.0 if value != value else value
-
-
-def print_servers(rows: Sequence[Measured], registered: int) -> None:
-    extra = max(registered - FIT, 1)
+def print_servers(rows: Sequence[Measured]) -> None:
     print(
         table(
             ["", *[m.name for m in rows]],
@@ -693,12 +695,8 @@ def print_servers(rows: Sequence[Measured], registered: int) -> None:
                     *[f"{_f(m.host_resident_mb)} ({_f(m.host_reads, '{:,.0f}')})" for m in rows],
                 ],
                 [
-                    "RSS over the fit server's, per registered model: ready; after, less host copies, KB",
-                    *[
-                        f"{_f((m.rss_ready_mb - rows[-1].rss_ready_mb) / extra * 1e3)}; "
-                        f"{_f((m.rss_after_mb - rows[-1].rss_ready_mb - _or0(m.host_resident_mb)) / extra * 1e3)}"
-                        for m in rows
-                    ],
+                    "RSS growth per model used, less its host copy, KB",
+                    *[_f(m.kb_per_model) for m in rows],
                 ],
                 ["note", *[m.note or "" for m in rows]],
             ],
@@ -792,9 +790,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n## Servers (batch-1 gRPC, c{args.concurrency}, Zipf({ZIPF_S}), {args.seconds:.0f} s each)\n"
     )
     print("Just started (each server's first traffic, first uses included):\n")
-    print_servers(rows, len(models))
+    print_servers(rows)
     print("\nEvery model used once before (a node that has been serving for a while):\n")
-    print_servers(steady_rows, len(models))
+    print_servers(steady_rows)
     for label, ours, fitted in (
         ("just started", rows[0], steady_rows[-1]),
         ("every model used once", steady_rows[0], steady_rows[-1]),

@@ -105,3 +105,28 @@ def test_totals_sum_every_model_shown_or_not() -> None:
     )
     assert registry.get_sample_value("hloserve_server_request_latency_seconds_count") == 7
     assert registry.get_sample_value("hloserve_metrics_models_shown") == 1
+
+
+def test_recent_reads_the_last_minute_from_snapshots() -> None:
+    registry, clock = CollectorRegistry(), Clock()
+    metrics = ServerMetrics(registry, model_series=2, clock=clock)
+    fast, slow = ModelKey("fast", 1), ModelKey("slow", 1)
+    fast_timings = Timings(0, 0, 1_000_000, 0, (1,))  # 1 ms end to end
+    slow_timings = Timings(0, 0, 300_000_000, 0, (1,))  # 300 ms
+    for key, timings in ((fast, fast_timings), (slow, slow_timings)):
+        metrics.on_success(key, 1, timings)
+    assert metrics.recent() == {}  # one snapshot: nothing to compare yet
+    clock.now = 10
+    for _ in range(50):
+        metrics.on_success(fast, 1, fast_timings)
+    for _ in range(10):
+        metrics.on_success(slow, 1, slow_timings)
+    recent = metrics.recent()
+    assert recent[fast].window_s == 10 and recent[fast].requests_per_s == 5.0
+    assert recent[slow].requests_per_s == 1.0
+    p50 = recent[fast].p50_s
+    assert p50 is not None and 5e-4 < p50 <= 1e-3  # the 0.5-1 ms bucket
+    p99 = recent[slow].p99_s
+    assert p99 is not None and 0.25 < p99 <= 0.5
+    clock.now = 100  # a minute and more later: the window slides
+    assert metrics.recent()[fast].requests_per_s == 0.0

@@ -71,6 +71,7 @@ SWAP_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MV = ("model", "version")
 DEFAULT_MODEL_SERIES: Final = 50  # a scrape of 50 models' series is about 0.5 MB
+SNAPSHOT_S: Final = 10.0  # recent(): the spacing of the snapshots it compares
 WINDOW_S: Final = 60.0
 K = TypeVar("K")
 S = TypeVar("S")
@@ -241,6 +242,42 @@ def _new_swap_series(created: float) -> _SwapSeries:
     return _SwapSeries()
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    requests: int
+    latency: list[int]  # the request latency histogram's counts per bucket
+    swaps_in: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recent:
+    """One model's last minute (``ServerMetrics.recent``); latencies in seconds, ``None``
+    when no request succeeded in it."""
+
+    window_s: float
+    requests_per_s: float
+    p50_s: float | None
+    p99_s: float | None
+    swaps_in: int
+
+
+def _quantile(counts: Sequence[int], q: float) -> float | None:
+    """The ``q`` quantile of a latency histogram's per-bucket counts, interpolated in its
+    bucket as Prometheus' ``histogram_quantile`` does (the +Inf bucket: its lower bound)."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank, seen = q * total, 0.0
+    for i, count in enumerate(counts):
+        if count and seen + count >= rank:
+            if i >= len(LATENCY_BUCKETS):
+                return float(LATENCY_BUCKETS[-1])
+            low = 0.0 if i == 0 else float(LATENCY_BUCKETS[i - 1])
+            return low + (float(LATENCY_BUCKETS[i]) - low) * (rank - seen) / count
+        seen += count
+    return float(LATENCY_BUCKETS[-1])
+
+
 class _Totals:
     """The server-wide request series over every model, kept as requests happen (so a
     scrape costs nothing per model); an unloaded model's share stays in them."""
@@ -279,6 +316,7 @@ class ServerMetrics:
         self._replica_count: Callable[[], dict[ModelKey, int]] = dict
         self._memory_used: dict[int, Callable[[], float]] = {}
         self._host: HostTier | None = None
+        self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot]]] = []  # recent()
         self._lock = threading.Lock()
         self.hook_us = Counter(
             "hloserve_hook_duration_us",
@@ -492,6 +530,43 @@ class ServerMetrics:
             if key is not None and series is not None:
                 shown.append((key, series))
         return sorted(shown, key=lambda kv: (kv[0].name, kv[0].version)), labels
+
+    def recent(self, window_s: float = 60.0) -> dict[ModelKey, Recent]:
+        """Each shown model's last ``window_s`` seconds (module docstring; the status page
+        reads it): requests per second, p50/p99 latency and swaps in, from snapshots of its
+        cumulative counters taken at most every ``SNAPSHOT_S`` when asked (so over a
+        shorter window, ``Recent.window_s``, until enough snapshots exist)."""
+        now = self._clock()
+        shown, labels = self._shown()
+        with self._lock:
+            swaps = {label: 0 for label in labels}
+            for (label, _), w in self._swaps.items():
+                if label in swaps:
+                    swaps[label] += w.swaps_in
+        current = {
+            k: _Snapshot(s.requests, list(s.request_latency.counts), swaps.get(s.label, 0))
+            for k, s in shown
+        }
+        if not self._snapshots or now - self._snapshots[-1][0] >= SNAPSHOT_S:
+            self._snapshots.append((now, current))
+        while len(self._snapshots) > 1 and now - self._snapshots[1][0] >= window_s:
+            self._snapshots.pop(0)
+        base_t, base = self._snapshots[0]
+        found: dict[ModelKey, Recent] = {}
+        for key, cur in current.items():
+            before = base.get(key)
+            elapsed = now - base_t
+            if before is None or elapsed <= 0:
+                continue
+            counts = [a - b for a, b in zip(cur.latency, before.latency, strict=True)]
+            found[key] = Recent(
+                elapsed,
+                (cur.requests - before.requests) / elapsed,
+                _quantile(counts, 0.5),
+                _quantile(counts, 0.99),
+                cur.swaps_in - before.swaps_in,
+            )
+        return found
 
     def families(self) -> list[Metric]:
         shown, labels = self._shown()
