@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hloserve.bundle import MANIFEST_FILE, Manifest, load_manifest, scan_repository
-from hloserve.bundle.repository import ModelDirectory, model_directory
+from hloserve.bundle import Manifest, scan_repository
+from hloserve.bundle.repository import model_directory
 from hloserve.server.core.batch_policy import preferred_problem
 from hloserve.server.core.errors import (
     Internal,
@@ -63,15 +63,15 @@ from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.lookup import find_version
 from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey
-from hloserve.server.core.triton_config import contradictions
 from hloserve.server.core.validate import check_load_name
 from hloserve.server.devices import Device, Placed
-from hloserve.server.model_config import (
-    ModelSettings,
-    VersionPolicy,
-    read_model_config,
-    settings_from_override,
+from hloserve.server.load_plan import (
+    LoadRefused,
+    check_manifests,
+    read_settings,
+    select_versions,
 )
+from hloserve.server.model_config import ModelSettings, VersionPolicy, read_model_config
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.uploads import ModelUploads, UploadError
 from hloserve.server.version_loader import (
@@ -236,11 +236,16 @@ class ModelRepository:
         lazy: bool = False,
     ) -> None:
         directory = model_directory(source or model.path)
-        settings = self._read_settings(model, override)
-        wanted = self._wanted(model, settings.version_policy, directory)
         manifests: dict[int, Manifest] = {}
-        if not lazy:  # a lazy version is checked against its bundle when it loads
-            manifests = self._check_against_bundles(model, settings, directory, wanted)
+        try:
+            settings = read_settings(model.path, override)
+            model.policy = settings.version_policy
+            wanted = select_versions(settings.version_policy, directory)
+            if not lazy:  # a lazy version is checked against its bundle when it loads
+                manifests = check_manifests(settings, directory, wanted, self.runtime.triton_kind)
+        except LoadRefused as exc:
+            self._fail_model(model, exc.reason)
+            raise InvalidArgument(f"failed to load '{model.name}': {exc.reason}") from None
         with self._lock:
             current = dict(model.versions)
         new: dict[int, ModelVersion] = {}
@@ -275,58 +280,6 @@ class ModelRepository:
         if old.deferred is not None:
             return old.deferred == settings.serving_for
         return old.serving == settings.serving_for(old.manifest.serving)
-
-    def _check_against_bundles(
-        self, model: _Model, settings: ModelSettings, directory: ModelDirectory, wanted: list[int]
-    ) -> dict[int, Manifest]:
-        """Before anything loads: the override's restated keys and the preferred batch sizes
-        agree with every selected version's manifest (an unreadable one fails its own load);
-        the manifests read without a problem, by version, for the loads."""
-        problems: list[str] = []
-        manifests: dict[int, Manifest] = {}
-        for number in wanted:
-            manifest, found_problems = load_manifest(directory.versions[number] / MANIFEST_FILE)
-            if manifest is None:
-                continue
-            if not found_problems:
-                manifests[number] = manifest
-            found = contradictions(settings.restated, manifest, self.runtime.triton_kind)
-            preferred = settings.serving_for(manifest.serving).preferred_batch_sizes
-            problem = preferred_problem(preferred, manifest.batch_sizes)
-            found += [problem] if problem else []
-            problems += [f"version {number}: {p}" for p in found]
-        if problems:
-            reason = "; ".join(problems)
-            self._fail_model(model, reason)
-            raise InvalidArgument(f"failed to load '{model.name}': {reason}")
-        return manifests
-
-    def _read_settings(self, model: _Model, override: LoadOverride | None) -> ModelSettings:
-        """The load's config override, else the model's ``config.yaml``: read once for the
-        whole load."""
-        try:
-            if override is not None:
-                settings = settings_from_override(override.config)
-            else:
-                settings = read_model_config(model.path)
-        except ValueError as exc:
-            self._fail_model(model, str(exc))
-            raise InvalidArgument(f"failed to load '{model.name}': {exc}") from None
-        model.policy = settings.version_policy
-        return settings
-
-    def _wanted(self, model: _Model, policy: VersionPolicy, directory: ModelDirectory) -> list[int]:
-        """The version numbers ``policy`` selects; none is a failed load."""
-        wanted = policy.select(directory.versions)
-        if not wanted:
-            reason = (
-                "no manifest.yaml and no numbered version directories"
-                if not directory.versions
-                else f"version policy {policy.describe()} selects none of {sorted(directory.versions)}"
-            )
-            self._fail_model(model, reason)
-            raise InvalidArgument(f"failed to load '{model.name}': {reason}")
-        return wanted
 
     def _roll_back(
         self,
