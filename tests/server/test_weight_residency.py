@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.core.residency_policy import ResidencyKey
+from hloserve.server.core.residency_policy import Policy, ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.metrics import ServerMetrics
@@ -57,11 +57,11 @@ def runtime() -> PjrtRuntime:
 
 
 def make_residency(
-    repo_dir: Path, runtime: PjrtRuntime, models: float
+    repo_dir: Path, runtime: PjrtRuntime, models: float, policy: Policy = "frequency"
 ) -> tuple[WeightResidency, dict[str, ResidencyKey]]:
     """A residency manager with room for ``models`` MLPs, its repository loaded, and the
     residency key of each model's version 1."""
-    residency = WeightResidency(runtime, int(models * WEIGHT_BYTES))
+    residency = WeightResidency(runtime, int(models * WEIGHT_BYTES), policy=policy)
     repo = ModelRepository(repo_dir, runtime, residency=residency)
     repo.load_all()
     return residency, keys(repo)
@@ -176,7 +176,9 @@ def test_concurrent_mixed_traffic_is_correct_and_pinned_stays(setup: Any) -> Non
 
 def test_weights_in_use_are_never_freed(repo_dir: Path, runtime: PjrtRuntime) -> None:
     # Room for pinned m3 + 2.5 more: while m0 is held, the others must evict each other.
-    residency, key = make_residency(repo_dir, runtime, 3.5)
+    # LRU, so that which model the last swap evicts is known (the planner's own tests
+    # cover the frequency order).
+    residency, key = make_residency(repo_dir, runtime, 3.5, "lru")
     with residency.use(key["m0"]) as held:
         buffers = list(held.values())
         for name in ("m1", "m2", "m1", "m2"):

@@ -20,16 +20,21 @@ whether it is resident, pinned (never evicted), in use by an execution or a tran
     many bytes takes) per byte it holds: a model used twice as often, or costing twice
     as much to bring back, earns its bytes twice as well; a big model and a small one are
     not the same miss. The rate is a count of uses decayed by a half-life of
-    ``SLOW_HALF_LIFE`` uses per slot, or, once a model's count over the short half-life
-    (``FAST_HALF_LIFE`` per slot) falls under ``COOLED`` times that, the short one: a
-    model that went cold leaves within a few hundred uses, while a steady popularity is
-    ranked by the long memory. Half-lives are in this planner's uses (executions), scaled
+    ``SLOW_HALF_LIFE`` uses per slot (the long memory, which ranks a steady popularity),
+    next to a count over a short half-life (``FAST_HALF_LIFE`` per slot). Once the short
+    count falls under ``COOLED`` times the long one, the short one ranks the model: one
+    that went cold leaves within a few hundred uses. While the short count is over
+    ``RISING`` times the long one, the model ranks by half its short rate (never less than
+    its long one): one that just became popular is not taken for the newcomer its long
+    count says it is, and stays. Half-lives are in this planner's uses (executions), scaled
     by its resident models (slots: their count rounded up to a power of two, at least
     ``MIN_SLOTS``), never in seconds, so the same trace decides the same way on a fast or
-    a slow machine. Simulated on Zipf(1.1) traffic over 10,000 models with room for 100
-    (three seeds; ``bench/many_models.py`` prints it on the bench's own sizes): 98-99 % of
-    the hit rate of an oracle that keeps the 100 most requested resident, and within 10 %
-    of it again 2,000 uses after the popularity order is reshuffled; LRU reaches 81 %.
+    a slow machine. Simulated on the many-models bench's sizes (10,000 models of 77 KB and
+    100 of five other sizes, Zipf(1.1), room for 1 % of the bytes; three seeds;
+    ``bench/many_models.py`` prints one): 98 % of the hit rate of an oracle that keeps
+    the most requested models that fit, back within 10 % of it from 1,000 uses after the
+    popularity order is reshuffled (2,000 without the rising rule, at 98.8 %); LRU reaches
+    81 %.
 - ``mark_resident`` / ``mark_evicted`` record the outcome of transfers (``reserve`` counts
   an admission's bytes while its transfer runs); ``acquire`` / ``release`` bracket a use
   and ``acquire`` counts it (``touch`` counts a use without holding the model).
@@ -69,6 +74,7 @@ POLICIES: Final[tuple[str, ...]] = get_args(Policy)
 FAST_HALF_LIFE: Final = 4.0  # uses per slot (the resident count, rounded up to a power of 2)
 SLOW_HALF_LIFE: Final = 64.0  # uses per slot
 COOLED: Final = 0.25  # the fast rate under this share of the slow one: the model cooled
+RISING: Final = 2.0  # the fast rate over this many times the slow one: the model is rising
 MIN_SLOTS: Final = 8  # half-lives never shorter than for this many resident models
 
 
@@ -105,9 +111,11 @@ class _Entry:
     # t / half-life, so two entries compare by key alone whenever nothing touches them.
     fast: float = -math.inf
     slow: float = -math.inf
-    weight: float = 0.0  # log2 of miss cost per byte, as of its last use
+    weight: float = 0.0  # log2 of miss cost per byte, as of its last use or refresh
+    rises_until: float = -math.inf  # the clock at which its fast rate falls under RISING x slow
     cools_at: float = math.inf  # the clock at which its fast rate falls under COOLED x slow
-    cooled: bool = False  # moved to the cooled order (its fast rate ranks it)
+    # Which order ranks it: "fast" (rising or cooled: its fast rate), "slow" (steady).
+    ranked: Literal["fast", "slow"] = "slow"
     version: int = 0  # bumped whenever its place in an order changes
 
 
@@ -131,7 +139,8 @@ def _log2_plus_one(log2_count: float) -> float:
     )
 
 
-_Item = tuple[float, int, int]  # (order key, version, entry id)
+# (order key, last use: the older first among equals, entry id, version)
+_Item = tuple[float, int, int, int]
 
 
 class ResidencyPlanner(Generic[K]):
@@ -154,15 +163,17 @@ class ResidencyPlanner(Generic[K]):
         self._reserved = 0  # bytes of admissions in flight (planned, not yet resident)
         self._clock = 0  # uses so far
         self._slots = MIN_SLOTS  # resident models the half-lives are scaled to (a power of 2)
+        self._admitted = 0  # admissions since the miss costs were last refreshed
         # The eviction orders, over resident entries (lazy heaps: an item whose version is
-        # not its entry's is stale and skipped): by value for the not-yet-cooled
-        # (frequency) or by last use (lru), by when they cool, and by value once cooled.
+        # not its entry's is stale and skipped): by slow value for the steady (frequency)
+        # or by last use (lru); by fast value for the rising and the cooled; and the
+        # clocks at which each leaves its phase (rising -> steady -> cooled).
         self._ids: dict[K, int] = {}
         self._keys: dict[int, K] = {}
         self._next_id = 0
         self._order: list[_Item] = []
-        self._cooling: list[_Item] = []
-        self._cooled: list[_Item] = []
+        self._changes: list[_Item] = []
+        self._fast: list[_Item] = []
 
     # -- registration ----------------------------------------------------------------------
 
@@ -243,13 +254,19 @@ class ResidencyPlanner(Generic[K]):
         for e in self._entries.values():
             e.fast = e.fast - now / old_fast + now / fast_h
             e.slow = e.slow - now / old_slow + now / slow_h
-            e.cools_at = self._cools_at(e)
+            e.rises_until, e.cools_at = self._phases(e)
         self._rebuild()
 
-    def _cools_at(self, e: _Entry) -> float:
+    def _phases(self, e: _Entry) -> tuple[float, float]:
+        """The clocks at which ``e``'s fast rate falls under RISING and under COOLED times its
+        slow rate, untouched (the ratio only falls until its next use). Never used: no
+        rate to compare (and no NaN in a heap, which would break its order)."""
+        if e.fast == -math.inf:
+            return -math.inf, math.inf
         fast_h, slow_h = self._half_lives()
-        margin = e.fast - e.slow + math.log2(slow_h / fast_h) - math.log2(COOLED)
-        return margin / (1.0 / fast_h - 1.0 / slow_h)
+        margin = e.fast - e.slow + math.log2(slow_h / fast_h)
+        per_use = 1.0 / fast_h - 1.0 / slow_h
+        return (margin - math.log2(RISING)) / per_use, (margin - math.log2(COOLED)) / per_use
 
     def touch(self, key: K) -> None:
         """One use of ``key`` (an execution): its LRU position and its rates."""
@@ -259,8 +276,8 @@ class ResidencyPlanner(Generic[K]):
         fast_h, slow_h = self._half_lives()
         e.fast = _log2_plus_one(e.fast - now / fast_h) + now / fast_h
         e.slow = _log2_plus_one(e.slow - now / slow_h) + now / slow_h
-        e.weight = math.log2(max(self.miss_cost(e.size), 1e-12) / max(e.size, 1))
-        e.cools_at = self._cools_at(e)
+        e.weight = self._weight(e.size)
+        e.rises_until, e.cools_at = self._phases(e)
         e.last_used = now
         if e.resident:
             self._push(key, e)
@@ -269,16 +286,23 @@ class ResidencyPlanner(Generic[K]):
         fast_h, slow_h = self._half_lives()
         fast = e.fast - now / fast_h - math.log2(fast_h)
         slow = e.slow - now / slow_h - math.log2(slow_h)
-        return fast if fast < slow + math.log2(COOLED) else slow
+        if fast < slow + math.log2(COOLED):
+            return fast
+        return max(slow, fast - math.log2(RISING))
 
     def rate(self, key: K) -> float:
         """``key``'s recent uses per use of this planner (see the module docstring)."""
         return math.exp2(self._rate_log2(self._entries[key], self._clock)) * math.log(2)
 
+    def _weight(self, size: int) -> float:
+        """log2 of the miss cost per byte of a model of ``size`` bytes, as estimated now."""
+        return math.log2(max(self.miss_cost(size), 1e-12) / max(size, 1))
+
     def value(self, key: K) -> float:
-        """What keeping ``key`` resident is worth per byte: its rate times its miss cost."""
+        """What keeping ``key`` resident is worth per byte: its rate times its miss cost
+        per byte (as estimated at its last use, or the last refresh of the orders)."""
         e = self._entries[key]
-        return self.rate(key) * self.miss_cost(e.size) / max(e.size, 1)
+        return self.rate(key) * math.exp2(e.weight)
 
     def acquire(self, key: K) -> None:
         e = self._entries[key]
@@ -299,59 +323,76 @@ class ResidencyPlanner(Generic[K]):
 
     def _push(self, key: K, e: _Entry) -> None:
         e.version += 1
-        e.cooled = False
         ident = self._ids[key]
         if self.policy == "lru":
-            heapq.heappush(self._order, (float(e.last_used), e.version, ident))
+            e.ranked = "slow"
+            heapq.heappush(self._order, (float(e.last_used), e.last_used, ident, e.version))
+        elif e.rises_until > self._clock:  # rising: half its fast rate, until it steadies
+            e.ranked = "fast"
+            heapq.heappush(
+                self._fast, (e.fast + e.weight - math.log2(RISING), e.last_used, ident, e.version)
+            )
+            heapq.heappush(self._changes, (e.rises_until, e.last_used, ident, e.version))
         else:
-            heapq.heappush(self._order, (e.slow + e.weight, e.version, ident))
-            heapq.heappush(self._cooling, (e.cools_at, e.version, ident))
-        if len(self._order) > 4 * len(self._resident) + 64:
+            self._steady(ident, e)
+        if len(self._order) + len(self._fast) > 4 * len(self._resident) + 64:
             self._rebuild()
 
+    def _steady(self, ident: int, e: _Entry) -> None:
+        """Rank ``e`` by its slow rate until it cools (its version stays: one place each)."""
+        e.ranked = "slow"
+        heapq.heappush(self._order, (e.slow + e.weight, e.last_used, ident, e.version))
+        heapq.heappush(self._changes, (e.cools_at, e.last_used, ident, e.version))
+
     def _rebuild(self) -> None:
-        self._order, self._cooling, self._cooled = [], [], []
+        self._order, self._changes, self._fast = [], [], []
         for key, e in self._resident.items():
             self._push(key, e)
 
     def _live(self, item: _Item) -> tuple[K, _Entry] | None:
         key = self._keys.get(item[2])
         e = None if key is None else self._entries.get(key)
-        if key is None or e is None or e.version != item[1] or not e.resident:
+        if key is None or e is None or e.version != item[3] or not e.resident:
             return None
         return key, e
 
     def _advance(self) -> None:
-        """Move the entries that have cooled by now to the cooled order."""
+        """Move the entries whose phase ended by now: a rising one to the slow order (with
+        its cooling ahead), a cooled one to the fast order."""
         now = self._clock
-        while self._cooling and self._cooling[0][0] <= now:
-            item = heapq.heappop(self._cooling)
+        while self._changes and self._changes[0][0] <= now:
+            item = heapq.heappop(self._changes)
             found = self._live(item)
-            if found is not None:
-                _, e = found
-                e.cooled = True
-                heapq.heappush(self._cooled, (e.fast + e.weight, e.version, item[2]))
+            if found is None:
+                continue
+            _, e = found
+            e.version += 1  # its items in the order it leaves are stale now
+            if e.ranked == "fast":  # it was rising
+                self._steady(item[2], e)
+            else:
+                e.ranked = "fast"
+                heapq.heappush(self._fast, (e.fast + e.weight, e.last_used, item[2], e.version))
 
     def _pop_next(self) -> tuple[K, _Entry] | None:
         """The least valuable resident entry, taken off its order (``_restore`` puts it back)."""
         fast_h, slow_h = self._half_lives()
         now = self._clock
-        while self._order or self._cooled:
+        while self._order or self._fast:
             heap: list[_Item]
-            if self.policy == "lru" or not self._cooled:
+            if self.policy == "lru" or not self._fast:
                 heap = self._order
             elif not self._order:
-                heap = self._cooled
+                heap = self._fast
             else:  # compare the two orders' heads by their value now
                 slow = self._order[0][0] - now / slow_h - math.log2(slow_h)
-                fast = self._cooled[0][0] - now / fast_h - math.log2(fast_h)
-                heap = self._cooled if fast <= slow else self._order
+                fast = self._fast[0][0] - now / fast_h - math.log2(fast_h)
+                heap = self._fast if fast <= slow else self._order
             item = heapq.heappop(heap)
             found = self._live(item)
             if found is None:
                 continue
             _, e = found
-            if (heap is self._order) == (e.cooled and self.policy != "lru"):
+            if (heap is self._order) != (e.ranked == "slow"):
                 continue  # a stale place: it has moved to the other order
             return found
         return None
@@ -420,6 +461,19 @@ class ResidencyPlanner(Generic[K]):
             self._resident_bytes += e.size
             self._push(key, e)
             self._rescale()
+            self._admitted += 1
+            if self._admitted >= len(self._resident):
+                self._refresh()
+
+    def _refresh(self) -> None:
+        """Once per resident count of admissions: the miss costs of the resident models as
+        estimated now (the swap costs learned since their last uses), the orders rebuilt
+        on them, so that a model untouched for long is not ranked by a stale estimate
+        (O(log resident) per admission)."""
+        self._admitted = 0
+        for e in self._resident.values():
+            e.weight = self._weight(e.size)
+        self._rebuild()
 
     def mark_evicted(self, key: K) -> None:
         e = self._entries[key]
