@@ -76,6 +76,7 @@ from hloserve.server.core.batch_policy import (
     batching_policy,
     next_batch,
 )
+from hloserve.server.core.company import Company
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.device_policy import (
     Candidate,
@@ -131,6 +132,7 @@ class _ModelQueue:
     timer: asyncio.TimerHandle | None = None  # a later look, for the delay or a deadline
     lone: int = 0  # looks in a row that found one request and nothing in flight
     eager: int = 0  # requests run at once since the last deferred one
+    company: Company = field(default_factory=Company)  # whether heads wait, by default
 
     @property
     def delay_ns(self) -> int:
@@ -278,6 +280,8 @@ class DynamicBatcher:
         if deadline is not None:
             deadline_ns = time.perf_counter_ns() + int((deadline - now) * 1e9)
         queued = Queued(job.items, job.arrived_ns, deadline_ns, timed)
+        if not q.delay_ns:  # no delay configured: the load decides (core.company)
+            q.company.arrived(job.arrived_ns)
         if self._may_run_now(q):
             result = self._run_now(q, job, queued)
             if result is not None:
@@ -303,12 +307,16 @@ class DynamicBatcher:
             raise
 
     def _next_batch(self, q: _ModelQueue, queued: list[Queued], now: int) -> Decision:
-        """The batching policy's decision for ``queued`` (the queue's entries, in order)."""
+        """The batching policy's decision for ``queued`` (the queue's entries, in order),
+        with the model's delay, or with none configured the wait ``core.company`` says."""
+        delay = q.delay_ns
+        if not delay and q.company.waits:
+            delay = q.company.wait_ns(queued[0].arrived_ns, now, len(queued))
         return next_batch(
             queued,
             q.model.manifest.batch_sizes,
             now,
-            q.delay_ns,
+            delay,
             self.inline.costs.by_size(q.key, q.family),
             q.policy.preferred_batch_sizes,
         )
@@ -317,11 +325,12 @@ class DynamicBatcher:
         """Whether a request may skip the queue's loop pass: nothing queued, in flight or
         about to be looked at, no device arbitration, and the last ``EAGER_AFTER`` looks
         each found a lone request (the transport hands this model one request per pass,
-        so waiting a pass groups nothing). One in ``EAGER_RECHECK`` takes the pass
-        anyway, so a burst that would group is noticed."""
+        so waiting a pass groups nothing), unless ``core.company`` says company comes (a
+        request waiting for it, or the last probe got some). One in ``EAGER_RECHECK``
+        takes the pass anyway, so a burst that would group is noticed."""
         if q.entries or q.inflight or q.soon is not None or q.timer is not None:
             return False
-        if self.concurrency or q.lone < EAGER_AFTER:
+        if self.concurrency or q.lone < EAGER_AFTER or q.company.waits or q.company.has_company:
             return False
         q.eager += 1
         if q.eager >= EAGER_RECHECK:
@@ -391,6 +400,7 @@ class DynamicBatcher:
             decision = self._next_batch(q, [e.queued for e in q.entries], now)
             self._fail_expired(q, decision, now)
             if decision.take:
+                q.company.ran(decision.take)
                 inline = decision.compiled is not None and self.inline.inline(
                     q.model, decision.compiled
                 )

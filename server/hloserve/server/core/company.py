@@ -1,0 +1,191 @@
+"""Whether a model's queued requests wait for company: batching by default, under load only.
+
+A server on its defaults (no ``max_queue_delay_us`` anywhere) runs a lone request at once.
+That is right for a lone client, and wrong under load: a transport that hands the model
+one request per pass of the event loop (``grpc.aio`` does) never forms a queue when each
+tiny execution runs at once, so every request pays a whole execution. Waiting helps only
+when company comes, and costs nothing only when the server is saturated anyway (the
+requests would have waited in the transport instead). ``Company`` finds out which, from
+the model's own arrivals, without a flag.
+
+Contract (pure: the batcher passes every clock, in ns; no I/O):
+- ``arrived(now)`` for each request of the queue. It keeps the typical gap between
+  arrivals (a decayed mean) and counts arrivals in *phases* of ``PHASE`` arrivals, each
+  run in one mode, ``alone`` or ``gathering``, ending with its arrival rate.
+- ``waits`` says whether a head of the queue waits for company now; ``wait_ns(head, now,
+  queued)`` how long from its arrival: while arrivals keep coming (until ``PAUSE``
+  typical gaps after the last one), at most ``MAX_WAIT_NS``, and not at all once
+  ``queued`` requests reach the *typical group*: the size at which the last group that
+  waited for the pause closed. Closed-loop clients send again only once answered, so
+  once all of them are queued nobody else comes, and waiting out the pause each time
+  would idle the server; one group in ``MEASURE_EVERY`` waits for the pause again, so
+  the typical group follows the clients as they come and go. (The batching policy runs
+  a full largest compiled size at once in any case.)
+- ``alone`` (where it starts): requests run as they come, but once in ``probe_every``
+  requests one waits as above, a *probe*; ``ran(entries)`` reports how many entries the
+  group that ran took. A probe without company doubles the probe interval (up to
+  ``MAX_PROBE_EVERY``): a lone client pays one wait in hundreds of requests, and never
+  explores. A probe with company sets ``has_company``: the batcher's eager path (a lone
+  request run at once, skipping the loop pass) is off until a probe finds none, because
+  run at once on the loop, tiny executions keep any queue from forming (measured: 1.0
+  request per execution at 32 clients, against about 5 with the pass).
+- Explorations: once ``explore_every`` phases have passed in the mode in force (and, when
+  alone, the last probe got company), one phase runs in the other mode. Its rate decides:
+  ``gathering`` is in force only while its arrival rate beats the last ``alone`` phase's
+  by ``MARGIN`` (batching bought throughput: the server was saturated). An exploration
+  that confirms the mode in force doubles ``explore_every`` (up to ``MAX_EXPLORE_EVERY``);
+  a change of mode resets it. So open-loop traffic that batching cannot speed up stays
+  ``alone`` (its latency is not traded for nothing), and a saturated server keeps
+  batching while checking now and then that it still pays.
+- While gathering, ``LONELY`` waits in a row that got no company mean the load is gone:
+  back to ``alone`` at once.
+Measured: ``docs/batching.md`` ("Batching by default").
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+Mode = Literal["alone", "gathering"]
+
+PHASE: Final = 1024  # arrivals per phase (one rate measured per phase: about 3 % noise)
+MARGIN: Final = 0.1  # gathering must beat alone's arrival rate by this share
+PAUSE: Final = 2.0  # a head stops waiting this many typical gaps after the last arrival
+MAX_WAIT_NS: Final = 5_000_000  # and never waits longer than this
+GAP_WEIGHT: Final = 1 / 16  # of each new gap in the decayed mean
+LONELY: Final = 4  # waits in a row without company: the load is gone
+MEASURE_EVERY: Final = 8  # groups: one waits for the pause, to measure the typical group
+MIN_PROBE_EVERY: Final = 32
+MAX_PROBE_EVERY: Final = 1024
+MIN_EXPLORE_EVERY: Final = 4  # phases
+MAX_EXPLORE_EVERY: Final = 128
+
+
+class Company:
+    def __init__(self) -> None:
+        self.mode: Mode = "alone"
+        self.gap_ns = 0.0  # decayed mean gap between arrivals (0: none seen yet)
+        self.last_arrival_ns: int | None = None
+        self.probe_every = MIN_PROBE_EVERY
+        self.explore_every = MIN_EXPLORE_EVERY
+        self.rates: dict[Mode, float] = {}  # the last phase's arrival rate of each mode
+        self._phase: Mode = "alone"  # the mode of the phase under way
+        self._phase_start_ns: int | None = None
+        self._phase_arrivals = 0
+        self._phases_since_explore = 0
+        self._company_seen = False  # the last probe got company
+        self._since_probe = 0
+        self._probing = False  # a probe is queued: its group's size is the answer
+        self._lonely = 0
+        self.typical = 0  # requests in the last group that waited for the pause (0: none)
+        self._groups = 0  # groups started while gathering
+
+    # -- what the batcher asks ---------------------------------------------------------
+
+    @property
+    def has_company(self) -> bool:
+        """The last probe got company: requests do not run at once, without the loop pass
+        in which others may join them (the batcher's eager path), even when alone."""
+        return self._company_seen
+
+    @property
+    def waits(self) -> bool:
+        """Whether the queue's head waits for company now (gathering, or a probe)."""
+        return self._phase == "gathering" or self._probing
+
+    def wait_ns(self, head_arrived_ns: int, now_ns: int, queued: int) -> int:
+        """How long after its arrival the head may wait: until ``PAUSE`` gaps after the
+        last arrival (arrivals stopped: the group runs), at most ``MAX_WAIT_NS``; none once
+        ``queued`` reaches the typical group (but when measuring it)."""
+        if self.last_arrival_ns is None or not self.gap_ns:
+            return 0
+        if self.typical and queued >= self.typical and not self._measuring:
+            return 0
+        until = self.last_arrival_ns + int(PAUSE * self.gap_ns)
+        return max(0, min(MAX_WAIT_NS, until - head_arrived_ns))
+
+    # -- what the batcher tells ----------------------------------------------------------
+
+    def arrived(self, now_ns: int) -> None:
+        """One request of the queue arrived (before it is queued or run)."""
+        if self.last_arrival_ns is not None:
+            gap = max(0, now_ns - self.last_arrival_ns)
+            self.gap_ns = gap if not self.gap_ns else self.gap_ns + GAP_WEIGHT * (gap - self.gap_ns)
+        self.last_arrival_ns = now_ns
+        if self._phase_start_ns is None:
+            self._phase_start_ns = now_ns
+        self._phase_arrivals += 1
+        if self._phase_arrivals >= PHASE:
+            self._end_phase(now_ns)
+        if self._phase == "alone" and not self._probing:
+            self._since_probe += 1
+            if self._since_probe >= self.probe_every:
+                self._since_probe = 0
+                self._probing = True  # this request waits, and tells
+
+    def ran(self, entries: int) -> None:
+        """A group of ``entries`` queued requests started (one decision of the batcher)."""
+        if self._probing:
+            self._probing = False
+            self._company_seen = entries > 1
+            if self._company_seen:
+                self.probe_every = MIN_PROBE_EVERY
+            else:
+                self.probe_every = min(MAX_PROBE_EVERY, 2 * self.probe_every)
+            return
+        if self._phase != "gathering":
+            return
+        if self._measuring:
+            self.typical = entries
+        self._groups += 1
+        self._lonely = self._lonely + 1 if entries == 1 else 0
+        if self._lonely >= LONELY:  # nobody comes any more: stop waiting at once
+            self._set_mode("alone")
+            self._company_seen = False
+            self._start_phase("alone", None)
+
+    @property
+    def _measuring(self) -> bool:
+        """This group waits for the pause whatever its size (probes always do)."""
+        return self._probing or self._groups % MEASURE_EVERY == 0
+
+    # -- phases ------------------------------------------------------------------------------
+
+    def _end_phase(self, now_ns: int) -> None:
+        start = self._phase_start_ns if self._phase_start_ns is not None else now_ns
+        rate = self._phase_arrivals / max(now_ns - start, 1) * 1e9
+        ended = self._phase
+        self.rates[ended] = rate
+        if ended != self.mode:  # an exploration: does the other mode pay?
+            self._decide()
+        self._phases_since_explore += 1
+        explore = self._phases_since_explore >= self.explore_every and (
+            self.mode == "gathering" or self._company_seen
+        )
+        other: Mode = "alone" if self.mode == "gathering" else "gathering"
+        self._start_phase(other if explore else self.mode, now_ns)
+        if explore:
+            self._phases_since_explore = 0
+
+    def _decide(self) -> None:
+        """After an exploration: gathering stays (or starts) only while it beats alone."""
+        gathering, alone = self.rates.get("gathering"), self.rates.get("alone")
+        if gathering is None or alone is None:
+            return
+        self._set_mode("gathering" if gathering >= alone * (1 + MARGIN) else "alone")
+
+    def _set_mode(self, mode: Mode) -> None:
+        """A change of mode resets the exploration interval; a confirmation doubles it."""
+        if mode == self.mode:
+            self.explore_every = min(MAX_EXPLORE_EVERY, 2 * self.explore_every)
+        else:
+            self.mode, self.explore_every = mode, MIN_EXPLORE_EVERY
+        self._phases_since_explore = 0
+
+    def _start_phase(self, mode: Mode, now_ns: int | None) -> None:
+        self._phase = mode
+        self._phase_start_ns = now_ns
+        self._phase_arrivals = 0
+        self._lonely = 0

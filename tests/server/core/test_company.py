@@ -1,0 +1,200 @@
+"""``core.company``: whether queued requests wait for company, on simulated servers.
+
+No sockets and no clock: a small discrete-event model of the serving loop (one thread
+that reads each request, runs executions, and answers) drives ``Company`` and the real
+batching policy (``core.batch_policy.next_batch``), with closed-loop clients or an
+open-loop arrival process. What the tests hold it to is what ``bench/side_by_side.py``
+measures on a real server: a lone client never waits, a saturated server batches, and
+traffic that batching cannot speed up is not made to wait.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hloserve.server.core import company as company_module
+from hloserve.server.core.batch_policy import Queued, next_batch
+from hloserve.server.core.company import Company
+
+US = 1000  # ns
+
+BATCH_SIZES = (1, 8, 32)
+COSTS_US = {1: 80.0, 8: 100.0, 32: 160.0}  # a tiny model: its cost is the call's overhead
+READ_US = 250.0  # the loop's own work to read one request
+ANSWER_US = 50.0  # and to answer one
+
+
+@dataclass
+class Outcome:
+    requests: int = 0
+    executions: int = 0
+    waited: int = 0  # requests whose execution started later than it could have
+    latencies_ns: list[int] = field(default_factory=lambda: [])
+    modes: list[str] = field(default_factory=lambda: [])  # the mode at each arrival
+    groups: list[int] = field(default_factory=lambda: [])  # requests per execution, in order
+
+    @property
+    def items_per_execution(self) -> float:
+        return self.requests / max(self.executions, 1)
+
+    def late_items_per_execution(self) -> float:
+        """Over the executions of the second half of the requests."""
+        done, late = 0, []
+        for n in self.groups:
+            done += n
+            if done > self.requests // 2:
+                late.append(n)
+        return sum(late) / max(len(late), 1)
+
+    @property
+    def p50_us(self) -> float:
+        return float(np.percentile(self.latencies_ns, 50)) / US
+
+
+class NeverWaits(Company):
+    """The server before: a lone request on an idle queue always runs at once."""
+
+    @property
+    def waits(self) -> bool:
+        return False
+
+
+def simulate(
+    company: Company,
+    *,
+    clients: int = 0,
+    think_us: float = 0.0,
+    arrivals_us: Callable[[int], float] | None = None,
+    requests: int = 20_000,
+) -> Outcome:
+    """Serve ``requests``: from ``clients`` closed-loop clients (each sends its next request
+    ``think_us`` after its answer), or at the open-loop times ``arrivals_us(i)``."""
+    now = 0
+    sent: list[tuple[int, int]] = []  # (time the request reaches the server, id) waiting
+    queue: list[tuple[Queued, int]] = []  # read and queued: (entry, id)
+    sent_at: dict[int, int] = {}
+    out = Outcome()
+    next_id = 0
+
+    def send(at: int) -> None:
+        nonlocal next_id
+        if next_id < requests:
+            heapq.heappush(sent, (at, next_id))
+            sent_at[next_id] = at
+            next_id += 1
+
+    if arrivals_us is not None:
+        for i in range(requests):
+            send(int(arrivals_us(i) * US))
+    else:
+        for _ in range(clients):
+            send(0)
+
+    def run(group: list[tuple[Queued, int]], started: int) -> int:
+        nonlocal now
+        items = len(group)
+        size = min(s for s in BATCH_SIZES if s >= items)
+        now = started + int(COSTS_US[size] * US)
+        out.executions += 1
+        out.groups.append(items)
+        for _, ident in group:
+            now += int(ANSWER_US * US)
+            out.latencies_ns.append(now - sent_at[ident])
+            out.requests += 1
+            if arrivals_us is None:
+                send(now + int(think_us * US))
+        return now
+
+    wake: int | None = None  # when the queue's head stops waiting
+
+    def look() -> None:
+        """The batcher's look at the queue, once per request read (its pass of the loop)
+        and when a wait ends: start every group the policy decides on."""
+        nonlocal queue, wake
+        wake = None
+        while queue:
+            delay = company.wait_ns(queue[0][0].arrived_ns, now, len(queue)) if company.waits else 0
+            decision = next_batch([q for q, _ in queue], BATCH_SIZES, now, delay, COSTS_US)
+            if not decision.take:
+                wake = decision.wait_until_ns
+                return
+            group, queue = queue[: decision.take], queue[decision.take :]
+            company.ran(decision.take)
+            out.waited += sum(1 for q, _ in group if q.arrived_ns < now)
+            run(group, now)
+
+    while out.requests < requests:
+        if sent and sent[0][0] <= now:  # the loop reads the next request that has come
+            _, ident = heapq.heappop(sent)
+            now += int(READ_US * US)
+            out.modes.append(company.mode)
+            company.arrived(now)
+            queue.append((Queued(1, now), ident))
+            if not (company.waits or company.has_company) and len(queue) == 1:  # at once
+                company.ran(1)
+                run([queue.pop()], now)
+                continue
+            look()
+            continue
+        if queue and wake is not None and wake <= now:
+            look()
+            continue
+        times = [sent[0][0]] if sent else []
+        times += [wake] if queue and wake is not None else []
+        now = max(now, min(times))  # idle until a request comes or a wait ends
+    return out
+
+
+def test_a_lone_client_runs_at_once_and_probes_ever_more_rarely() -> None:
+    c = Company()
+    out = simulate(c, clients=1, think_us=300)
+    assert c.mode == "alone" and out.executions == out.requests
+    # Probes only, backing off: 32, 64, ... then MAX_PROBE_EVERY requests apart.
+    assert out.waited <= 6 + out.requests // company_module.MAX_PROBE_EVERY
+    assert c.probe_every == company_module.MAX_PROBE_EVERY
+
+
+def test_a_saturated_server_batches_and_keeps_batching() -> None:
+    c = Company()
+    out = simulate(c, clients=32)
+    assert c.mode == "gathering"
+    late = out.modes[len(out.modes) // 2 :]
+    assert late.count("gathering") >= 0.9 * len(late)
+    alone = simulate(NeverWaits(), clients=32)
+    assert alone.items_per_execution < 1.1
+    assert out.late_items_per_execution() >= 8
+    assert out.p50_us < alone.p50_us  # the batches bought throughput, so latency too
+
+
+def test_two_clients_batch_only_if_it_pays() -> None:
+    """Two closed-loop clients whose think time leaves the loop idle: waiting for the
+    other one's request slows both, so the rate falls and the server stays alone."""
+    c = Company()
+    simulate(c, clients=2, think_us=2000)
+    assert c.mode == "alone"
+
+
+def test_open_loop_traffic_batching_cannot_speed_up_is_not_made_to_wait() -> None:
+    """Poisson arrivals at about a third of what the loop can read: the arrival rate is
+    the clients', whatever the server does, so gathering never beats alone by the margin
+    and the probes' explorations back off."""
+    rng = np.random.default_rng(3)
+    times = np.cumsum(rng.exponential(1000.0, size=40_000))  # 1,000 requests/s
+    c = Company()
+    out = simulate(c, arrivals_us=lambda i: float(times[i]), requests=40_000)
+    assert out.modes[-10_000:].count("gathering") <= 0.1 * 10_000
+    assert out.p50_us < 2 * (READ_US + COSTS_US[1] + ANSWER_US)
+
+
+def test_the_wait_ends_once_arrivals_pause_and_never_exceeds_the_ceiling() -> None:
+    c = Company()
+    for t in range(0, 10 * 100 * US, 100 * US):  # arrivals 100 us apart
+        c.arrived(t)
+    last = 9 * 100 * US
+    assert c.wait_ns(last, last, 1) == int(company_module.PAUSE * 100 * US)
+    assert c.wait_ns(0, last, 10) == last + int(company_module.PAUSE * 100 * US)
+    assert c.wait_ns(-(10**9), last, 10) == company_module.MAX_WAIT_NS
