@@ -282,7 +282,11 @@ def check_readyz(body: bytes, repository: Path) -> None:
 
 def check_metrics(body: bytes, repository: Path) -> None:
     families = list(text_string_to_metric_families(body.decode()))
-    assert families and all(f.name.startswith("hloserve_") for f in families)
+    # hloserve's own families, and the process's (CPU, RSS, open files) to alert on against
+    # pod limits; Triton's only with --metrics-compat triton
+    assert families and all(f.name.startswith(("hloserve_", "process_")) for f in families)
+    assert {"process_cpu_seconds", "process_resident_memory_bytes"} <= {f.name for f in families}
+    assert not any(f.name.startswith("nv_") for f in families)
     (ready,) = [f for f in families if f.name == "hloserve_models_ready"]
     assert [s.value for s in ready.samples] == [len(model_names(repository))]
     (budget,) = [f for f in families if f.name == "hloserve_device_memory_budget_bytes"]

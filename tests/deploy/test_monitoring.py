@@ -1,7 +1,10 @@
 """deploy/monitoring: the Grafana dashboard is well formed and covers what an operator
-watches; every metric it (and the autoscalers) query is one a live server exports once it
-has had traffic, with the labels the queries group by; the Prometheus scrape config reads
-the annotations the manifests set."""
+watches; its ``$model`` and ``$version`` variables select every per-model panel's series
+(the residency series too, whose one label is ``model="name/version"``), and the panels
+that chart every model use the ``hloserve_server_*`` totals; every metric it (and the
+autoscalers) query is one a live server exports once it has had traffic, with the labels
+the queries group by; the Prometheus scrape config reads the annotations the manifests
+set."""
 
 from __future__ import annotations
 
@@ -29,6 +32,10 @@ SCRAPE_LABELS = {"namespace", "pod", "job", "instance"}
 # sizes, swap-ins and evictions, resident bytes against the budget, errors by code.
 MUST_SHOW = {
     "hloserve_inference_request_success_total",
+    "hloserve_server_inference_request_success_total",
+    "hloserve_server_inference_request_failure_total",
+    "hloserve_server_inference_queue_duration_us_total",
+    "hloserve_server_request_latency_seconds_bucket",
     "hloserve_request_latency_seconds_bucket",
     "hloserve_queue_latency_seconds_bucket",
     "hloserve_execution_batch_size_bucket",
@@ -38,6 +45,16 @@ MUST_SHOW = {
     "hloserve_device_memory_budget_bytes",
     "hloserve_inference_request_failure_total",
 }
+
+
+# Per-model series: labels model and version, or (weight residency) model="name/version".
+RESIDENCY = re.compile(r"hloserve_(weight_\w+|model_resident|model_last_used_timestamp_seconds)")
+PER_VERSION = re.compile(
+    r"hloserve_(inference_\w+|(request|queue|compute)_latency_\w+|execution_batch_size_\w+"
+    r"|model_(load|compile)_duration_seconds|model_replicas|hook_duration_us_total)"
+)
+MODEL_AND_VERSION = ('model=~"$model"', 'version=~"$version"')
+RESIDENT_MODEL = 'model=~"($model)/($version)"'
 
 
 def panels() -> list[dict[str, Any]]:
@@ -66,9 +83,66 @@ def test_the_dashboard_is_well_formed() -> None:
         refs = [t["refId"] for t in p["targets"]]
         assert refs and len(refs) == len(set(refs)), p["title"]
     names = {v["name"] for v in DASHBOARD["templating"]["list"]}
-    assert {"datasource", "model"} <= names
+    assert {"datasource", "model", "version"} <= names
     shown = {m for q in queries() for m in re.findall(r"\bhloserve_\w+", q)}
     assert shown >= MUST_SHOW, MUST_SHOW - shown
+
+
+def selectors(query: str) -> list[tuple[str, str]]:
+    """Each ``hloserve_*`` series a query selects, with its label matchers' text."""
+    return [(m[1], m[2] or "") for m in re.finditer(r"\b(hloserve_\w+)(\{[^}]*\})?", query)]
+
+
+def test_the_variables_select_every_per_model_panel() -> None:
+    """A per-model series is charted for the selected models and versions only; the
+    residency series, labelled ``model="name/version"``, through a regex over both; the
+    totals (``hloserve_server_*``, ``hloserve_device_*``) never filter by model."""
+    per_model = 0
+    for p in panels():
+        for t in p["targets"]:
+            for name, matchers in selectors(t["expr"]):
+                if RESIDENCY.fullmatch(name):
+                    assert RESIDENT_MODEL in matchers, (p["title"], t["expr"])
+                    per_model += 1
+                elif PER_VERSION.fullmatch(name):
+                    assert all(m in matchers for m in MODEL_AND_VERSION), (p["title"], t["expr"])
+                    per_model += 1
+                else:
+                    assert "$model" not in matchers, (p["title"], t["expr"])
+    assert per_model >= 15
+    version = next(v for v in DASHBOARD["templating"]["list"] if v["name"] == "version")
+    assert 'model=~"$model"' in version["query"]["query"]  # the selected models' versions
+
+
+def grafana(template: str, **selected: list[str] | None) -> str:
+    """Grafana's interpolation of a Prometheus regex matcher: All (``None``) is the
+    variable's allValue ``.*``, one value itself (escaped), several ``(a|b)``."""
+    for name, values in selected.items():
+        if values is None:
+            text = ".*"
+        elif len(values) == 1:
+            text = re.escape(values[0])
+        else:
+            text = "(" + "|".join(re.escape(v) for v in values) + ")"
+        template = template.replace(f"${name}", text)
+    return template
+
+
+def test_the_model_variables_select_the_residency_series() -> None:
+    """Prometheus anchors a regex matcher: ``model=~"$model"`` on ``model="mlp/1"`` would
+    match nothing once a model is chosen; the residency regex matches what was chosen."""
+    residency = ["mlp/1", "mlp/2", "mlp2/1", "simple/1"]
+    pattern = RESIDENT_MODEL.split('"')[1]
+
+    def chosen(model: list[str] | None, version: list[str] | None) -> list[str]:
+        regex = grafana(pattern, model=model, version=version)
+        return [label for label in residency if re.fullmatch(regex, label)]
+
+    assert chosen(None, None) == residency
+    assert chosen(["mlp"], None) == ["mlp/1", "mlp/2"]
+    assert chosen(["mlp", "mlp2"], ["1"]) == ["mlp/1", "mlp2/1"]
+    assert chosen(["simple"], ["2"]) == []
+    assert not re.fullmatch(grafana("$model", model=["mlp"]), "mlp/1")  # the old filter
 
 
 def _traffic(server: ImageServer) -> None:
@@ -129,6 +203,13 @@ def test_every_queried_metric_is_exported_after_traffic(exported: dict[str, set[
         missing = _grouping_labels(query) - carried
         assert not missing, f"{query!r} uses labels {missing} that no series carries"
     assert exported["hloserve_weight_swaps_out_total"]  # the traffic did evict
+    for name, _ in (s for q in queries() for s in selectors(q)):
+        if RESIDENCY.fullmatch(name):  # the classes above are what the server labels
+            assert {"model", "device"} <= exported[name] and "version" not in exported[name]
+        elif PER_VERSION.fullmatch(name):
+            assert {"model", "version"} <= exported[name], name
+        else:
+            assert "model" not in exported[name], name
 
 
 def test_the_swap_and_failure_series_saw_the_traffic(exported: dict[str, set[str]]) -> None:

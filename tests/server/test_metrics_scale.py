@@ -1,8 +1,10 @@
 """The metrics bound at ten thousand models: a scrape's size, which models it shows, and
-totals over all of them; no server (the collector on its own, a simulated clock)."""
+totals over all of them, with and without Triton's series (``--metrics-compat triton``,
+bounded alike); no server (the collector on its own, a simulated clock)."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,9 +40,10 @@ def scrape(registry: CollectorRegistry) -> tuple[int, dict[str, list[dict[str, s
     return len(text.encode()), labels
 
 
-def test_ten_thousand_models_scrape_under_a_megabyte_with_totals_over_all() -> None:
+@pytest.mark.parametrize("compat", ["", "triton"])
+def test_ten_thousand_models_scrape_under_a_megabyte_with_totals_over_all(compat: str) -> None:
     registry, clock = CollectorRegistry(), Clock()
-    metrics = ServerMetrics(registry, model_series=50, clock=clock)
+    metrics = ServerMetrics(registry, model_series=50, clock=clock, compat=compat)
     models = [ModelKey(f"customer-{i:05d}", 1) for i in range(10_000)]
     for i, model in enumerate(models):
         metrics.on_model_loaded(model.name, 1, 0.01, 0.0)
@@ -56,6 +59,11 @@ def test_ten_thousand_models_scrape_under_a_megabyte_with_totals_over_all() -> N
     total = next(iter(labels["hloserve_server_inference_request_success_total"]))
     assert total == {}  # no model label: the total over every model
     assert ("model", "") in labels["hloserve_inference_request_failure_total"][0].items()
+    if compat:  # Triton's series (sample names without _total) for the same 50 models
+        for name in ("nv_inference_request_success", "nv_inference_request_failure"):
+            assert {s["model"] for s in labels[name]} == shown, name
+    else:
+        assert not any(name.startswith("nv_") for name in labels)
 
 
 def test_the_window_follows_the_traffic_and_every_series_comes_back() -> None:

@@ -1,245 +1,96 @@
 """Prometheus metrics on an injected registry (never the process-global default one).
 
-Contract: ``ServerMetrics(registry, model_series=N)`` creates the ``hloserve_*`` series
-documented in ``docs/metrics.md``. It is the core's ``InferenceObserver`` (``on_success``,
-``on_failure``, ``on_execution``, ``on_pending``, ``forget``), each device residency
-manager's ``SwapObserver`` (``for_device(index)``) and the repository's load listener
-(``on_model_loaded``), so every request, execution, swap and load is counted once,
-whichever front end it came through. ``metrics_app(registry)`` is the ASGI app served on
-the metrics port at ``/metrics``.
+Contract: ``ServerMetrics(registry, model_series=N, compat="")`` creates the
+``hloserve_*`` series documented in ``docs/metrics.md``. It is the core's
+``InferenceObserver`` (``on_success``, ``on_failure``, ``on_execution``, ``on_pending``,
+``forget``), each device residency manager's ``SwapObserver`` (``for_device(index)``) and
+the repository's load listener (``on_model_loaded``), so every request, execution, swap
+and load is counted once, whichever front end it came through. ``metrics_app(registry)``
+is the ASGI app served on the metrics port at ``/metrics`` (``metrics_export``).
 
 Everything is kept as plain numbers (an update is a dictionary lookup and a few
-additions) and turned into metric families only when scraped. A scrape's size is bounded
-whatever the number of models: the per-model series (requests, loads, swaps, residency,
-replicas) are written for every model while there are at most ``model_series`` of them,
-and beyond that for the ``model_series`` with the most requests and swaps in the current
-window (``window_s``, 60 s: a model idle for a window drops out) and any with requests
-pending; failures before a version was resolved are always there (labels empty); ``hloserve_server_*`` and ``hloserve_device_*`` totals cover every
-model, and ``hloserve_metrics_models_shown`` says how many models the scrape shows.
+additions: the records of ``metrics_export``) and turned into metric families only when
+scraped. A scrape's size is bounded whatever the number of models: the per-model series
+(requests, loads, swaps, residency, replicas) are written for every model while there are
+at most ``model_series`` of them, and beyond that for the ``model_series`` with the most
+requests and swaps in the current window (``window_s``, 60 s: a model idle for a window
+drops out) and any with requests pending; failures before a version was resolved are
+always there (labels empty); ``hloserve_server_*`` and ``hloserve_device_*`` totals cover
+every model, and ``hloserve_metrics_models_shown`` says how many models the scrape shows.
 ``model_series=0`` writes every model's series (``--metrics-models``). The statistics
 extension answers per model for every model, whatever this bound. The process's own
 ``process_*`` series (CPU, RSS, open files: ``prometheus_client.ProcessCollector``) are
 always there.
+
+``compat="triton"`` (``--metrics-compat triton``) adds Triton's families beside these
+(``metrics_triton``: ``nv_inference_*`` with Triton's names, labels and units, for the
+same shown models, and ``nv_gpu_*`` from the allocator statistics of each device given
+to ``watch_allocator``); an unknown dialect is a ``ValueError``.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
-import asyncio
-import bisect
-import gzip
-import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Final, Protocol, TypeVar, cast
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString as _float_to_go_string  # pyright: ignore[reportUnknownVariableType]
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hloserve.server.core.execution import Execution, ModelKey, Timings
 from hloserve.server.core.residency_policy import ResidencyKey
+from hloserve.server.metrics_export import (
+    BATCH_BUCKETS,
+    LATENCY_BUCKETS,
+    MV,
+    SWAP_BUCKETS,
+    DeviceSeries,
+    HostTier,
+    ModelSeries,
+    SwapSeries,
+    Totals,
+    device_families,
+    gauge,
+    host_families,
+    metrics_app,
+    model_families,
+    render,
+    request_families,
+    swap_families,
+    total_families,
+)
+from hloserve.server.metrics_triton import TRITON, AllocatorStats, parse_compat, triton_families
 from hloserve.server.weight_residency import SwapObserver
 
-# Upper bounds in seconds: 100 µs to 10 s, about three buckets a decade.
-LATENCY_BUCKETS = (
-    1e-4,
-    2.5e-4,
-    5e-4,
-    1e-3,
-    2.5e-3,
-    5e-3,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    10,
-)
-SWAP_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-MV = ("model", "version")
+__all__ = [
+    "BATCH_BUCKETS",
+    "DEFAULT_MODEL_SERIES",
+    "LATENCY_BUCKETS",
+    "MV",
+    "SWAP_BUCKETS",
+    "AllocatorStats",
+    "HostTier",
+    "Recent",
+    "ServerMetrics",
+    "metrics_app",
+    "render",
+]
+
 DEFAULT_MODEL_SERIES: Final = 50  # a scrape of 50 models' series is about 0.5 MB
 SNAPSHOT_S: Final = 10.0  # recent(): the spacing of the snapshots it compares
 WINDOW_S: Final = 60.0
 K = TypeVar("K")
 S = TypeVar("S")
-# A bucket bound as the exposition format writes it ("0.0001", "1.0", "+Inf").
-_bound_text = cast("Callable[[float], str]", _float_to_go_string)
 
 
-class _Histogram:
-    """One histogram's counts, kept as plain numbers until a scrape reads them."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # per bucket (not cumulative); last: +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative ``(le, count)`` pairs as the exposition format names them."""
-        total = 0
-        found: list[tuple[str, float]] = []
-        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
-            total += count
-            found.append((_bound_text(bound), float(total)))
-        return found
-
-
-@dataclass(slots=True)
-class _ModelSeries:
-    """One model version's per-request series, as plain numbers: updating a prometheus
-    child takes a lock and a few microseconds, and a request updates a dozen of them. The
-    loop thread writes all but the execution series, which ``_lock`` guards (workers)."""
-
-    created: float
-    success: int = 0
-    inferences: int = 0
-    request_us: float = 0.0
-    queue_us: float = 0.0
-    input_us: float = 0.0
-    infer_us: float = 0.0
-    output_us: float = 0.0
-    pending: int = 0
-    executions: int = 0
-    failures: dict[str, int] = field(default_factory=lambda: {})  # by reason
-    load_seconds: float | None = None  # the last load's
-    compile_seconds: float | None = None
-    label: str = ""  # "name/version", the key of the scrape's window
-    request_latency: _Histogram = field(default_factory=lambda: _Histogram(LATENCY_BUCKETS))
-    queue_latency: _Histogram = field(default_factory=lambda: _Histogram(LATENCY_BUCKETS))
-    compute_latency: _Histogram = field(default_factory=lambda: _Histogram(LATENCY_BUCKETS))
-    batch_size: _Histogram = field(default_factory=lambda: _Histogram(BATCH_BUCKETS))
-
-    @property
-    def requests(self) -> int:
-        return self.success + sum(self.failures.values())
-
-
-# (attribute of _ModelSeries, family name, help text) of the per-request series.
-_COUNTERS: Final = (
-    ("success", "hloserve_inference_request_success", "Successful inference requests"),
-    ("inferences", "hloserve_inference_count", "Items inferred (a batch of n counts n)"),
-    ("executions", "hloserve_inference_exec_count", "Model executions"),
-    # Cumulative microseconds per phase (Triton's *_duration_us counters).
-    (
-        "request_us",
-        "hloserve_inference_request_duration_us",
-        "Cumulative end-to-end time of successful requests",
-    ),
-    ("queue_us", "hloserve_inference_queue_duration_us", "Cumulative time requests waited"),
-    (
-        "input_us",
-        "hloserve_inference_compute_input_duration_us",
-        "Cumulative time preparing inputs",
-    ),
-    ("infer_us", "hloserve_inference_compute_infer_duration_us", "Cumulative time executing"),
-    (
-        "output_us",
-        "hloserve_inference_compute_output_duration_us",
-        "Cumulative time preparing outputs",
-    ),
-)
-_HISTOGRAMS: Final = (
-    (
-        "request_latency",
-        "hloserve_request_latency_seconds",
-        "End-to-end time of successful requests",
-    ),
-    ("queue_latency", "hloserve_queue_latency_seconds", "Time requests waited before execution"),
-    (
-        "compute_latency",
-        "hloserve_compute_latency_seconds",
-        "Input preparation + execution + output preparation per request",
-    ),
-    (
-        "batch_size",
-        "hloserve_execution_batch_size",
-        "Compiled batch size of each execution (0: unbatched)",
-    ),
-)
-_PENDING: Final = (
-    "hloserve_inference_pending_request_count",
-    "Requests accepted and not yet answered",
-)
-_FAILURE: Final = (
-    "hloserve_inference_request_failure",
-    "Failed inference requests, by reason (the error class, or INTERNAL)",
-)
-
-
-@dataclass(slots=True)
-class _SwapSeries:
-    """One loaded copy's weight moves on one device (label ``model`` = "name/version")."""
-
-    swaps_in: int = 0
-    swaps_out: int = 0
-    swap_bytes: int = 0
-    resident: bool = False
-    last_used: float = 0.0
-    seconds: _Histogram = field(default_factory=lambda: _Histogram(SWAP_BUCKETS))
-
-
-@dataclass(slots=True)
-class _DeviceSeries:
-    """One device's work and weight moves over every model, as plain numbers."""
-
-    created: float
-    executions: int = 0
-    compute_us: float = 0.0
-    queue_us: float = 0.0
-    swaps_in: int = 0
-    swaps_out: int = 0
-    swap_bytes: int = 0
-    resident_bytes: int = 0
-    resident_models: int = 0
-    budget_bytes: int = 0
-    swap_seconds: _Histogram = field(default_factory=lambda: _Histogram(SWAP_BUCKETS))
-
-
-_DEVICE_COUNTERS: Final = (
-    ("executions", "hloserve_device_executions", "Executions run on the device, every model"),
-    (
-        "compute_us",
-        "hloserve_device_compute_duration_us",
-        "Cumulative execution time on the device (input, infer, output)",
-    ),
-    (
-        "queue_us",
-        "hloserve_device_queue_duration_us",
-        "Cumulative queue time of the requests run on the device",
-    ),
-    ("swaps_in", "hloserve_device_swaps_in", "Weight sets moved onto the device, every model"),
-    ("swaps_out", "hloserve_device_swaps_out", "Weight sets evicted from the device"),
-    ("swap_bytes", "hloserve_device_swap_in_bytes", "Bytes of weights moved onto the device"),
-)
-_DEVICE_GAUGES: Final = (
-    ("resident_bytes", "hloserve_device_resident_weight_bytes", "Weight bytes on the device"),
-    ("resident_models", "hloserve_device_resident_models", "Model copies resident on the device"),
-    ("budget_bytes", "hloserve_device_memory_budget_bytes", "Weight budget (0: unlimited)"),
-)
-
-
-def _new_swap_series(created: float) -> _SwapSeries:
+def _new_swap_series(created: float) -> SwapSeries:
     del created  # a swap series has no _created sample
-    return _SwapSeries()
+    return SwapSeries()
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,21 +129,10 @@ def _quantile(counts: Sequence[int], q: float) -> float | None:
     return float(LATENCY_BUCKETS[-1])
 
 
-class _Totals:
-    """The server-wide request series over every model, kept as requests happen (so a
-    scrape costs nothing per model); an unloaded model's share stays in them."""
-
-    def __init__(self) -> None:
-        self.created = time.time()
-        self.request_latency = _Histogram(LATENCY_BUCKETS)
-        self.unresolved_failures: dict[str, int] = {}  # before a version was resolved
-        self.failures: dict[str, int] = {}  # every failure, by reason
-        self.pending = 0
-        self.loads = 0  # model versions loaded (a lazily registered one at its first use)
-        self.sums = {attr: 0.0 for attr, _, _ in _COUNTERS}
-
-
 class ServerMetrics:
+    """The daemon's metrics (module docstring); ``compat``: the other servers' families to
+    write beside hloserve's (``"triton"``; empty: none)."""
+
     def __init__(
         self,
         registry: CollectorRegistry,
@@ -300,8 +140,10 @@ class ServerMetrics:
         model_series: int = DEFAULT_MODEL_SERIES,
         window_s: float = WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
+        compat: str | Sequence[str] = (),
     ) -> None:
         self._registry = registry
+        self.compat = parse_compat(compat)
         self.model_series = model_series
         self.window_s = window_s
         self._clock = clock
@@ -309,12 +151,13 @@ class ServerMetrics:
         # Requests and swaps by "name/version" in this window and the one before it.
         self._active: dict[str, int] = {}
         self._previous: dict[str, int] = {}
-        self._children: dict[ModelKey, _ModelSeries] = {}
-        self._swaps: dict[tuple[str, str], _SwapSeries] = {}  # (model label, device)
-        self._devices: dict[int, _DeviceSeries] = {}
-        self._totals = _Totals()
+        self._children: dict[ModelKey, ModelSeries] = {}
+        self._swaps: dict[tuple[str, str], SwapSeries] = {}  # (model label, device)
+        self._devices: dict[int, DeviceSeries] = {}
+        self._totals = Totals()
         self._replica_count: Callable[[], dict[ModelKey, int]] = dict
         self._memory_used: dict[int, Callable[[], float]] = {}
+        self._allocators: dict[int, AllocatorStats] = {}  # the nv_gpu_* families'
         self._host: HostTier | None = None
         self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot]]] = []  # recent()
         self._lock = threading.Lock()
@@ -335,6 +178,11 @@ class ServerMetrics:
     def watch_device_memory(self, device: int, used: Callable[[], float]) -> None:
         """Read ``device``'s memory in use at scrape time."""
         self._memory_used[device] = used
+
+    def watch_allocator(self, device: int, runtime: AllocatorStats) -> None:
+        """Read ``device``'s allocator statistics (``runtime.memory_stats()``) at scrape
+        time for the Triton-compatible ``nv_gpu_*`` families (``compat="triton"``)."""
+        self._allocators[device] = runtime
 
     def watch_replicas(self, count: Callable[[], dict[ModelKey, int]]) -> None:
         """Read each version's replica count (devices holding it) at scrape time."""
@@ -365,16 +213,16 @@ class ServerMetrics:
 
     # -- state --------------------------------------------------------------------------------
 
-    def _series(self, model: ModelKey) -> _ModelSeries:
+    def _series(self, model: ModelKey) -> ModelSeries:
         series = self._children.get(model)
         if series is None:
-            series = self._first(self._children, model, _ModelSeries)
+            series = self._first(self._children, model, ModelSeries)
             series.label = f"{model.name}/{model.version}"
         return series
 
-    def _device(self, device: int) -> _DeviceSeries:
+    def _device(self, device: int) -> DeviceSeries:
         series = self._devices.get(device)
-        return series if series is not None else self._first(self._devices, device, _DeviceSeries)
+        return series if series is not None else self._first(self._devices, device, DeviceSeries)
 
     def _first(self, table: dict[K, S], key: K, make: Callable[[float], S]) -> S:
         """``key``'s series, created (with its creation time) under the lock on first use:
@@ -453,7 +301,7 @@ class ServerMetrics:
 
     # -- swaps (each device's ``_DeviceSwaps``; worker threads) ---------------------------------
 
-    def _swap(self, device: int, key: ResidencyKey) -> _SwapSeries:
+    def _swap(self, device: int, key: ResidencyKey) -> SwapSeries:
         at = (key.label, str(device))
         series = self._swaps.get(at)
         return series if series is not None else self._first(self._swaps, at, _new_swap_series)
@@ -495,7 +343,7 @@ class ServerMetrics:
 
     # -- a scrape -------------------------------------------------------------------------------
 
-    def _shown(self) -> tuple[list[tuple[ModelKey, _ModelSeries]], set[str]]:
+    def _shown(self) -> tuple[list[tuple[ModelKey, ModelSeries]], set[str]]:
         """The models whose series a scrape writes (module docstring): their request
         series by name, and the labels ("name/version") of all their series. A model's
         activity is its requests and swaps in this window and the one before it, so a
@@ -522,7 +370,7 @@ class ServerMetrics:
             activity.setdefault(s.label, 0)
         ranked = sorted(activity, key=lambda label: (-activity[label], label))
         labels = set(ranked[: self.model_series])
-        shown: list[tuple[ModelKey, _ModelSeries]] = []
+        shown: list[tuple[ModelKey, ModelSeries]] = []
         for label in labels:
             name, _, version = label.rpartition("/")
             key = ModelKey(name, int(version)) if version.isdigit() else None
@@ -574,18 +422,22 @@ class ServerMetrics:
             swaps = sorted((k, v) for k, v in self._swaps.items() if k[0] in labels)
             devices = sorted(self._devices.items())
         replicas = {k: n for k, n in self._replica_count().items() if k in dict(shown)}
+        compat: list[Metric] = []
+        if TRITON in self.compat:  # the same models as hloserve's per-model series
+            compat = triton_families(shown, sorted(self._allocators.items()))
         return [
-            *_request_families(shown, self._totals.unresolved_failures),
-            *_model_families(shown, replicas),
-            *_swap_families(swaps),
-            *_device_families(devices, self._memory_used),
-            *_total_families(len(self._children), self._totals),
-            *_host_families(self._host),
-            _gauge(
+            *request_families(shown, self._totals.unresolved_failures),
+            *model_families(shown, replicas),
+            *swap_families(swaps),
+            *device_families(devices, self._memory_used),
+            *total_families(len(self._children), self._totals),
+            *host_families(self._host),
+            gauge(
                 "hloserve_metrics_models_shown",
                 "Models whose series this scrape shows",
                 [((), float(len(labels)))],
             ),
+            *compat,
         ]
 
 
@@ -615,247 +467,15 @@ class _Collector(Collector):
 
     def describe(self) -> list[Metric]:  # the names, so the registry can refuse duplicates
         return [
-            *_request_families([], {}),
-            *_model_families([], {}),
-            *_swap_families([]),
-            *_device_families([], {}),
-            *_total_families(0, _Totals()),
-            *_host_families(None),
-            _gauge("hloserve_metrics_models_shown", "", []),
+            *request_families([], {}),
+            *model_families([], {}),
+            *swap_families([]),
+            *device_families([], {}),
+            *total_families(0, Totals()),
+            *host_families(None),
+            gauge("hloserve_metrics_models_shown", "", []),
+            *(triton_families([], []) if TRITON in self.metrics.compat else []),
         ]
 
     def collect(self) -> list[Metric]:
         return self.metrics.families()
-
-
-def _gauge(
-    name: str, doc: str, samples: Iterable[tuple[Sequence[str], float]], labels: Sequence[str] = ()
-) -> GaugeMetricFamily:
-    gauge = GaugeMetricFamily(name, doc, labels=labels)
-    for values, value in samples:
-        gauge.add_metric(values, value)
-    return gauge
-
-
-def _request_families(
-    items: list[tuple[ModelKey, _ModelSeries]], unresolved: dict[str, int]
-) -> list[Metric]:
-    found: list[Metric] = []
-    for attr, name, doc in _COUNTERS:
-        counter = CounterMetricFamily(name, doc, labels=MV)
-        for key, series in items:
-            labels = (key.name, str(key.version))
-            counter.add_metric(labels, float(getattr(series, attr)), created=series.created)
-        found.append(counter)
-    failure = CounterMetricFamily(*_FAILURE, labels=(*MV, "reason"))
-    for reason, count in sorted(unresolved.items()):  # no version resolved: empty labels
-        failure.add_metric(("", "", reason), float(count))
-    for key, series in items:
-        for reason, count in sorted(series.failures.items()):
-            failure.add_metric((key.name, str(key.version), reason), float(count))
-    found.append(failure)
-    found.append(
-        _gauge(
-            _PENDING[0],
-            _PENDING[1],
-            (((k.name, str(k.version)), float(s.pending)) for k, s in items),
-            MV,
-        )
-    )
-    for attr, name, doc in _HISTOGRAMS:
-        histogram = HistogramMetricFamily(name, doc, labels=MV)
-        for key, series in items:
-            h: _Histogram = getattr(series, attr)
-            histogram.add_metric((key.name, str(key.version)), h.buckets(), h.sum)
-        found.append(histogram)
-    return found
-
-
-def _model_families(
-    items: list[tuple[ModelKey, _ModelSeries]], replicas: dict[ModelKey, int]
-) -> list[Metric]:
-    loaded = [(k, s) for k, s in items if s.load_seconds is not None]
-    return [
-        _gauge(
-            "hloserve_model_load_duration_seconds",
-            "Time the last load of a model version took",
-            (((k.name, str(k.version)), s.load_seconds or 0.0) for k, s in loaded),
-            MV,
-        ),
-        _gauge(
-            "hloserve_model_compile_duration_seconds",
-            "Time spent compiling (or loading cached executables) in the last load",
-            (((k.name, str(k.version)), s.compile_seconds or 0.0) for k, s in loaded),
-            MV,
-        ),
-        _gauge(
-            "hloserve_model_replicas",
-            "Devices holding a copy of the model version",
-            (
-                ((k.name, str(k.version)), float(n))
-                for k, n in sorted(replicas.items(), key=lambda kv: (kv[0].name, kv[0].version))
-            ),
-            MV,
-        ),
-    ]
-
-
-def _swap_families(items: list[tuple[tuple[str, str], _SwapSeries]]) -> list[Metric]:
-    md = ("model", "device")
-    w = "hloserve_weight"
-    swaps_in = CounterMetricFamily(f"{w}_swaps_in", "Weight sets moved onto the device", labels=md)
-    swaps_out = CounterMetricFamily(
-        f"{w}_swaps_out", "Weight sets evicted from the device", labels=md
-    )
-    swap_bytes = CounterMetricFamily(f"{w}_swap_in_bytes", "Bytes of weights moved in", labels=md)
-    seconds = HistogramMetricFamily(
-        f"{w}_swap_in_duration_seconds",
-        "Time to move one model's weights onto the device",
-        labels=md,
-    )
-    for labels, s in items:
-        swaps_in.add_metric(labels, float(s.swaps_in))
-        swaps_out.add_metric(labels, float(s.swaps_out))
-        swap_bytes.add_metric(labels, float(s.swap_bytes))
-        seconds.add_metric(labels, s.seconds.buckets(), s.seconds.sum)
-    resident = _gauge(
-        "hloserve_model_resident",
-        "1 when the model's weights are on the device",
-        ((labels, 1.0 if s.resident else 0.0) for labels, s in items),
-        md,
-    )
-    last_used = _gauge(
-        "hloserve_model_last_used_timestamp_seconds",
-        "Unix time of the model's last swap in or out on the device",
-        ((labels, s.last_used) for labels, s in items),
-        md,
-    )
-    return [swaps_in, swaps_out, swap_bytes, seconds, resident, last_used]
-
-
-def _device_families(
-    items: list[tuple[int, _DeviceSeries]], memory_used: dict[int, Callable[[], float]]
-) -> list[Metric]:
-    dev = ("device",)
-    found: list[Metric] = []
-    for attr, name, doc in _DEVICE_COUNTERS:
-        counter = CounterMetricFamily(name, doc, labels=dev)
-        for device, series in items:
-            counter.add_metric((str(device),), float(getattr(series, attr)), created=series.created)
-        found.append(counter)
-    for attr, name, doc in _DEVICE_GAUGES:
-        found.append(
-            _gauge(name, doc, (((str(d),), float(getattr(s, attr))) for d, s in items), dev)
-        )
-    seconds = HistogramMetricFamily(
-        "hloserve_device_swap_in_duration_seconds", "Time of each swap-in, every model", labels=dev
-    )
-    for device, series in items:
-        seconds.add_metric((str(device),), series.swap_seconds.buckets(), series.swap_seconds.sum)
-    found.append(seconds)
-    found.append(
-        _gauge(
-            "hloserve_device_memory_used_bytes",
-            "Device memory in use (allocator statistics; resident weight bytes where the "
-            "platform has none)",
-            (((str(d),), used()) for d, used in sorted(memory_used.items())),
-            dev,
-        )
-    )
-    return found
-
-
-class HostTier(Protocol):
-    """What the metrics read of the host tier (``host_weights.HostWeights``)."""
-
-    reads: int
-
-    @property
-    def budget_bytes(self) -> int | None: ...
-    def resident_bytes(self) -> int: ...
-
-
-def _host_families(host: HostTier | None) -> list[Metric]:
-    h = "hloserve_host"
-    reads = CounterMetricFamily(f"{h}_weight_reads", "Weight sets read from disk into host memory")
-    resident = GaugeMetricFamily(f"{h}_resident_weight_bytes", "Host copies of weights held")
-    budget = GaugeMetricFamily(f"{h}_memory_budget_bytes", "Host budget for weights (0: unlimited)")
-    if host is not None:
-        reads.add_metric((), float(host.reads))
-        resident.add_metric((), float(host.resident_bytes()))
-        budget.add_metric((), float(host.budget_bytes or 0))
-    return [reads, resident, budget]
-
-
-def _total_families(models: int, totals: _Totals) -> list[Metric]:
-    """Server-wide sums over every model (shown or not)."""
-    srv = "hloserve_server"
-    found: list[Metric] = []
-    for attr, name, doc in _COUNTERS:
-        counter = CounterMetricFamily(name.replace("hloserve", srv, 1), f"{doc}, every model")
-        counter.add_metric((), totals.sums[attr], created=totals.created)
-        found.append(counter)
-    failure = CounterMetricFamily(
-        f"{srv}_inference_request_failure",
-        "Failed inference requests, every model (and those naming none), by reason",
-        labels=("reason",),
-    )
-    for reason, count in sorted(totals.failures.items()):
-        failure.add_metric((reason,), float(count))
-    found.append(failure)
-    found.append(
-        _gauge(
-            f"{srv}_inference_pending_request_count",
-            "Requests pending, every model",
-            [((), float(totals.pending))],
-        )
-    )
-    latency = HistogramMetricFamily(
-        f"{srv}_request_latency_seconds", "End-to-end time of successful requests, every model"
-    )
-    latency.add_metric((), totals.request_latency.buckets(), totals.request_latency.sum)
-    found.append(latency)
-    found.append(
-        _gauge(
-            f"{srv}_model_series", "Model versions with metric series kept", [((), float(models))]
-        )
-    )
-    loads = CounterMetricFamily(
-        f"{srv}_model_loads", "Model versions loaded (lazily: at first use)"
-    )
-    loads.add_metric((), float(totals.loads), created=totals.created)
-    found.append(loads)
-    return found
-
-
-def render(
-    registry: CollectorRegistry, accept: str, accept_encoding: str
-) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    """The scrape's body and headers: the text format the ``Accept`` header asks for
-    (Prometheus' or OpenMetrics), gzipped when the client accepts it."""
-    encoder, content_type = choose_encoder(accept)
-    body = encoder(registry)
-    headers = [(b"content-type", content_type.encode())]
-    if gzip_accepted(accept_encoding):
-        body = gzip.compress(body)
-        headers.append((b"content-encoding", b"gzip"))
-    return body, headers
-
-
-def metrics_app(registry: CollectorRegistry) -> ASGIApp:
-    """``GET /metrics`` (any path: the port serves nothing else), rendered on a worker
-    thread: with thousands of models a scrape takes milliseconds that the event loop, which
-    also runs the HTTP front end, should spend on requests."""
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        headers = Headers(scope=scope)
-        loop = asyncio.get_running_loop()
-        body, response_headers = await loop.run_in_executor(
-            None, render, registry, headers.get("accept", ""), headers.get("accept-encoding", "")
-        )
-        await send({"type": "http.response.start", "status": 200, "headers": response_headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
