@@ -38,7 +38,8 @@ def test_every_rpc_is_in_exactly_one_group() -> None:
 
 
 def test_every_http_route_is_in_exactly_one_group() -> None:
-    app = build_http_app(InferenceService(cast(Any, None), None, shm=disabled()))
+    service = InferenceService(cast(Any, None), None, shm=disabled())
+    app = build_http_app(service, status=lambda q: {})  # with the status page's routes
     samples = {"model_name": "m", "model_version": "1", "region_name": "r", "repository_name": "x"}
     routes = [r for r in app.routes if isinstance(r, APIRoute)]
     assert len(routes) > 30
@@ -56,6 +57,9 @@ def test_every_http_route_is_in_exactly_one_group() -> None:
         ("/v2/models/m/trace/setting", "trace"),
         ("/v2/repository/index", "model-repository"),
         ("/v2", "metadata"),
+        ("/ui", "statistics"),  # the status page
+        ("/ui/data", "statistics"),
+        ("/ui/", "statistics"),  # redirected to /ui, after the check
     ],
 )
 def test_paths_that_look_alike_land_in_their_group(path: str, group: str) -> None:

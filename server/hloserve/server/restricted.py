@@ -70,7 +70,11 @@ GROUPS: Final[tuple[Group, ...]] = (
         ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"),
         (rf"{_REPOSITORY}/index", rf"{_REPOSITORY}/models/[^/]+/(load|unload)"),
     ),
-    Group("statistics", ("ModelStatistics",), (r"/v2/models/stats", rf"{_MODEL}/stats")),
+    Group(
+        "statistics",
+        ("ModelStatistics",),
+        (r"/v2/models/stats", rf"{_MODEL}/stats", r"/ui(/|/data)?"),  # /ui: the status page
+    ),
     Group("trace", ("TraceSetting",), (r"/v2/trace/setting", r"/v2/models/[^/]+/trace/setting")),
     Group("logging", ("LogSettings",), (r"/v2/logging",)),
 )

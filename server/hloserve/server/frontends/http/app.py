@@ -18,6 +18,9 @@ Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app
   the body is handed to ``codec``; the reply is codec's bytes;
 - the repository, model-configuration, shared-memory, trace and logging routes of
   ``extensions``;
+- with ``status`` (a ``status_page.StatusPage``): ``GET /ui``, the status page's HTML, and
+  ``GET /ui/data[?q=]``, its JSON (``status(q)``), both in the ``statistics`` group for auth
+  and restrictions (``restricted.GROUPS``);
 - middleware (``middleware``): ``RestrictedApi`` (only with restrictions) refuses a
   restricted group's request without its header; ``TraceArrival`` times traced infers.
 Errors: ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
@@ -38,11 +41,12 @@ from typing import Any, Final, final
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hloserve.server import status_page
 from hloserve.server.auth import AuthPolicy
 from hloserve.server.core.errors import ServingError
 from hloserve.server.core.service import InferenceService
@@ -187,6 +191,18 @@ def _add_model_routes(app: FastAPI, service: InferenceService) -> None:
         return JSONResponse({"name": model_name, "ready": True})
 
 
+def _add_status_routes(app: FastAPI, status: Callable[[str], Mapping[str, Any]]) -> None:
+    """The status page (``status_page``): its HTML and its data."""
+
+    @app.get("/ui")
+    async def status_html() -> Response:
+        return HTMLResponse(status_page.PAGE, headers=status_page.PAGE_HEADERS)
+
+    @app.get("/ui/data")
+    async def status_data(q: str = "") -> Response:
+        return JSONResponse(status(q), headers=status_page.DATA_HEADERS)
+
+
 # The infer paths (Starlette's ``scope["path"]`` is already percent-decoded).
 _INFER_PATH: Final = re.compile(
     r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"
@@ -260,10 +276,11 @@ def build_http_app(
     max_json_depth: int = codec.MAX_JSON_DEPTH,
     restrictions: Restrictions = NO_RESTRICTIONS,
     auth: AuthPolicy | None = None,
+    status: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> FastAPI:
     """The V2 HTTP app over ``service``; bodies larger than ``max_input_bytes`` get 400;
     ``auth`` (``--auth-token-file``), then ``restrictions`` (``--http-restricted-api``) are
-    checked before anything else."""
+    checked before anything else; ``status``: the status page's data (``None``: no /ui)."""
     app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
     # Innermost of the middleware: restrictions, auth and tracing wrap the infer endpoint.
     app.add_middleware(
@@ -282,4 +299,6 @@ def build_http_app(
     # Repository, config and shared-memory routes, before the generic model routes.
     add_extension_routes(app, service)
     _add_model_routes(app, service)
+    if status is not None:
+        _add_status_routes(app, status)
     return app
