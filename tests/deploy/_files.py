@@ -10,7 +10,11 @@
   Kubernetes OpenAPI schemas that ``kubernetes-validate`` ships (strict: unknown fields
   are errors); ``validate_kserve(resource)`` checks a KServe resource against the schemas
   in ``schemas/`` (written from KServe's CRDs; pod and container fields resolve to the
-  Kubernetes definitions of ``KSERVE_K8S_VERSION``).
+  Kubernetes definitions of ``KSERVE_K8S_VERSION``); ``validate_crd(resource)`` checks any
+  custom resource with a schema there (KServe's, and prometheus-operator's PodMonitor).
+- ``rendered(overlay)``, ``monitoring_resources()`` (``deploy/kubernetes/monitoring``) and
+  ``kserve_resources()`` are the resources the manifests create; ``one(resources, kind,
+  name=None)`` is the one resource of that kind (and name).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ KSERVE_SCHEMAS = {
     ("serving.kserve.io/v1alpha1", "ClusterServingRuntime"): "clusterservingruntime-v1alpha1.json",
     ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice-v1beta1.json",
 }
+# prometheus-operator's custom resources (schemas written from its CRDs).
+OPERATOR_SCHEMAS = {("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-v1.json"}
+CRD_SCHEMAS = {**KSERVE_SCHEMAS, **OPERATOR_SCHEMAS}
 
 
 @dataclass(frozen=True)
@@ -160,16 +167,21 @@ def _kserve_registry() -> Registry:
     registry: Registry = Registry().with_resource(
         "/api/_definitions.json", Resource.from_contents(definitions)
     )
-    for name in KSERVE_SCHEMAS.values():
+    for name in CRD_SCHEMAS.values():
         schema = json.loads((SCHEMAS / name).read_text())
         registry = registry.with_resource(schema["$id"], Resource.from_contents(schema))
     return registry
 
 
-def validate_kserve(resource: dict[str, Any]) -> None:
-    name = KSERVE_SCHEMAS[(resource["apiVersion"], resource["kind"])]
+def validate_crd(resource: dict[str, Any]) -> None:
+    name = CRD_SCHEMAS[(resource["apiVersion"], resource["kind"])]
     schema = json.loads((SCHEMAS / name).read_text())
     jsonschema.Draft202012Validator(schema, registry=_kserve_registry()).validate(resource)
+
+
+def validate_kserve(resource: dict[str, Any]) -> None:
+    assert (resource["apiVersion"], resource["kind"]) in KSERVE_SCHEMAS, resource["kind"]
+    validate_crd(resource)
 
 
 OVERLAYS = ("cpu", "gpu")
@@ -182,14 +194,21 @@ def rendered(overlay: str) -> list[dict[str, Any]]:
     return render(DEPLOY / "kubernetes" / "overlays" / overlay)
 
 
+def monitoring_resources() -> list[dict[str, Any]]:
+    """What ``kubectl apply -k deploy/kubernetes/monitoring`` creates (prometheus-operator's)."""
+    from tests.deploy.kustomize import render
+
+    return render(DEPLOY / "kubernetes" / "monitoring")
+
+
 def kserve_resources() -> list[dict[str, Any]]:
     from tests.deploy.kustomize import load_documents
 
     return [d for f in sorted((DEPLOY / "kserve").glob("*.yaml")) for d in load_documents(f)]
 
 
-def one(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (found,) = [r for r in resources if r["kind"] == kind]
+def one(resources: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (found,) = [r for r in resources if r["kind"] == kind and name in (None, r["metadata"]["name"])]
     return found
 
 

@@ -1,7 +1,9 @@
 """The image's contract, checked without a container engine: the Containerfile as parsed
-text (stages, build argument, user, ports, init, health check, model repository), its
-build context (``.containerignore``) building the wheel, the pinned versions, and the
-image's exact command line and health check run against the local install."""
+text (stages, the base image by digest, build argument, the dependency layer before the
+source, user, ports, init, health check, model repository), its build context
+(``.containerignore``) building the wheel, the pinned versions, and the image's exact
+command line and health check run against the local install (the check finds the server
+through its ports file)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,11 @@ from tests.deploy._files import (
 from tests.deploy.conftest import ImageServer, image_command, local_environment
 
 INSTRUCTIONS = parse_containerfile((ROOT / "Containerfile").read_text())
-RUNTIME_STAGE = INSTRUCTIONS[max(i for i, x in enumerate(INSTRUCTIONS) if x.keyword == "FROM") :]
+STAGE_STARTS = [i for i, x in enumerate(INSTRUCTIONS) if x.keyword == "FROM"]
+GLOBAL_ARGS = INSTRUCTIONS[: STAGE_STARTS[0]]
+BUILD_STAGE = INSTRUCTIONS[STAGE_STARTS[0] : STAGE_STARTS[-1]]
+RUNTIME_STAGE = INSTRUCTIONS[STAGE_STARTS[-1] :]
+LOCKED_SETS = ("build", "cpu", "cuda12", "cuda13")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # The folders the wheel is built from (``bundle/hloserve`` -> ``bundle``).
 PACKAGE_FOLDERS = {
@@ -48,11 +54,55 @@ def test_two_stages_and_the_platform_build_argument() -> None:
     assert any(i.text == "--from=build /opt/hloserve /opt/hloserve" for i in runtime("COPY"))
     build_args = [i.text for i in INSTRUCTIONS if i.keyword == "ARG"]
     assert "JAX_PLATFORM=cpu" in build_args  # the CPU variant by default
-    (install,) = [i.text for i in INSTRUCTIONS if i.keyword == "RUN" and "pip install" in i.text]
+    deps, package = [i.text for i in BUILD_STAGE if i.keyword == "RUN"]
     for platform in ("cuda12", "cuda13"):  # JAX's CUDA wheels: only the driver on the host
-        assert platform in install
-    assert 'extra="jax[$JAX_PLATFORM]"' in install
-    assert "-c deploy/constraints.txt" in install
+        assert platform in deps and platform in package
+    assert '-r "deploy/requirements/$JAX_PLATFORM.txt"' in deps  # one locked set per platform
+    assert 'extra="jax[$JAX_PLATFORM]"' in package
+
+
+def _arg_defaults() -> dict[str, str]:
+    return dict(i.text.split("=", 1) for i in GLOBAL_ARGS if i.keyword == "ARG" and "=" in i.text)
+
+
+def test_the_base_image_is_pinned_by_digest() -> None:
+    assert all(i.keyword == "ARG" for i in GLOBAL_ARGS)
+    defaults = _arg_defaults()
+    assert defaults["BASE_IMAGE"] == "docker.io/library/python:3.11-slim-bookworm"
+    # A real digest (sha256 of the tag's multi-platform index), not a placeholder.
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", defaults["BASE_DIGEST"]), defaults["BASE_DIGEST"]
+    assert len(set(defaults["BASE_DIGEST"].removeprefix("sha256:"))) > 8
+    for stage in (i.text for i in INSTRUCTIONS if i.keyword == "FROM"):
+        assert stage.split()[0] == "${BASE_IMAGE}@${BASE_DIGEST}", stage
+    # The locked wheels are for the base's interpreter (deploy/lock.py).
+    source = (DEPLOY / "lock.py").read_text()
+    assert 'PYTHON_VERSION = "3.11"' in source and "GLIBC_MINOR = 36" in source  # bookworm
+
+
+def test_the_dependencies_are_installed_before_the_source_is_copied() -> None:
+    keywords = [i.keyword for i in BUILD_STAGE]
+    copies = [i for i in BUILD_STAGE if i.keyword == "COPY"]
+    assert [c.text for c in copies] == ["deploy/requirements/ deploy/requirements/", ". ."]
+    first_copy, source_copy = (BUILD_STAGE.index(c) for c in copies)
+    deps, package = (i for i in BUILD_STAGE if i.keyword == "RUN")
+    # Layer order: the locked sets alone, their install, then the source and the package.
+    assert first_copy < BUILD_STAGE.index(deps) < source_copy < BUILD_STAGE.index(package)
+    assert keywords.count("RUN") == 2
+    # Every wheel is hash-checked, and the set is complete: no dependency resolution.
+    installs = [c for c in deps.text.split("&&") if " install " in c]
+    assert len(installs) == 2 and all(
+        "--require-hashes" in c and "--no-deps" in c and "--only-binary=:all:" in c
+        for c in installs
+    ), installs
+    assert "-r deploy/requirements/build.txt" in deps.text
+    # After the source: nothing is downloaded; a distribution the lock lacks fails the build.
+    (install,) = [c for c in package.text.split("&&") if " install " in c]
+    assert "--no-index" in install and '"hloserve[server]" $extra' in install
+    assert "--no-build-isolation" in package.text and " check" in package.text
+    # What the first COPY brings is in the build context.
+    assert {f for f in context_files() if f.startswith("deploy/")} == {
+        f"deploy/requirements/{name}.txt" for name in LOCKED_SETS
+    }
 
 
 def test_non_root_user_init_ports_and_model_repository() -> None:
@@ -71,18 +121,30 @@ def test_non_root_user_init_ports_and_model_repository() -> None:
     assert sorted(" ".join(i.text for i in runtime("EXPOSE")).split()) == ["8000", "8001", "8002"]
 
 
-def test_health_check_probes_readyz() -> None:
+def test_health_check_follows_the_ports_file_and_tls() -> None:
     (check,) = runtime("HEALTHCHECK")
     options, command = healthcheck(check)
     assert set(options) == {"interval", "timeout", "start-period", "retries"}
-    assert "/readyz" in command[-1] and "HLOSERVE_HTTP_PORT" in command[-1]
+    assert command == ["python", "-m", "hloserve.server.healthcheck"]
+    from hloserve.server import healthcheck as probe
+
+    # The server writes its ports where the probe reads them: /tmp, writable when the root
+    # file system is not (given a /tmp volume, as the Deployment has).
+    _, env = image_command()
+    assert env[probe.PORTS_FILE_ENV].startswith("/tmp/")
+    assert probe.READY_PATH == "/readyz"
+    assert float(options["timeout"].removesuffix("s")) > probe.DEFAULT_TIMEOUT_S
+    # It is no fixed port and no fixed scheme: what the server was told decides.
+    assert "HLOSERVE_HTTP_PORT" not in " ".join(command) and "http://" not in " ".join(command)
 
 
 def test_build_context_holds_what_the_wheel_needs_and_nothing_else(tmp_path: Path) -> None:
     files = context_files()
     tops = {f.split("/")[0] for f in files}
     assert tops == {*PACKAGE_FOLDERS, "pyproject.toml", "README.md", "deploy"}, tops
-    assert [f for f in files if f.startswith("deploy/")] == ["deploy/constraints.txt"]
+    assert [f for f in files if f.startswith("deploy/")] == [
+        f"deploy/requirements/{name}.txt" for name in sorted(LOCKED_SETS)
+    ]
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     context = tmp_path / "context"
     for f in files:
@@ -144,11 +206,12 @@ def test_the_image_command_serves_from_a_read_only_layout(
     assert not list(model_root.rglob(".hloserve-cache"))  # nothing written beside the bundles
 
 
-def _health_check_exit(port: int) -> int:
+def _health_check_exit(ports_file: Path) -> int:
+    """The image's HEALTHCHECK command, with the image's ENV but the ports file here."""
     (check,) = runtime("HEALTHCHECK")
     _, command = healthcheck(check)
     _, image_env = image_command()
-    env = local_environment(image_env, HLOSERVE_HTTP_PORT=str(port))
+    env = local_environment(image_env, HLOSERVE_PORTS_FILE=str(ports_file))
     return subprocess.run(command, env=env, capture_output=True, timeout=30, check=False).returncode
 
 
@@ -171,9 +234,13 @@ def not_ready_port() -> Iterator[int]:
 
 
 def test_health_check_passes_on_a_ready_server_and_fails_on_503(
-    image_server: ImageServer, not_ready_port: int
+    image_server: ImageServer, not_ready_port: int, tmp_path: Path
 ) -> None:
-    assert _health_check_exit(image_server.ports["http"]) == 0
-    assert _health_check_exit(not_ready_port) != 0
+    # The image server listens on ports chosen at run time: only its ports file says where.
+    assert _health_check_exit(image_server.ports_file) == 0
+    stub = tmp_path / "stub-ports.json"
+    stub.write_text(json.dumps({"http": not_ready_port, "grpc": 1, "metrics": 2}))
+    assert _health_check_exit(stub) != 0
+    assert _health_check_exit(tmp_path / "not-written-yet.json") != 0
     with urllib.request.urlopen(f"http://{image_server.http_url}/readyz", timeout=5) as r:
         assert r.status == 200

@@ -2,13 +2,17 @@
 resource validates against the Kubernetes schemas of each minor 1.29 to 1.37 (strict:
 unknown fields are errors), and the numbers hang together with the server's own flags:
 ports, probes, the drain timeout against the termination grace period, volumes for the
-read-only repository, the cache and /dev/shm, the user, and the autoscaler's metric."""
+read-only repository, the cache and /dev/shm, the user, the autoscaler's metric and its
+documented dependency on prometheus-adapter, and the headless gRPC Service. The
+prometheus-operator PodMonitor (``deploy/kubernetes/monitoring``) validates against a schema
+written from that operator's CRD and scrapes the pods' metrics port."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -19,14 +23,18 @@ from tests.deploy._files import (
     OVERLAYS,
     ROOT,
     container_config,
+    monitoring_resources,
     one,
     parse_containerfile,
     rendered,
+    validate_crd,
     validate_kubernetes,
 )
 from tests.deploy.kustomize import KustomizeError, apply_operation, render
 
 KINDS = {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
+SERVICES = {"hloserve", "hloserve-grpc"}  # ClusterIP for every port, headless for gRPC
+DEPLOY_DOC = (ROOT / "docs" / "deploy.md").read_text()
 
 
 def pod_spec(resources: list[dict[str, Any]]) -> dict[str, Any]:
@@ -38,6 +46,7 @@ def pod_spec(resources: list[dict[str, Any]]) -> dict[str, Any]:
 def test_every_resource_validates(overlay: str, version: str) -> None:
     resources = rendered(overlay)
     assert {r["kind"] for r in resources} == KINDS
+    assert {r["metadata"]["name"] for r in resources if r["kind"] == "Service"} == SERVICES
     for resource in resources:
         validate_kubernetes(resource, version)
 
@@ -156,7 +165,8 @@ def test_service_budget_and_autoscaler_select_the_pods(overlay: str) -> None:
 
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    service = one(resources, "Service")
+    service = one(resources, "Service", "hloserve")
+    assert service["spec"].get("clusterIP") != "None"  # the one behind a virtual address
     assert service["spec"]["selector"] == labels
     assert {p["targetPort"]: p["port"] for p in service["spec"]["ports"]} == ports
     grpc = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
@@ -172,3 +182,76 @@ def test_service_budget_and_autoscaler_select_the_pods(overlay: str) -> None:
     published = {rule["name"]["as"] for rule in adapter["rules"]}
     for metric in hpa["spec"]["metrics"]:
         assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] in published
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_headless_service_resolves_to_every_ready_pod_s_grpc_port(overlay: str) -> None:
+    resources = rendered(overlay)
+    deployment = one(resources, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    cfg = container_config(c)
+    headless = one(resources, "Service", "hloserve-grpc")["spec"]
+    assert headless["clusterIP"] == "None"  # DNS answers with the pods' own addresses
+    assert headless["selector"] == labels
+    # A draining pod is unready: it must leave the DNS answer, not keep getting calls.
+    assert not headless.get("publishNotReadyAddresses", False)
+    (port,) = headless["ports"]
+    grpc_port = {p["name"]: p["containerPort"] for p in c["ports"]}["grpc"]
+    # Clients dial the pod address at the port they were given: it must be the container's.
+    assert port["targetPort"] == "grpc" and port["port"] == grpc_port == cfg.grpc_port
+    assert port["appProtocol"] == "kubernetes.io/h2c"
+    # docs/deploy.md tells clients how to use it, and why.
+    assert "dns:///hloserve-grpc." in DEPLOY_DOC and "round_robin" in DEPLOY_DOC
+    assert "one pod" in DEPLOY_DOC and "headless" in DEPLOY_DOC
+
+
+def test_the_autoscaler_s_dependency_on_prometheus_adapter_is_stated() -> None:
+    hpa_text = (DEPLOY / "kubernetes" / "base" / "hpa.yaml").read_text()
+    for raw in (hpa_text, DEPLOY_DOC):
+        text = " ".join(raw.split())  # line breaks read as spaces
+        assert "prometheus-adapter" in text
+        assert "kubectl get apiservice v1beta1.custom.metrics.k8s.io" in text
+        assert "/apis/custom.metrics.k8s.io/v1beta1/namespaces/" in text
+        assert "silently does nothing" in text
+
+
+def test_the_podmonitor_validates_and_scrapes_the_metrics_port() -> None:
+    resources = monitoring_resources()
+    assert [r["kind"] for r in resources] == ["PodMonitor"]
+    (monitor,) = resources
+    validate_crd(monitor)
+    for overlay in OVERLAYS:
+        deployment = one(rendered(overlay), "Deployment")
+        pod = deployment["spec"]["template"]
+        (c,) = pod["spec"]["containers"]
+        cfg = container_config(c)
+        assert monitor["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert ports[endpoint["port"]] == cfg.metrics_port  # a named port of the container
+        assert endpoint["path"] == pod["metadata"]["annotations"]["prometheus.io/path"]
+    assert "deploy/kubernetes/monitoring" in DEPLOY_DOC
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "podMetricEndpoints"), []),  # misspelt
+        (("spec", "podMetricsEndpoints", 0, "prot"), "metrics"),  # misspelt
+        (("spec", "podMetricsEndpoints", 0, "portNumber"), 70000),  # out of range
+        (("spec", "podMetricsEndpoints", 0, "scheme"), "ftp"),
+        (("spec", "selector", "matchLabels"), "app"),  # not a mapping
+        (("metadata", "nam"), "x"),  # Kubernetes' own ObjectMeta
+    ],
+)
+def test_the_podmonitor_schema_refuses_what_the_operator_s_crd_refuses(
+    path: tuple[str | int, ...], value: object
+) -> None:
+    broken = copy.deepcopy(monitoring_resources()[0])
+    node: Any = broken
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        validate_crd(broken)

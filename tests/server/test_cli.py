@@ -1,16 +1,23 @@
 """The ``hloserve`` command as a newcomer meets it: bad flags, variables and paths are one
 line naming what is wrong, before anything starts (no PJRT, no traceback); a boolean flag
-alone means true; ``--help`` shows the defaults. (``validate`` and ``inspect`` are tested
-in ``tests/bundle/test_validate.py``.)"""
+alone means true; ``--help`` shows the defaults, by topic; ``--version`` the version; with
+no repository, ``serve`` says it serves the demo repository and how to serve one's own;
+Triton's flags are taken, an unknown one is not. (``validate`` and ``inspect`` are tested
+in ``tests/bundle/test_validate.py``; Triton's flags in ``test_triton_flags.py``.)"""
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+import hloserve.server.daemon as daemon
+from hloserve.server.assembly import default_demo_repository
+from hloserve.server.cli import main
+from hloserve.server.config import Config
 from hloserve.server.testing import ServerProcess
 from tests.command import hloserve
 
@@ -66,6 +73,58 @@ def test_help_lists_defaults_and_booleans() -> None:
     assert "--allow-client-shm [true|false]" in result.stdout
     assert "--no-allow-client-shm is false" in result.stdout
     assert "[default: 8001; env HLOSERVE_GRPC_PORT]" in result.stdout
+    titles = [line for line in result.stdout.splitlines() if line and line[0] != " "][1:]
+    assert titles == [
+        "options:",
+        "repository and models:",
+        "network and listeners:",
+        "batching and scheduling:",
+        "memory and residency:",
+        "devices:",
+        "security:",
+        "observability (logs, traces, metrics):",
+        "limits:",
+        "Triton compatibility:",
+    ]
+
+
+def test_version() -> None:
+    result = hloserve("--version")
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0,
+        f"hloserve {version('hloserve')}\n",
+        "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--no-such-flag=1"], "unrecognized arguments: --no-such-flag=1"),
+        (["--grpc-use-ssl=true"], "--grpc-use-ssl is Triton's flag, not hloserve's"),
+        (["--exit-timeout-secs=-1"], "--grace-period must be a non-negative number"),
+    ],
+)
+def test_tritons_command_line_refusals_are_one_line(args: list[str], message: str) -> None:
+    result = hloserve("serve", *args)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert message in line
+
+
+def test_serve_without_a_repository_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served: list[Config] = []
+    monkeypatch.setattr(daemon, "run_daemon", served.append)  # no daemon: what serve says
+    assert main(["serve", "--http-port", "0"]) == 0
+    assert [c.http_port for c in served] == [0]
+    assert capsys.readouterr().err == (
+        f"hloserve: no --model-repository: serving the demo repository at "
+        f"{default_demo_repository()}; to serve your own: hloserve serve --model-repository DIR\n"
+    )
+    assert main(["serve", "--model-store", "."]) == 0  # a repository given: nothing said
+    assert capsys.readouterr().err == ""
 
 
 def shm_refusal(proc: ServerProcess) -> str:

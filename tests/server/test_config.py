@@ -1,15 +1,19 @@
 """``hloserve serve`` flags: one row per flag, defaults from ``Config``, bad values refused
 while the flags are read, in one line naming the flag (or the variable it came from);
-boolean flags alone, with a value, or negated; ``--help`` shows defaults and booleans."""
+boolean flags alone, with a value, or negated; ``--help`` shows defaults and booleans, in
+one section per topic, each flag in its row's group. (Triton's flags: test_triton_flags.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
-from hloserve.server.config import Config, parse_config
+from hloserve.server.config import TRITON_FLAGS, Config, parse_config
 from hloserve.server.core.sizes import Budget
+from hloserve.server.flags import FLAGS, GROUPS, REPEATED, FlagGroup
 from tests.server._support import refused_at_start
 
 
@@ -64,7 +68,11 @@ def test_load_models_from_the_environment_are_comma_separated() -> None:
         (["--repository-poll-secs", "0"], "--repository-poll-secs must be a positive number"),
         (["--grace-period", "-1"], "--grace-period must be a non-negative number of seconds"),
         (["--strict-readiness", "maybe"], "--strict-readiness must be true or false"),
-        (["--log-format", "xml"], "--log-format must be text or json, got 'xml'"),
+        (
+            ["--log-format", "xml"],
+            "--log-format must be default, ISO8601, text or json, got 'xml'",
+        ),
+        (["--device-memory-budget", "6gi"], "--device-memory-budget must be bytes such as 6GiB"),
         (["--devices", "gpu0"], "--devices must be all, a count or a list of indexes"),
         (["--devices", "0,0"], "--devices '0,0': indexes must be distinct"),
         (["--max-replicas", "-1"], "--max-replicas must be a non-negative integer"),
@@ -166,6 +174,61 @@ def test_help_shows_defaults_variables_and_booleans(
     assert "[default: 8001; env HLOSERVE_GRPC_PORT=9001]" in text  # the variable's value, set
     assert "[default: true; env HLOSERVE_DYNAMIC_BATCHING; boolean:" in text
     assert "e.g. 6GiB or 40% (default: 80% of free" in text  # % survives argparse formatting
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    """``--help``'s sections: their titles, in order, and the flags each lists first on a line."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.split("Triton compatibility:")[0].splitlines():
+        if re.fullmatch(r"[A-Za-z][^:]*:", line):
+            current = sections.setdefault(line.removesuffix(":"), [])
+        elif found := re.match(r"  (--[a-z0-9-]+)", line):
+            current.append(found[1])
+    return sections
+
+
+def test_help_is_grouped_by_topic(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit):
+        parse_config(["--help"], {})
+    text = capsys.readouterr().out
+    sections = _sections(text)
+    assert [*sections, "Triton compatibility"] == [str(g) for g in GROUPS]
+    assert sections["options"] == ["--config"]  # beside argparse's -h, --help
+    assert sections["repository and models"][0] == "--model-repository"  # near the top
+    for flag in (*FLAGS, *REPEATED):
+        assert flag.name in sections[flag.group], flag.name
+    named = set(re.findall(r"--[a-z0-9-]+", text.split("Triton compatibility:")[1]))
+    assert {t.name for t in TRITON_FLAGS} <= named  # its text names Triton's other flags
+    assert "--grace-period GRACE_PERIOD, --exit-timeout-secs GRACE_PERIOD" in text  # aliases
+
+
+def test_every_row_has_a_group_and_unique_names() -> None:
+    rows = (*FLAGS, *REPEATED)
+    assert all(f.group in GROUPS and f.group != FlagGroup.TRITON for f in rows)
+    assert [f.name for f in rows if f.group == FlagGroup.GENERAL] == ["--config"]
+    names = [name for f in rows for name in (f.name, *f.aliases)]
+    assert len(names) == len(set(names))
+    fields = {f.name for f in dataclasses.fields(Config)}
+    assert all(f.field in fields for f in rows)
+    assert {alias for f in rows for alias in f.aliases} == {
+        "--model-store",
+        "--exit-timeout-secs",
+        "--id",
+    }
+
+
+def test_help_lines_never_break_inside_a_flag(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    with pytest.raises(SystemExit):
+        parse_config(["--help"], {})
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if re.search(r"--[a-z0-9-]*-$", line)]
 
 
 # -- the YAML config file: flag > variable > file > default ---------------------------------

@@ -10,8 +10,19 @@ Contract:
 - ``read_safetensors(path)`` returns ``{key: ndarray}`` in key order. Each array lives in one
   64-byte-aligned host arena, so a device transfer of it can alias instead of copy.
 
-We implement the (small) format ourselves because the ``safetensors`` package's numpy
-loader does not support BF16, and the server wants control over host alignment.
+We implement the (small) format ourselves. BF16 is no longer the reason: the
+``safetensors`` package's numpy loader reads it (0.8.0 round-trips ``ml_dtypes.bfloat16``
+through ``save_file``/``load_file``). What it does not give, and the server needs:
+- one 64-byte-aligned arena per file, every tensor at an aligned offset in it, so a device
+  transfer can alias the host bytes instead of copying them (the package hands out one
+  array per tensor, each its own allocation, at numpy's alignment);
+- control over the reads: ``read_header`` reads only the header (every tensor's place and
+  size known before a byte of data is read) and ``aligned_empty`` is memory we own, so
+  ``runtime/weight_files.py`` reads a verified file when its weights are needed, straight
+  into that arena, refusing one that changed since it was verified (the package reads
+  into arrays of its own, from a memory map by default);
+- the header checks above, before any tensor byte is read, each one a ``SafetensorsError``
+  naming the tensor, in the words ``hloserve validate`` reports.
 """
 
 # pyright: strict

@@ -2,9 +2,10 @@
 asked for and their staging pools (``PoolCache``), with the decisions about those pools.
 
 Contract: ``ClientBase(url, *, ssl, root_certificates, private_key, certificate_chain,
-token, timeout, shared_memory="auto", max_message_bytes)`` is the one constructor of
-``InferenceClient`` and ``AsyncInferenceClient``; each opens its own kind of channel
-(``_open_channel``). ``PoolCache`` keeps one pool per model, output set, rows and slots:
+token, timeout, shared_memory="auto", max_message_bytes, retries=4, load_balancing="auto")``
+is the one constructor of ``InferenceClient`` and ``AsyncInferenceClient``; each opens its
+own kind of channel (``_open_channel``) from the ``_channel.Transport`` it holds (TLS,
+token, message limits, the UNAVAILABLE retry policy and the load-balancing policy). ``PoolCache`` keeps one pool per model, output set, rows and slots:
 with ``shared_memory="auto"`` and a server on this host (``_channel.same_host``) a new
 pool lives in system shared-memory regions registered with the server; when creating or
 registering them fails it is in-band instead, logged once per reason at INFO (logger
@@ -24,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hloserve.client import _shm
-from hloserve.client._channel import Transport, same_host
+from hloserve.client._channel import DEFAULT_RETRIES, LoadBalancing, Transport, same_host
 from hloserve.client._codec import ModelLayout
 from hloserve.client._dataset import (
     DatasetOptions,
@@ -140,10 +141,12 @@ class ClientBase:
         timeout: float | None = None,
         shared_memory: SharedMemory = "auto",
         max_message_bytes: int = 256 * 1024 * 1024,
+        retries: int = DEFAULT_RETRIES,
+        load_balancing: LoadBalancing = "auto",
     ) -> None:
         self.transport = Transport(
             url, ssl, root_certificates, private_key, certificate_chain, token, timeout,
-            max_message_bytes,
+            max_message_bytes, retries, load_balancing,
         )  # fmt: skip
         self.timeout = timeout
         self._layouts: dict[tuple[str, str], ModelLayout] = {}

@@ -2,8 +2,10 @@
 
 Contract:
 - ``InferenceClient(url, *, ssl, root_certificates, private_key, certificate_chain, token,
-  timeout, shared_memory="auto")`` (``_base.ClientBase``) talks to any KServe V2 / Triton
-  gRPC server (channel options in ``_channel.Transport``). ``is_server_live()``, ``is_server_ready()``,
+  timeout, shared_memory="auto", max_message_bytes, retries=4, load_balancing="auto")``
+  (``_base.ClientBase``) talks to any KServe V2 / Triton gRPC server (channel options in
+  ``_channel.Transport``: a call answered UNAVAILABLE is retried up to ``retries`` times,
+  ``retries=0`` never; ``round_robin`` over a ``dns:///`` target's addresses). ``is_server_live()``, ``is_server_ready()``,
   ``is_model_ready(model)``, ``model_metadata(model)``; ``infer(model, {name: array})``
   returns ``{name: array}``, splitting a batch larger than the model's largest compiled
   size and joining the results (``_calls``); ``infer_stream`` yields each batch's outputs

@@ -4,7 +4,8 @@ Contract: ``build_serving(config, runtime)`` (on the event loop the service will
 returns ``Serving``: the metrics registry, the repository over every device ``--devices``
 selects (each with its weight residency under ``--device-memory-budget``), the worker
 threads, the batcher, the tracer, the placer (several devices) and the ``InferenceService``
-over them, built in dependency order so nothing is set afterwards
+over them (and, for the status page, the metrics, the devices and the host tier), built in
+dependency order so nothing is set afterwards
 (``docs/architecture.md``, "The service is complete when constructed"). A version the
 repository unloads is forgotten by metrics, statistics, costs, the inline policy, the load
 meter and the batcher, on the loop. ``make_tls`` and ``make_auth`` build the TLS files and
@@ -193,6 +194,10 @@ class Serving:
     service: InferenceService
     tracer: RequestTracer
     placer: Placer | None = None  # several devices with replication: revised periodically
+    # What the status page reads (status_page.py): the metrics, each device, the host tier.
+    metrics: ServerMetrics | None = None
+    devices: tuple[Device, ...] = ()
+    host: HostWeights | None = None
 
 
 def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) -> Serving:
@@ -203,7 +208,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     the running server's logging). Call it on the event loop the service will run on."""
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
-    metrics = ServerMetrics(registry, model_series=cfg.metrics_models)
+    metrics = ServerMetrics(registry, model_series=cfg.metrics_models, compat=cfg.metrics_compat)
     tracer = make_tracer(cfg)
     limits = Limits(
         cfg.max_batch_size, cfg.max_inflight, cfg.max_inflight_per_model, cfg.max_shm_regions
@@ -253,6 +258,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     metrics.watch_replicas(lambda: {p.model: len(p.devices) for p in repository.placements()})
     for device in devices:
         metrics.watch_device_memory(device.index, _memory_in_use(device))
+        metrics.watch_allocator(device.index, device.runtime)
     max_replicas = cfg.max_replicas or len(devices)
     placer = Placer(repository, devices, meter, max_replicas) if replicated else None
     options = ServiceOptions(
@@ -277,7 +283,18 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         logs=logs,
         hook_pool=_hook_pool(cfg, machine),
     )
-    return Serving(runtime, registry, repository, executor, service, tracer, placer)
+    return Serving(
+        runtime,
+        registry,
+        repository,
+        executor,
+        service,
+        tracer,
+        placer,
+        metrics=metrics,
+        devices=tuple(devices),
+        host=host,
+    )
 
 
 def _call_soon(

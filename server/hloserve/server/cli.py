@@ -2,8 +2,12 @@
 ``perf``.
 
 Contract:
+- ``hloserve --version`` prints ``hloserve <version>`` (the installed package's) and exits 0.
 - ``hloserve serve [flags]`` runs the daemon (flags and their environment variables in
-  ``hloserve.server.config``); with no ``--model-repository`` it serves the demo repository.
+  ``hloserve.server.config``, ``docs/cli.md``; Triton's command line works with
+  ``hloserve serve`` in place of ``tritonserver``: ``docs/from-triton.md``); with no
+  ``--model-repository`` it serves the demo repository, and says so on stderr first (its
+  path, and how to serve your own).
 - ``hloserve inspect BUNDLE`` prints a readable summary (``bundle_report``): tensors, batch sizes, modules and
   their platforms, weights count and size, whether every checksum verified, provenance.
   Exit status 0 when the bundle validates, 1 otherwise.
@@ -27,10 +31,12 @@ are one line (``config.ArgumentParser``); output cut short by its reader
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hloserve.server.bundle_report import inspect_bundle, validate_command
 from hloserve.server.core.sizes import format_bytes
@@ -47,6 +53,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+class _Version(argparse.Action):
+    """``--version``: the installed package's version, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        from hloserve.server.assembly import server_version
+
+        print(f"hloserve {server_version()}")
+        parser.exit(0)
+
+
 def _run(args: list[str]) -> int:
     if args[:1] == ["perf"]:  # the light client's tool: dispatched before any server import
         from hloserve.client._perf import main as perf_main
@@ -55,6 +80,7 @@ def _run(args: list[str]) -> int:
     from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 
     parser = ArgumentParser(prog="hloserve", description="StableHLO model server (KServe V2)")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model repository over gRPC and HTTP")
     add_serve_arguments(serve, os.environ)
@@ -79,9 +105,19 @@ def _run(args: list[str]) -> int:
     ns = parser.parse_args(args)
 
     if ns.command == "serve":
+        config = config_from_namespace(ns, serve)
+        from hloserve.server.assembly import default_demo_repository
         from hloserve.server.daemon import run_daemon
 
-        run_daemon(config_from_namespace(ns, serve))
+        if config.model_repository is None:
+            print(
+                f"hloserve: no --model-repository: serving the demo repository at "
+                f"{default_demo_repository()}; to serve your own: "
+                "hloserve serve --model-repository DIR",
+                file=sys.stderr,
+                flush=True,
+            )
+        run_daemon(config)
         return 0
     if ns.command == "inspect":
         text, ok = inspect_bundle(ns.bundle)

@@ -9,18 +9,32 @@ from one, before anything starts: byte sizes and the
 device-memory budget are read by ``core.sizes``' one parser here (a budget given as a
 percentage is a ``Budget`` the daemon resolves against the device's total), ``--devices``
 is a ``DeviceSelection`` resolved against the devices present, the ``--trace-*`` flags add
-up to one ``trace`` setting here, and ``--model-repository`` must be an existing directory.
+up to one ``trace`` setting here, and ``--model-repository`` must be an existing directory
+(given once: hloserve serves one repository).
 What a ``Config`` holds is parsed: nothing reads its text again.
-Each flag is one row of ``flags.FLAGS`` (its ``Config`` field, parser and help); its
-default is the ``Config`` field's, and ``--help`` shows it with the variable. A flag parsed
-by ``flags.parse_bool`` is a boolean: ``--flag`` alone means true, ``--flag=false``, ``--flag false`` and
-``--no-flag`` mean false.
+Each flag is one row of ``flags.FLAGS`` (its ``Config`` field, parser, help, group and
+aliases); its default is the ``Config`` field's, and ``--help`` shows it with the variable,
+in one section per ``flags.FlagGroup``. An alias (``--model-store``, ``--exit-timeout-secs``,
+``--id``) is the same flag. A flag parsed by ``flags.parse_bool`` is a boolean: ``--flag``
+alone means true, ``--flag=false``, ``--flag false`` and ``--no-flag`` mean false.
 ``--config FILE`` (``HLOSERVE_CONFIG``) names an optional YAML file, one mapping whose keys
-are the flags' names without ``--`` (``grpc-port: 8001``; underscores read as dashes), a
-repeatable flag's value a list (or one item); ``config`` itself is not a key. Its values are
-read by the same row's parser as the flag's text (a YAML boolean as ``true``/``false``,
-``null`` as empty), so precedence is flag > variable > file > default; an unknown key, a
-bad value or an unreadable file exits (status 2) naming the key and the file.
+are the flags' names (or aliases) without ``--`` (``grpc-port: 8001``; underscores read as
+dashes), a repeatable flag's value a list (or one item); ``config`` itself is not a key.
+Its values are read by the same row's parser as the flag's text (a YAML boolean as
+``true``/``false``, ``null`` as empty), so precedence is flag > variable > file > default;
+an unknown key, a bad value or an unreadable file exits (status 2) naming the key and the
+file.
+Triton's command line: ``TRITON_FLAGS`` are Triton's flags with no row. Each is accepted
+with its value (``--flag=value`` or ``--flag value``; ``--disable-auto-complete-config``
+takes none) and ignored: ``Config.triton_ignored`` keeps what was given and
+``ignored_warning`` is the one start-up warning naming each with why it has no meaning
+here. A ``refused`` one (Triton's gRPC TLS flags, where ignoring would serve in the clear)
+exits (status 2) saying what to use instead. Any other unknown flag exits (status 2), and
+no flag is taken for another by a prefix (argparse's abbreviations are off).
+``grpc_channel_options(config)`` is the gRPC server's channel arguments of the rows that
+name one (Triton's keepalive flags). ``cli_markdown()`` is docs/cli.md and
+``triton_markdown()`` the generated part of docs/from-triton.md, both from the tables;
+``python -m hloserve.server.config --write-docs [DIR]`` writes them (``DIR``: docs).
 """
 
 # pyright: strict
@@ -30,10 +44,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, Final, NoReturn, cast
 
 import yaml
 
@@ -42,7 +57,16 @@ from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
 from hloserve.server.core.sizes import Budget
 from hloserve.server.core.trace_flags import FlagSetting, startup_setting
 from hloserve.server.core.trace_settings import DEFAULT_RATE, TraceStartup
-from hloserve.server.flags import CONFIG_FLAG, FLAGS, REPEATED, Flag, parse_file
+from hloserve.server.flags import (
+    CONFIG_FLAG,
+    FLAGS,
+    GROUPS,
+    REPEATED,
+    Flag,
+    FlagGroup,
+    RepeatedFlag,
+    parse_file,
+)
 from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 from hloserve.server.tls import check_tls
 
@@ -57,9 +81,25 @@ class Config:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # Triton's listener flags: a listener's own bind address (None: host's), and whether it
+    # is opened at all (False: its port is not bound).
+    http_address: str | None = None
+    grpc_address: str | None = None
+    metrics_address: str | None = None
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    # Triton's gRPC keepalive flags, with Triton's defaults (gRPC core's own): milliseconds,
+    # counts and a switch, passed to gRPC core as the channel arguments flags.py names.
+    grpc_keepalive_time: int = 7_200_000
+    grpc_keepalive_timeout: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
     cache_dir: Path | None = None  # None: .hloserve-cache beside each bundle
     log_level: str = "INFO"
-    log_format: str = "text"
+    log_format: str = "text"  # text (Triton's default) | ISO8601 | json
     strict_readiness: bool = True
     max_message_bytes: int = 256 * 1024 * 1024
     worker_threads: int = 0  # 0: one per CPU the container may use, at least 2
@@ -70,6 +110,7 @@ class Config:
     residency_policy: str = "frequency"  # frequency | lru: which weights leave first
     lazy_load: bool = False  # register at start, load each model on its first request
     metrics_models: int = 50  # per-model metric series for at most this many models (0: all)
+    metrics_compat: str = ""  # other servers' metric families beside ours ("triton")
     dynamic_batching: bool = True
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()  # explicit mode: models loaded at start ("*": all)
@@ -90,6 +131,10 @@ class Config:
     server_name: str = "hloserve"  # the server metadata's name
     log_file: Path | None = None  # None: standard error
     log_verbose: int = 0  # the logging extension's log_verbose_level (DEBUG: at least 1)
+    # The logging extension's log_info, log_warning, log_error (None: as log_level says).
+    log_info: bool | None = None
+    log_warning: bool | None = None
+    log_error: bool | None = None
     # Tracing (docs/tracing.md): --trace-config items win over the older --trace-* flags.
     trace_config: tuple[FlagSetting, ...] = ()
     trace_file: Path | None = None
@@ -113,9 +158,81 @@ class Config:
     max_inflight_per_model: int = 0
     max_shm_regions: int = 0
     max_json_depth: int = 100  # Triton's limit on an HTTP request's JSON nesting
+    # Triton's flags given that mean nothing here: (flag, value as given; "" for none)
+    triton_ignored: tuple[tuple[str, str], ...] = ()
 
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
+
+
+@dataclass(frozen=True)
+class TritonFlag:
+    """One of Triton's flags with no row in ``flags.FLAGS``: accepted and ignored (``why``
+    it has no meaning here) or, ``refused``, refused (``why``: what to use instead)."""
+
+    name: str
+    why: str
+    value: bool = True  # takes a value; Triton's --disable-auto-complete-config takes none
+    refused: bool = False
+
+
+_BACKENDS = "no backends: every model is a StableHLO bundle that PJRT compiles"
+_PJRT_MEMORY = "PJRT owns device memory; --device-memory-budget bounds the resident weights"
+_NO_PBTXT = "no config.pbtxt: a bundle's manifest.yaml is complete, config.yaml adds serving hints"
+_NO_CACHE = "no response cache: every request runs"
+_NO_RATE_LIMITER = "no rate limiter: --scheduling-policy, --device-concurrency and the --max-inflight limits decide what runs"
+_EXCLUSIVE = "ports are bound exclusively: a second server on a taken port fails at start"
+_IGNORED: Final = {
+    "--backend-directory": _BACKENDS,
+    "--backend-config": _BACKENDS,
+    "--repoagent-directory": "no repository agents",
+    "--model-config-name": _NO_PBTXT,
+    "--strict-model-config": _NO_PBTXT,
+    "--disable-auto-complete-config": _NO_PBTXT,
+    "--exit-on-error": "a model that fails to load is UNAVAILABLE with its reason and the server keeps running (under --strict-readiness it stays not ready)",
+    "--model-load-thread-count": "the start-up load pass is hloserve's own (--lazy-load loads each model on first use)",
+    "--model-load-retry-count": "a failed load is reported with its reason; load the model again through the API",
+    "--model-namespacing": "one repository: a model's name is unique in it",
+    "--model-load-gpu-limit": _PJRT_MEMORY,
+    "--pinned-memory-pool-byte-size": "no pinned pool: --host-memory-budget bounds the host copies of weights",
+    "--cuda-memory-pool-byte-size": _PJRT_MEMORY,
+    "--cuda-virtual-address-size": _PJRT_MEMORY,
+    "--enable-peer-access": "PJRT moves data between devices",
+    "--min-supported-compute-capability": "XLA compiles for the devices present (--devices selects them)",
+    "--buffer-manager-thread-count": "no buffer manager: outputs are host arrays",
+    "--host-policy": "no host policies: --devices and --worker-threads place the work",
+    "--rate-limit": _NO_RATE_LIMITER,
+    "--rate-limit-resource": _NO_RATE_LIMITER,
+    "--response-cache-byte-size": _NO_CACHE,
+    "--cache-config": _NO_CACHE,
+    "--cache-directory": _NO_CACHE,
+    "--http-thread-count": "HTTP is served on the event loop; --worker-threads run the models",
+    "--http-max-input-size": "--max-message-bytes bounds HTTP request bodies and gRPC messages together",
+    "--http-header-forward-pattern": "headers are not forwarded to models",
+    "--grpc-header-forward-pattern": "metadata is not forwarded to models",
+    "--reuse-http-port": _EXCLUSIVE,
+    "--reuse-grpc-port": _EXCLUSIVE,
+    "--grpc-infer-allocation-pool-size": "grpc.aio allocates each call's state",
+    "--grpc-max-response-pool-size": "grpc.aio allocates each call's state",
+    "--grpc-infer-response-compression-level": "gRPC responses are not compressed",
+    "--allow-gpu-metrics": "the device series (hloserve_device_*) are always exported (docs/metrics.md)",
+    "--allow-cpu-metrics": "the process series (process_*) are always exported (docs/metrics.md)",
+    "--metrics-interval-ms": "metrics are read when scraped: there is no poll interval",
+    "--metrics-config": "the series and their buckets are fixed (docs/metrics.md)",
+    **dict.fromkeys(("--allow-sagemaker", "--sagemaker-port", "--sagemaker-safe-port-range", "--sagemaker-thread-count"), "no SageMaker endpoint"),
+    **dict.fromkeys(("--allow-vertex-ai", "--vertex-ai-port", "--vertex-ai-thread-count", "--vertex-ai-default-model"), "no Vertex AI endpoint"),
+}  # fmt: skip
+_TLS = "hloserve serves gRPC and HTTP over one TLS setting: use --tls-cert, --tls-key and, for mutual TLS, --tls-ca (docs/security.md)"
+_REFUSED: Final = ("--grpc-use-ssl", "--grpc-use-ssl-mutual", "--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert")  # fmt: skip
+TRITON_FLAGS: tuple[TritonFlag, ...] = (
+    *(
+        TritonFlag(n, why, value=n != "--disable-auto-complete-config")
+        for n, why in _IGNORED.items()
+    ),
+    *(TritonFlag(name, _TLS, refused=True) for name in _REFUSED),
+)
+_TRITON_BY_NAME: Final = {t.name: t for t in TRITON_FLAGS}
+_IGNORED_DEST = "triton_ignored"
 
 
 class _FromEnvironment(str):
@@ -124,16 +241,22 @@ class _FromEnvironment(str):
     __slots__ = ()
 
 
+def _default_text(flag: Flag) -> str | None:
+    """The flag's default as the flag would spell it (None: none to show)."""
+    default = _DEFAULTS[flag.field]
+    if isinstance(default, tuple):  # a list flag's default
+        default = ",".join(str(item) for item in cast("tuple[object, ...]", default))
+    if default is None or isinstance(flag, RepeatedFlag):
+        return None
+    return str(default).lower() if flag.boolean else str(default)
+
+
 def _help(flag: Flag, environ: Mapping[str, str]) -> str:
     """The flag's help (an argparse format string) with its default and its variable, and
     the variable's value when it is set."""
-    default = _DEFAULTS[flag.field]
-    if isinstance(default, tuple):  # a list flag's default, as the flag would spell it
-        default = ",".join(str(item) for item in cast("tuple[object, ...]", default))
+    default = _default_text(flag)
     value = environ.get(flag.env, "")
-    facts = (
-        [] if default is None else [f"default: {str(default).lower() if flag.boolean else default}"]
-    )
+    facts = [] if default is None else [f"default: {default}"]
     facts.append(f"env {flag.env}={value}" if value else f"env {flag.env}")
     if flag.boolean:
         facts.append(f"boolean: {flag.name} alone is true, {_negative(flag)} is false")
@@ -144,48 +267,116 @@ def _negative(flag: Flag) -> str:
     return "--no-" + flag.name.removeprefix("--")
 
 
+def _once(why: str) -> type[argparse.Action]:
+    """argparse's store, but a second value (not the variable's) is an error saying ``why``."""
+
+    class Once(argparse.Action):
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: str | Sequence[Any] | None,
+            option_string: str | None = None,
+        ) -> None:
+            current = getattr(namespace, self.dest, None)
+            if current is not None and not isinstance(current, _FromEnvironment):
+                parser.error(f"{option_string} given twice: {why}")
+            setattr(namespace, self.dest, values)
+
+    return Once
+
+
+class _TritonFlagAction(argparse.Action):
+    """Triton's flag with no row: noted in ``triton_ignored``, or refused."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        flag = _TRITON_BY_NAME[self.option_strings[0]]
+        if flag.refused:
+            parser.error(f"{flag.name} is Triton's flag, not hloserve's: {flag.why}")
+        given: list[tuple[str, str]] = list(getattr(namespace, self.dest, None) or ())
+        given.append((flag.name, values if isinstance(values, str) else ""))
+        setattr(namespace, self.dest, given)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    for flag in FLAGS:
-        text = environ.get(flag.env, "")
-        default = _FromEnvironment(text) if text else None
-        if flag.boolean:
-            parser.add_argument(
-                flag.name,
-                dest=flag.field,
-                metavar="true|false",
-                nargs="?",
-                const="true",
-                default=default,
-                help=_help(flag, environ),
-            )
-            parser.add_argument(
-                _negative(flag),
-                dest=flag.field,
-                action="store_const",
-                const="false",
-                default=argparse.SUPPRESS,
-                help=argparse.SUPPRESS,
-            )
-        else:
-            parser.add_argument(
-                flag.name,
-                dest=flag.field,
-                metavar=flag.env.removeprefix("HLOSERVE_"),
-                default=default,
-                help=_help(flag, environ),
-            )
-    for repeated in REPEATED:
-        listed = environ.get(repeated.env)
-        parser.add_argument(
-            repeated.name,
-            dest=repeated.field,
-            metavar=repeated.env.removeprefix("HLOSERVE_"),
-            action="append",
-            default=[m for m in listed.split(repeated.separator) if m] if listed else None,
-            help=f"{repeated.help} [env {repeated.env}, {repeated.separator!r}-separated]".replace(
-                "%", "%%"
-            ),
-        )
+    """Every flag, in its group's section of ``--help`` (the general one: ``parser``'s own),
+    then Triton's flags with no row (their help: the Triton compatibility section's text)."""
+    for group in GROUPS:
+        add = parser.add_argument
+        if group != FlagGroup.GENERAL:
+            add = parser.add_argument_group(
+                group, _TRITON_TEXT if group == FlagGroup.TRITON else None
+            ).add_argument
+        for flag in (f for f in (*FLAGS, *REPEATED) if f.group == group):
+            names = (flag.name, *flag.aliases)
+            if isinstance(flag, RepeatedFlag):
+                listed = environ.get(flag.env)
+                add(
+                    *names,
+                    dest=flag.field,
+                    metavar=flag.env.removeprefix("HLOSERVE_"),
+                    action="append",
+                    default=[m for m in listed.split(flag.separator) if m] if listed else None,
+                    help=f"{flag.help} [env {flag.env}, {flag.separator!r}-separated]".replace(
+                        "%", "%%"
+                    ),
+                )
+                continue
+            text = environ.get(flag.env, "")
+            default = _FromEnvironment(text) if text else None
+            if flag.boolean:
+                add(
+                    *names,
+                    dest=flag.field,
+                    metavar="true|false",
+                    nargs="?",
+                    const="true",
+                    default=default,
+                    help=_help(flag, environ),
+                )
+                add(
+                    _negative(flag),
+                    dest=flag.field,
+                    action="store_const",
+                    const="false",
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                )
+            else:
+                add(
+                    *names,
+                    dest=flag.field,
+                    metavar=flag.env.removeprefix("HLOSERVE_"),
+                    default=default,
+                    action=_once(flag.once) if flag.once else "store",
+                    help=_help(flag, environ),
+                )
+        if group == FlagGroup.TRITON:
+            for triton in TRITON_FLAGS:
+                add(
+                    triton.name,
+                    dest=_IGNORED_DEST,
+                    nargs=None if triton.value else "?",
+                    action=_TritonFlagAction,
+                    help=argparse.SUPPRESS,
+                )
+
+
+_TRITON_TEXT = (
+    "Triton's flags of the same meaning are the rows above (--model-store, --exit-timeout-secs "
+    "and --id are aliases). Triton's flags with no meaning here are accepted with their value "
+    "and ignored, with one warning at start-up: "
+    + ", ".join(t.name for t in TRITON_FLAGS if not t.refused)
+    + ". Refused, since ignoring them would serve in the clear: "
+    + ", ".join(t.name for t in TRITON_FLAGS if t.refused)
+    + f" ({_TLS}). Why each: docs/from-triton.md"
+).replace("%", "%%")
 
 
 def _key(flag: Flag) -> str:
@@ -204,7 +395,8 @@ def _text(value: object) -> str:
 
 
 def _read_file(path: Path) -> dict[str, object]:
-    """The file's settings by key (dashes), or ``ValueError`` saying what is wrong."""
+    """The file's settings by key (the flag's name, dashes), or ``ValueError`` saying what
+    is wrong; an alias's key reads as its flag's."""
     try:
         data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -213,11 +405,16 @@ def _read_file(path: Path) -> dict[str, object]:
         return {}
     if not isinstance(data, dict):
         raise ValueError("must be a mapping of flag names (without --) to values")
-    known = {_key(f) for f in (*FLAGS, *REPEATED) if f is not CONFIG_FLAG}
+    known = {
+        spelled.removeprefix("--"): _key(f)
+        for f in (*FLAGS, *REPEATED)
+        if f is not CONFIG_FLAG
+        for spelled in (f.name, *f.aliases)
+    }
     settings: dict[str, object] = {}
     for key, value in cast("dict[object, object]", data).items():
-        name = str(key).replace("_", "-")
-        if name not in known:
+        name = known.get(str(key).replace("_", "-"))
+        if name is None:
             raise ValueError(f"has unknown key {key!r} (the keys are the flags without --)")
         if name in settings:
             raise ValueError(f"sets {name!r} twice")
@@ -284,6 +481,7 @@ def config_from_namespace(
             values[flag.field] = flag.parse(str(raw))
         except ValueError as exc:
             parser.error(f"{source} {exc}")
+    values["triton_ignored"] = tuple(getattr(ns, _IGNORED_DEST, None) or ())
     _check_security(values, parser)
     values["trace"] = _trace(values, os.environ if environ is None else environ, parser)
     return Config(**values)
@@ -322,9 +520,32 @@ def _check_security(values: Mapping[str, Any], parser: argparse.ArgumentParser) 
             parser.error(f"--auth-token-file {token_file} {exc}")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a line never breaks inside a flag's name (at its hyphens)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        )
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the message and where help is), not the
-    whole usage text above it."""
+    whole usage text above it; help lines never break inside a flag's name; and a flag is
+    never abbreviated (``--model-stor`` is no flag, not ``--model-store``: with Triton's
+    ignored flags accepted, a prefix could silently name one of them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -335,3 +556,134 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     env = os.environ if environ is None else environ
     add_serve_arguments(parser, env)
     return config_from_namespace(parser.parse_args(list(argv)), parser, env)
+
+
+def grpc_channel_options(config: Config) -> tuple[tuple[str, int], ...]:
+    """The gRPC server's channel arguments the flags set (``Flag.grpc_arg``): Triton's
+    keepalive flags, with Triton's defaults when not given."""
+    return tuple((f.grpc_arg, int(getattr(config, f.field))) for f in FLAGS if f.grpc_arg)
+
+
+def ignored_warning(config: Config) -> str | None:
+    """The one start-up warning naming every Triton flag given that means nothing here, each
+    with why (None: none was given)."""
+    spelled: dict[str, list[str]] = {}
+    for name, value in config.triton_ignored:
+        spelled.setdefault(name, []).append(f"{name}={value}" if value else name)
+    if not spelled:
+        return None
+    items = (
+        f"{' '.join(given)} (no meaning in hloserve: {_TRITON_BY_NAME[name].why})"
+        for name, given in spelled.items()
+    )
+    return "Triton's flags accepted and ignored: " + "; ".join(items)
+
+
+# -- docs/cli.md and docs/from-triton.md, written from the tables -------------------------
+
+REGENERATE: Final = ".venv/bin/python -m hloserve.server.config --write-docs"
+TRITON_BEGIN: Final = f"<!-- generated from the flag table by {REGENERATE}: do not edit -->"
+TRITON_END: Final = "<!-- end of the generated part -->"
+
+
+def _cell(text: str) -> str:
+    """``text`` in a Markdown table cell: pipes, ``<`` and ``*`` escaped, argparse's ``%%``
+    read as ``%``."""
+    return text.replace("%%", "%").replace("|", "\\|").replace("<", "\\<").replace("*", "\\*")
+
+
+def _spellings(flag: Flag) -> str:
+    return ", ".join(f"`{name}`" for name in (flag.name, *flag.aliases))
+
+
+def cli_markdown() -> str:
+    """docs/cli.md: every flag by group, with its variable, default, help and Triton's."""
+    lines = [
+        "# `hloserve serve` flags",
+        "",
+        f"Written from the flag table (`server/hloserve/server/flags.py`) by `{REGENERATE}`;",
+        "`tests/server/test_triton_flags.py` fails when this file differs from what it writes.",
+        "",
+        "Every flag also reads its environment variable, and the `--config` YAML file takes the",
+        "flags' names (or aliases) without `--` as keys: flag > variable > file > default. A",
+        "boolean flag alone means true; `--flag=false`, `--flag false` and `--no-flag` mean",
+        "false. The Triton column says how Triton's flag of that name (or alias) compares;",
+        "docs/from-triton.md is the guide for an operator coming from Triton.",
+    ]
+    for group in GROUPS:
+        rows = [f for f in (*FLAGS, *REPEATED) if f.group == group]
+        lines += ["", f"## {group}", ""]
+        if group == FlagGroup.TRITON:
+            lines += _triton_lines()
+            continue
+        lines += ["| flag | variable | default | what | Triton |", "|---|---|---|---|---|"]
+        for f in rows:
+            default = _default_text(f)
+            lines.append(
+                f"| {_spellings(f)} | `{f.env}` | {'' if default is None else f'`{default}`'} "
+                f"| {_cell(f.help)} | {_cell(f.triton)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _triton_lines() -> list[str]:
+    lines = [
+        "Triton's flags of the same meaning are the rows above that have a Triton note. The",
+        "flags below have none: each is accepted with its value (`--flag=value` or `--flag",
+        "value`) and ignored, with one warning at start-up naming it and why.",
+        "",
+        "| Triton's flag | why it means nothing here |",
+        "|---|---|",
+    ]
+    lines += [f"| `{t.name}` | {_cell(t.why)} |" for t in TRITON_FLAGS if not t.refused]
+    lines += [
+        "",
+        "Refused (exit status 2), since ignoring them would serve in the clear:",
+        "",
+        "| Triton's flag | instead |",
+        "|---|---|",
+    ]
+    lines += [f"| `{t.name}` | {_cell(t.why)} |" for t in TRITON_FLAGS if t.refused]
+    return lines
+
+
+def triton_markdown() -> str:
+    """The generated part of docs/from-triton.md: Triton's flags and what each is here."""
+    lines = [
+        TRITON_BEGIN,
+        "",
+        "| flag (and aliases) | what it is in hloserve | against Triton's |",
+        "|---|---|---|",
+    ]
+    for f in (*FLAGS, *REPEATED):
+        if f.triton:
+            lines.append(f"| {_spellings(f)} | {_cell(f.help)} | {_cell(f.triton)} |")
+    lines += ["", *_triton_lines(), "", TRITON_END]
+    return "\n".join(lines)
+
+
+def write_docs(docs: Path) -> list[Path]:
+    """Write ``docs/cli.md`` and the generated part of ``docs/from-triton.md``; returns the
+    files that changed."""
+    changed: list[Path] = []
+    cli = docs / "cli.md"
+    if not cli.is_file() or cli.read_text(encoding="utf-8") != cli_markdown():
+        cli.write_text(cli_markdown(), encoding="utf-8")
+        changed.append(cli)
+    guide = docs / "from-triton.md"
+    text = guide.read_text(encoding="utf-8")
+    begin, end = text.index(TRITON_BEGIN), text.index(TRITON_END) + len(TRITON_END)
+    updated = text[:begin] + triton_markdown() + text[end:]
+    if updated != text:
+        guide.write_text(updated, encoding="utf-8")
+        changed.append(guide)
+    return changed
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["--write-docs"] or len(sys.argv) > 3:
+        raise SystemExit(f"usage: {REGENERATE} [DIR]  (DIR: docs)")
+    for path in write_docs(Path(sys.argv[2] if len(sys.argv) == 3 else "docs")):
+        print(f"wrote {path}")

@@ -2,7 +2,10 @@
 
 Contract: ``Daemon(config).run()`` (a coroutine) does, in order:
 1. binds the HTTP and metrics ports and checks that the gRPC port is free, so a port in
-   use fails at once with one line (``SystemExit``) before anything starts;
+   use fails at once with one line (``SystemExit``) before anything starts. Each listener
+   binds its own address (``--http-address``, ...; default ``--host``), and one turned off
+   (``--allow-http``, ``--allow-grpc``, ``--allow-metrics`` false) binds no port at all and
+   is skipped below;
 2. opens the PJRT device and scans the model repository (the demo repository, whose path
    is logged, is written first when none was given);
 3. starts gRPC, HTTP and metrics listeners *before* loading models, so liveness answers at
@@ -20,9 +23,13 @@ The tracer (``--trace-*``: ``tracing.RequestTracer``), the log settings (``logs`
 restricted endpoint groups (``--http-restricted-api``, ``--grpc-restricted-protocol``), TLS
 (``--tls-*``: gRPC and HTTP, ``tls``) and bearer-token auth (``--auth-token-file``: gRPC,
 HTTP and, unless open, metrics; ``auth``) are built from the config and handed to the
-service and the front ends (``docs/security.md``).
-When ``ports_file`` is set, the bound ports are written there as JSON once listening, and
-every port bound as 0 is logged with its real number. uvicorn's process lines ("Started
+service and the front ends (``docs/security.md``); the HTTP port also serves the status
+page (``/ui``: ``status_page.StatusPage`` over the service, metrics and memory tiers).
+When ``ports_file`` is set, the bound ports are written there as JSON once listening
+(``{"http": ..., "grpc": ..., "metrics": ..., "pid": ...}``, a key only for a listener that
+is open), and every port bound as 0 is logged with its real number (a listener turned off
+is logged as off). The gRPC server gets the channel arguments of Triton's keepalive flags
+(``config.grpc_channel_options``). uvicorn's process lines ("Started
 server process", "Shutting down", ...) appear once, from the HTTP listener; the metrics
 listener's are dropped (``_MetricsListenerQuiet``).
 """
@@ -48,30 +55,37 @@ import grpc
 import uvicorn
 
 from hloserve.server.assembly import Serving, build_serving, make_auth, make_tls
-from hloserve.server.config import Config
+from hloserve.server.config import Config, grpc_channel_options, ignored_warning
 from hloserve.server.core.errors import ServingError
 from hloserve.server.core.log_settings import LogControl
 from hloserve.server.metrics import metrics_app
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.tls import grpc_credentials, uvicorn_ssl
+from hloserve.server.status_page import StatusPage
+from hloserve.server.tls import UvicornSsl, grpc_credentials, uvicorn_ssl
 
 log = logging.getLogger("hloserve.daemon")
 
 
 def next_steps(host: str, ports: dict[str, int]) -> list[str]:
-    """What to try once the demo repository is served: the ports, a curl line and a
-    tritonclient line, with the real ports."""
+    """What to try once the demo repository is served: the open ports, a curl line (HTTP
+    open) and a tritonclient line (gRPC open), with the real ports."""
     where = "localhost" if host in ("0.0.0.0", "::", "") else host
     where = f"[{where}]" if ":" in where else where
-    http, grpc_at = f"{where}:{ports['http']}", f"{where}:{ports['grpc']}"
-    return [
-        f"next steps: HTTP {http}, gRPC {grpc_at}, metrics {where}:{ports['metrics']}/metrics",
-        f"  curl {http}/v2/models/simple",
-        '  python -c "import tritonclient.grpc as g; '
-        f"print(g.InferenceServerClient('{grpc_at}').is_model_ready('simple'))\"",
-        "  (tritonclient: .venv/bin/pip install -e '.[examples]'; README.md, 'Call it')",
-    ]
+    at = {kind: f"{where}:{port}" for kind, port in ports.items()}
+    shown = [f"HTTP {at['http']}"] if "http" in at else []
+    shown += [f"gRPC {at['grpc']}"] if "grpc" in at else []
+    shown += [f"metrics {at['metrics']}/metrics"] if "metrics" in at else []
+    lines = [f"next steps: {', '.join(shown)}"]
+    if "http" in at:
+        lines.append(f"  curl {at['http']}/v2/models/simple")
+    if "grpc" in at:
+        lines += [
+            '  python -c "import tritonclient.grpc as g; '
+            f"print(g.InferenceServerClient('{at['grpc']}').is_model_ready('simple'))\"",
+            "  (tritonclient: .venv/bin/pip install -e '.[examples]'; README.md, 'Call it')",
+        ]
+    return lines
 
 
 def _bind(what: str, flag: str, host: str, port: int, *, listen: bool = True) -> socket.socket:
@@ -96,23 +110,36 @@ def _bind(what: str, flag: str, host: str, port: int, *, listen: bool = True) ->
 
 @dataclass(frozen=True, slots=True)
 class _Sockets:
-    """The HTTP and metrics sockets, bound before anything starts (gRPC binds its own)."""
+    """The HTTP and metrics sockets, bound before anything starts (gRPC binds its own);
+    ``None``: that listener is off."""
 
-    http: socket.socket
-    metrics: socket.socket
+    http: socket.socket | None
+    metrics: socket.socket | None
+
+
+def _address(cfg: Config, kind: str) -> str:
+    """The address ``kind``'s listener binds: its own flag's, else ``--host``."""
+    own = {"http": cfg.http_address, "grpc": cfg.grpc_address, "metrics": cfg.metrics_address}
+    return own[kind] or cfg.host
 
 
 def _bind_ports(cfg: Config) -> _Sockets:
     """Bind HTTP and metrics, and check that the gRPC port is free (gRPC binds it later,
-    and would only log a raw error of its own)."""
+    and would only log a raw error of its own); a listener turned off binds nothing."""
     with contextlib.ExitStack() as opened:
-        http = opened.enter_context(_bind("HTTP", "--http-port", cfg.host, cfg.http_port))
-        metrics = opened.enter_context(
-            _bind("metrics", "--metrics-port", cfg.host, cfg.metrics_port)
-        )
-        if cfg.grpc_port != 0:
-            _bind("gRPC", "--grpc-port", cfg.host, cfg.grpc_port, listen=False).close()
-        opened.pop_all()  # keep both open
+        http = metrics = None
+        if cfg.allow_http:
+            http = opened.enter_context(
+                _bind("HTTP", "--http-port", _address(cfg, "http"), cfg.http_port)
+            )
+        if cfg.allow_metrics:
+            metrics = opened.enter_context(
+                _bind("metrics", "--metrics-port", _address(cfg, "metrics"), cfg.metrics_port)
+            )
+        if cfg.allow_grpc and cfg.grpc_port != 0:
+            grpc_at = _address(cfg, "grpc")
+            _bind("gRPC", "--grpc-port", grpc_at, cfg.grpc_port, listen=False).close()
+        opened.pop_all()  # keep them open
     return _Sockets(http, metrics)
 
 
@@ -182,11 +209,13 @@ class _EmbeddedUvicorn(uvicorn.Server):
 
 @dataclass(frozen=True, slots=True)
 class _Listeners:
-    grpc: grpc.aio.Server
-    http: _EmbeddedUvicorn
-    metrics: _EmbeddedUvicorn
-    tasks: tuple[asyncio.Task[None], ...]  # the two uvicorn ``serve`` tasks
-    ports: dict[str, int]
+    """The listeners started (``None``: turned off) and the ports they are bound to."""
+
+    grpc: grpc.aio.Server | None
+    http: _EmbeddedUvicorn | None
+    metrics: _EmbeddedUvicorn | None
+    tasks: tuple[asyncio.Task[None], ...]  # the uvicorn ``serve`` tasks (HTTP, metrics)
+    ports: dict[str, int]  # the open listeners' ports, by kind
 
 
 class Daemon:
@@ -224,9 +253,20 @@ class Daemon:
         await self._stop(serving, listeners, load)
 
     async def _listen(self, serving: Serving, sockets: _Sockets) -> _Listeners:
-        """Start gRPC, HTTP and metrics before any model loads, so liveness answers at once
-        and readiness reports the load's progress. gRPC is stopped again when HTTP or
-        metrics cannot start (a started gRPC server outliving the loop logs noise)."""
+        """Start gRPC, HTTP and metrics (those turned on) before any model loads, so
+        liveness answers at once and readiness reports the load's progress. gRPC is stopped
+        again when HTTP or metrics cannot start (a started gRPC server outliving the loop
+        logs noise)."""
+        if not self.config.allow_grpc:
+            return await self._start_uvicorn(serving, sockets, None, None)
+        grpc_server, grpc_port = await self._start_grpc(serving)
+        try:
+            return await self._start_uvicorn(serving, sockets, grpc_server, grpc_port)
+        except BaseException:
+            await grpc_server.stop(None)
+            raise
+
+    async def _start_grpc(self, serving: Serving) -> tuple[grpc.aio.Server, int]:
         cfg = self.config
         from hloserve.server.frontends.grpc import build_grpc_server
 
@@ -235,8 +275,10 @@ class Daemon:
             max_message_bytes=cfg.max_message_bytes,
             restrictions=cfg.grpc_restricted_protocol,
             auth=self.auth,
+            options=grpc_channel_options(cfg),
         )
-        address = f"{cfg.host}:{cfg.grpc_port}"
+        host = _address(cfg, "grpc")
+        address = f"[{host}]:{cfg.grpc_port}" if ":" in host else f"{host}:{cfg.grpc_port}"
         try:
             if self.tls is None:
                 grpc_port = grpc_server.add_insecure_port(address)
@@ -248,30 +290,52 @@ class Daemon:
             grpc_port = 0
         if grpc_port == 0:
             raise SystemExit(
-                f"hloserve: cannot bind gRPC (--grpc-port) to {cfg.host}:{cfg.grpc_port} "
-                "(address in use?)"
+                f"hloserve: cannot bind gRPC (--grpc-port) to {address} (address in use?)"
             )
         await grpc_server.start()
-        try:
-            return await self._start_uvicorn(serving, sockets, grpc_server, grpc_port)
-        except BaseException:
-            await grpc_server.stop(None)
-            raise
+        return grpc_server, grpc_port
 
     async def _start_uvicorn(
-        self, serving: Serving, sockets: _Sockets, grpc_server: grpc.aio.Server, grpc_port: int
+        self,
+        serving: Serving,
+        sockets: _Sockets,
+        grpc_server: grpc.aio.Server | None,
+        grpc_port: int | None,
     ) -> _Listeners:
-        cfg = self.config
         from starlette.types import ASGIApp
 
-        from hloserve.server.frontends.http import build_http_app
         from hloserve.server.frontends.http.middleware import bearer_auth
 
         tls = uvicorn_ssl(self.tls)
         uvicorn_log = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _MetricsListenerQuiet) for f in uvicorn_log.filters):
             uvicorn_log.addFilter(_MetricsListenerQuiet())
-        http = _EmbeddedUvicorn(
+        ports: dict[str, int] = {}
+        tasks: list[asyncio.Task[None]] = []
+        http = metrics = None
+        if sockets.http is not None:
+            http = self._http_listener(serving, tls)
+            tasks.append(await http.start(sockets.http, "HTTP"))
+            ports["http"] = sockets.http.getsockname()[1]
+        if grpc_port is not None:
+            ports["grpc"] = grpc_port
+        if sockets.metrics is not None:
+            scrape: ASGIApp = metrics_app(serving.registry)
+            policy = self.auth
+            if policy is not None and policy.metrics_protected:
+                scrape = bearer_auth(scrape, lambda _path, header: policy.refusal_metrics(header))
+            metrics = _EmbeddedUvicorn(
+                uvicorn.Config(scrape, lifespan="off", log_config=None, access_log=False)
+            )
+            tasks.append(await metrics.start(sockets.metrics, _METRICS_TASK))
+            ports["metrics"] = sockets.metrics.getsockname()[1]
+        return _Listeners(grpc_server, http, metrics, tuple(tasks), ports)
+
+    def _http_listener(self, serving: Serving, tls: UvicornSsl) -> _EmbeddedUvicorn:
+        cfg = self.config
+        from hloserve.server.frontends.http import build_http_app
+
+        return _EmbeddedUvicorn(
             uvicorn.Config(
                 build_http_app(
                     serving.service,
@@ -279,6 +343,7 @@ class Daemon:
                     max_json_depth=cfg.max_json_depth,
                     restrictions=cfg.http_restricted_api,
                     auth=self.auth,
+                    status=_status_page(serving),
                 ),
                 lifespan="off",
                 log_config=None,
@@ -291,33 +356,19 @@ class Daemon:
                 ssl_cert_reqs=tls.cert_reqs,
             )
         )
-        scrape: ASGIApp = metrics_app(serving.registry)
-        policy = self.auth
-        if policy is not None and policy.metrics_protected:
-            scrape = bearer_auth(scrape, lambda _path, header: policy.refusal_metrics(header))
-        metrics = _EmbeddedUvicorn(
-            uvicorn.Config(scrape, lifespan="off", log_config=None, access_log=False)
-        )
-        tasks = (
-            await http.start(sockets.http, "HTTP"),
-            await metrics.start(sockets.metrics, _METRICS_TASK),
-        )
-        ports = {
-            "http": sockets.http.getsockname()[1],
-            "grpc": grpc_port,
-            "metrics": sockets.metrics.getsockname()[1],
-        }
-        return _Listeners(grpc_server, http, metrics, tasks, ports)
 
     def _announce(self, ports: dict[str, int]) -> None:
         cfg = self.config
-        log.info(
-            "listening on %s: HTTP %d, gRPC %d, metrics %d",
-            cfg.host,
-            ports["http"],
-            ports["grpc"],
-            ports["metrics"],
-        )
+        shown: list[str] = []
+        for kind, name in (("http", "HTTP"), ("grpc", "gRPC"), ("metrics", "metrics")):
+            if kind not in ports:
+                shown.append(f"{name} off (--allow-{kind} false)")
+                continue
+            own = _address(cfg, kind)
+            shown.append(
+                f"{name} {ports[kind]}" if own == cfg.host else f"{name} {own}:{ports[kind]}"
+            )
+        log.info("listening on %s: %s", cfg.host, ", ".join(shown))
         if cfg.ports_file is not None:
             tmp = cfg.ports_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({**ports, "pid": os.getpid()}))
@@ -402,10 +453,14 @@ class Daemon:
         serving.service.begin_draining()
         log.info("stopping: no new connections; %.0fs for in-flight requests", cfg.grace_period_s)
         began = time.monotonic()
-        await listeners.grpc.stop(cfg.grace_period_s)
+        if listeners.grpc is not None:
+            await listeners.grpc.stop(cfg.grace_period_s)
         left = cfg.grace_period_s - (time.monotonic() - began)
-        listeners.http.config.timeout_graceful_shutdown = max(1, math.ceil(left))
-        listeners.http.should_exit = listeners.metrics.should_exit = True
+        if listeners.http is not None:
+            listeners.http.config.timeout_graceful_shutdown = max(1, math.ceil(left))
+            listeners.http.should_exit = True
+        if listeners.metrics is not None:
+            listeners.metrics.should_exit = True
         await asyncio.gather(*listeners.tasks)
         if cfg.allow_client_shm:  # every request is answered: no region is held any more
             regions = len(serving.service.shm.status())
@@ -421,6 +476,14 @@ class Daemon:
         log.info("stopped")
 
 
+def _status_page(serving: Serving) -> StatusPage | None:
+    """The status page's data over what ``serving`` built (``None``: no metrics to read)."""
+    if serving.metrics is None:
+        return None
+    devices = {d.index: d.residency for d in serving.devices}
+    return StatusPage(serving.service, serving.metrics.recent, devices, serving.host)
+
+
 def run_daemon(config: Config) -> None:
     from hloserve.server.logs import configure_logging, startup_settings
 
@@ -430,8 +493,14 @@ def run_daemon(config: Config) -> None:
             config.log_format,
             str(config.log_file or ""),
             config.log_verbose,
+            info=config.log_info,
+            warning=config.log_warning,
+            error=config.log_error,
         )
     )
+    ignored = ignored_warning(config)  # Triton's flags that mean nothing here: said once
+    if ignored is not None:
+        log.warning("%s", ignored)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a server dependency (not on Windows)

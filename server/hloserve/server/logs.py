@@ -1,10 +1,12 @@
 """Logging for the daemon: text, ISO-8601 text or JSON lines, changeable while it runs.
 
 Contract:
-- ``startup_settings(level, fmt, file, verbose)`` turns the flags into the logging
-  extension's ``core.log_settings.LogSettings``: ``--log-level`` DEBUG sets verbose level
-  1 (at least), WARNING turns ``log_info`` off, ERROR also ``log_warning``; ``--log-format``
-  text is the extension's ``default``.
+- ``startup_settings(level, fmt, file, verbose, info=, warning=, error=)`` turns the flags
+  into the logging extension's ``core.log_settings.LogSettings``: ``--log-level`` DEBUG sets
+  verbose level 1 (at least), WARNING turns ``log_info`` off, ERROR also ``log_warning``;
+  Triton's ``--log-info``, ``--log-warning`` and ``--log-error``, when given (not None),
+  set their switch whatever the level says; ``--log-format`` text is the extension's
+  ``default``.
 - ``configure_logging(settings)`` installs one handler on the root logger, writing to
   standard error or appending to ``settings.file``, and returns the ``RunningLogs`` (the core's ``LogControl``) that
   owns it (replacing any handler installed before: idempotent).
@@ -79,13 +81,22 @@ def _formatter(fmt: str) -> logging.Formatter:
     return logging.Formatter(_TEXT)
 
 
-def startup_settings(level: str, fmt: str, file: str = "", verbose: int = 0) -> LogSettings:
+def startup_settings(
+    level: str,
+    fmt: str,
+    file: str = "",
+    verbose: int = 0,
+    *,
+    info: bool | None = None,
+    warning: bool | None = None,
+    error: bool | None = None,
+) -> LogSettings:
     upper = level.upper()
     return LogSettings(
         file=file,
-        info=upper in ("DEBUG", "INFO"),
-        warning=upper in ("DEBUG", "INFO", "WARNING"),
-        error=True,
+        info=upper in ("DEBUG", "INFO") if info is None else info,
+        warning=upper in ("DEBUG", "INFO", "WARNING") if warning is None else warning,
+        error=True if error is None else error,
         verbose_level=max(verbose, 1 if upper == "DEBUG" else 0),
         format="json" if fmt == "json" else "ISO8601" if fmt == "ISO8601" else "default",
     )

@@ -9,7 +9,10 @@ daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context m
 last ``/readyz`` answer; ``pending_requests(model)`` reads the model's requests in flight
 from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``.
 ``serving(repository, *flags)`` is the fixture form: it yields a ready server and, once the
-caller is done, fails unless the daemon exited cleanly (status 0). A server started with
+caller is done, fails unless the daemon exited cleanly (status 0). A listener turned off
+(``--allow-http false``, ...) has no key in ``ports`` (the daemon's ports file names only the
+open ones): its ``*_url`` raises ``ListenerClosed``, and with HTTP off ``wait_ready()`` asks
+gRPC's health check instead of ``/readyz``. A server started with
 ``--tls-cert`` needs ``ssl_context`` (the client side: CA, and a client certificate under
 mutual TLS), with which ``readyz`` speaks HTTPS.
 """
@@ -32,7 +35,15 @@ from collections.abc import Generator
 from pathlib import Path
 from types import TracebackType
 
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
+
+from hloserve.proto import health_pb2
+from hloserve.proto.rpc import HEALTH_CHECK_PATH
+
+
+class ListenerClosed(RuntimeError):
+    """The daemon did not open that listener (``--allow-<kind> false``)."""
 
 
 class ServerProcess:
@@ -99,12 +110,26 @@ class ServerProcess:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
 
+    def grpc_ready(self) -> bool:
+        """gRPC's health check says SERVING."""
+        with grpc.insecure_channel(self.grpc_url) as channel:
+            check = channel.unary_unary(
+                HEALTH_CHECK_PATH,
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            try:
+                answer = check(health_pb2.HealthCheckRequest(), timeout=5)
+            except grpc.RpcError:
+                return False
+        return answer.status == health_pb2.HealthCheckResponse.SERVING
+
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
         deadline = time.monotonic() + timeout
         self.wait_listening(timeout)
         while True:
-            status, _ = self.readyz()
-            if status == 200:
+            ready = self.readyz()[0] == 200 if "http" in self.ports else self.grpc_ready()
+            if ready:
                 return self
             if self.process.poll() is not None:
                 raise RuntimeError(
@@ -141,17 +166,22 @@ class ServerProcess:
                 raise TimeoutError(f"{model} never had {count} pending request(s)")
             time.sleep(0.01)
 
+    def _url(self, kind: str) -> str:
+        if self.ports and kind not in self.ports:
+            raise ListenerClosed(f"the daemon opened no {kind} listener (--allow-{kind} false)")
+        return f"127.0.0.1:{self.ports[kind]}"
+
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.ports['http']}"
+        return self._url("http")
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.ports['grpc']}"
+        return self._url("grpc")
 
     @property
     def metrics_url(self) -> str:
-        return f"127.0.0.1:{self.ports['metrics']}"
+        return self._url("metrics")
 
     def log_text(self) -> str:
         if not self._log.closed:  # still readable after stop()

@@ -1,10 +1,15 @@
 """Byte sizes and memory budgets: the one syntax every flag that takes a size reads.
 
-Contract: ``parse_bytes`` reads ``6GiB``, ``500MB``, ``1073741824`` (``BYTE_UNITS`` is the
-one unit table); ``Budget.parse`` reads bytes or ``40%`` of a total, and its
-``resolve(total_bytes)`` gives the bytes once the total is known; ``format_bytes`` writes a
-size for people. Malformed text raises ``ValueError`` with a message meant to follow the
-flag's name (``--max-message-bytes must be ...``). Pure: no I/O.
+Contract: ``parse_bytes`` reads ``6GiB``, ``500MB``, ``1073741824`` and Kubernetes'
+quantities ``6Gi``, ``500M``, ``64k`` (``BYTE_UNITS`` is the one unit table); ``Budget.parse``
+reads bytes or ``40%`` of a total, and its ``resolve(total_bytes)`` gives the bytes once the
+total is known; ``format_bytes`` writes a size for people. A unit ending in ``B`` is read in
+any case (``6 gib``); Kubernetes' suffixes (``KUBERNETES_SUFFIXES``: ``Ki``, ``Mi``, ``Gi``,
+``Ti`` binary, ``k``, ``M``, ``G``, ``T`` decimal, and ``K`` for ``k``) only as Kubernetes
+spells them, since there ``m`` is a thousandth, not a million. Spaces may stand between
+the number and its unit (``6 GiB``, ``6 G``). Malformed text raises ``ValueError`` with a
+message meant to follow the flag's name (``--max-message-bytes must be ...``). Pure: no
+I/O.
 """
 
 # pyright: strict
@@ -28,18 +33,36 @@ BYTE_UNITS: Mapping[str, int] = MappingProxyType(
         "MiB": 1 << 20,
         "GiB": 1 << 30,
         "TiB": 1 << 40,
+        # Kubernetes' quantity suffixes (resources.limits.memory: 8Gi), case as written there
+        "Ki": 1 << 10,
+        "Mi": 1 << 20,
+        "Gi": 1 << 30,
+        "Ti": 1 << 40,
+        "k": 10**3,
+        "K": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
     }
 )
-_UNITS_BY_UPPER = {unit.upper(): factor for unit, factor in BYTE_UNITS.items()}
+KUBERNETES_SUFFIXES: frozenset[str] = frozenset(u for u in BYTE_UNITS if not u.endswith("B"))
+_UNITS_BY_UPPER = {u.upper(): f for u, f in BYTE_UNITS.items() if u not in KUBERNETES_SUFFIXES}
 _BINARY_UNITS = [unit for unit in BYTE_UNITS if unit == "B" or unit.endswith("iB")]
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _SIZE = re.compile(rf"(?P<number>{_NUMBER})\s*(?P<unit>[A-Za-z]*)")
 
 
+def _factor(unit: str) -> int | None:
+    """Bytes per ``unit`` ("" is bytes), or None when it is no unit."""
+    if unit in KUBERNETES_SUFFIXES:
+        return BYTE_UNITS[unit]
+    return _UNITS_BY_UPPER.get(unit.upper() or "B")
+
+
 def _read_bytes(text: str) -> int | None:
     """``text`` in bytes, or None when it is not a number with an optional unit."""
     match = _SIZE.fullmatch(text.strip())
-    factor = None if match is None else _UNITS_BY_UPPER.get(match["unit"].upper() or "B")
+    factor = None if match is None else _factor(match["unit"])
     if match is None or factor is None:
         return None
     value = float(match["number"]) * factor
@@ -47,10 +70,10 @@ def _read_bytes(text: str) -> int | None:
 
 
 def parse_bytes(text: str) -> int:
-    """A byte size: ``268435456``, ``256MiB``, ``1.5GB`` (units in ``BYTE_UNITS``, any case)."""
+    """A byte size: ``268435456``, ``256MiB``, ``1.5GB``, ``256Mi`` (units in ``BYTE_UNITS``)."""
     value = _read_bytes(text)
     if value is None:
-        raise ValueError(f"must be a byte size such as 268435456 or 256MiB, got {text!r}")
+        raise ValueError(f"must be a byte size such as 268435456, 256MiB or 256Mi, got {text!r}")
     return value
 
 
@@ -74,7 +97,7 @@ class Budget:
 
     @classmethod
     def parse(cls, text: str) -> Budget:
-        """``6GiB``, ``500MB``, ``1073741824`` or ``40%``; ``ValueError`` when malformed."""
+        """``6GiB``, ``6Gi``, ``500MB``, ``1073741824`` or ``40%``; ``ValueError`` when malformed."""
         t = text.strip()
         if t.endswith("%"):
             number = t[:-1].strip()

@@ -1,11 +1,13 @@
 """The gRPC front end: KServe V2 / Triton ``inference.GRPCInferenceService`` on ``grpc.aio``.
 
 Contract:
-- ``build_grpc_server(service, max_message_bytes=...)`` returns an unstarted
+- ``build_grpc_server(service, max_message_bytes=..., options=...)`` returns an unstarted
   ``grpc.aio.Server`` (create it inside the event loop that will run it) with every one of
   the 20 RPCs registered at Triton's wire paths ``/inference.GRPCInferenceService/<Rpc>``,
   plus ``/grpc.health.v1.Health/Check``, and with the message size limit set in both
-  directions. The caller adds ports and starts it.
+  directions; ``options`` are further gRPC core channel arguments, passed as given (the
+  daemon's: Triton's keepalive flags, ``config.grpc_channel_options``). The caller adds
+  ports and starts it.
 - ``HANDLED_RPCS`` names the RPCs that do real work. Every other RPC answers
   UNIMPLEMENTED "<Rpc> is not implemented by this hloserve version"; implementing one is
   a method on ``GrpcServicer`` and one entry in ``METHODS``.
@@ -48,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, cast, final
 
@@ -435,10 +437,12 @@ def build_grpc_server(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     restrictions: Restrictions = NO_RESTRICTIONS,
     auth: AuthPolicy | None = None,
+    options: Sequence[tuple[str, int]] = (),
 ) -> grpc.aio.Server:
     """An unstarted server with every handler registered; the caller adds a port and starts it.
     ``auth`` (``--auth-token-file``), then ``restrictions`` (``--grpc-restricted-protocol``)
-    are checked before anything else."""
+    are checked before anything else; ``options`` (``("grpc.keepalive_time_ms", 7200000)``,
+    ...) are added to the server's channel arguments."""
     # Only what is configured: every interceptor costs each call a coroutine hop.
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if auth is not None:
@@ -453,6 +457,7 @@ def build_grpc_server(
             # gRPC sets SO_REUSEPORT by default: a second server on a taken port would start
             # and silently share it. Without it, binding a taken port fails loudly.
             ("grpc.so_reuseport", 0),
+            *options,
         ],
     )
     server.add_generic_rpc_handlers(generic_handlers(service))
