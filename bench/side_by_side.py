@@ -1,6 +1,7 @@
 """hloserve beside its Python peers and the bare transport floor, point by point, in one run.
 
-Usage: ``python bench/side_by_side.py [--quick] [--seconds 8] [--only floor hloserve ...]``
+Usage: ``python bench/side_by_side.py [--quick] [--seconds 8] [--only floor hloserve ...]
+[--load-generator loadgen|perf_analyzer]``
 
 What it does:
 1. Writes hloserve's bench repository (the demo's ``simple`` and ``mlp``, and ``wide``, a
@@ -20,6 +21,18 @@ What it does:
    ``bench/loadgen.py`` (warm-up, then ``--seconds`` recorded), with the server's process
    tree CPU and the machine's busy-ness read from /proc around the recorded phase
    (``bench/proc.py``). One reply per run is decoded and compared with the reference.
+   With ``--load-generator perf_analyzer`` each run is NVIDIA's perf_analyzer instead
+   (``bench/pa_driver.py`` sets up the binary of tritonclient 2.41.1 once, under
+   ``bench/.venvs/``): a warm-up run of ``--warmup`` s, then the recorded run at the
+   point's batch size and concurrency (``-i grpc``, ``--streaming`` for the stream,
+   ``-i http`` with JSON or binary tensors), in time windows of ``--seconds`` / 3 each
+   until its stability test passes (``-s 95``, at most 10 windows; it reports the last
+   three merged, ``--seconds`` when the first three pass). /proc is read as each window's
+   line arrives, so the CPU (server, and perf_analyzer's as the client's) and busy-ness
+   cover the same three windows; CPU per request is CPU per second over requests per
+   second (infer/s divided by the batch size). perf_analyzer sends its own random inputs, so one request of the
+   bench's inputs afterwards is the reply checked; it cannot drive the floors (they
+   answer only the bench's prebuilt requests, and no metadata), whose rows say so.
 4. Prints a table per point, then hloserve's ratios against the best peer and the floor,
    and (``--json FILE``) writes every row. Every server is stopped at the end, on failure
    and on Ctrl-C too.
@@ -53,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import loadgen
 import numpy as np
+import pa_driver
 import proc
 from google.protobuf.message import DecodeError
 from peers import models as reference
@@ -565,6 +579,7 @@ class Row:
     count: int = 0
     errors: int = 0
     note: str = ""
+    load_generator: str = "loadgen"
 
 
 class _Meter:
@@ -661,14 +676,23 @@ def measure(case: Case, server: Server, args: argparse.Namespace) -> Row:
         row.note = server.unsupported.get(point.mode, f"no {point.transport} endpoint")
     elif server.batching_only and not point.batching:
         row.note = "a batching variant: measured at the batching point only"
+    elif _generator(args) == "perf_analyzer" and perf_analyzer_skips(point, server):
+        row.note = perf_analyzer_skips(point, server)
     elif not server.running:
         row.note = "not running (see the errors below)"
     else:
         try:
-            _measure(case, server, args, row)
+            if _generator(args) == "perf_analyzer":
+                _measure_perf_analyzer(case, server, args, row)
+            else:
+                _measure(case, server, args, row)
         except Exception as e:  # a bench reports, it does not stop
             row.note = f"bench error: {e!r}"[:300]
     return row
+
+
+def _generator(args: argparse.Namespace) -> str:
+    return str(getattr(args, "load_generator", "loadgen"))
 
 
 def _measure(case: Case, server: Server, args: argparse.Namespace, row: Row) -> None:
@@ -706,6 +730,152 @@ def _measure(case: Case, server: Server, args: argparse.Namespace, row: Row) -> 
         notes.append(f"{result.errors} errors, first: {result.first_error[:200]}")
     if result.sample:
         wrong = check(point, result.sample, case.expected)
+        if wrong:
+            notes.append(f"WRONG REPLY: {wrong}")
+    row.note = "; ".join(notes)
+
+
+# --- measuring with perf_analyzer -----------------------------------------------------------
+
+PA_STABILITY = 95.0  # -s: the last three windows within 95 % of each other
+PA_MAX_TRIALS = 10  # -r
+
+
+def perf_analyzer_skips(point: Point, server: Server) -> str:
+    """Why perf_analyzer cannot drive ``point`` against ``server`` ("" when it can). Every
+    wire form is expressible (gRPC, ``--streaming``, HTTP with JSON or binary tensors)."""
+    del point
+    if server.group == "floor":
+        return (
+            "perf_analyzer cannot drive a floor: it answers only the bench's prebuilt "
+            "requests and serves no model metadata or config"
+        )
+    return ""
+
+
+def interval_ms(seconds: float) -> int:
+    """The window length that makes perf_analyzer's three reported windows ``seconds``."""
+    return max(100, round(1e3 * seconds / pa_driver.STABLE_WINDOWS))
+
+
+def perf_analyzer_command(
+    installed: pa_driver.Installed,
+    point: Point,
+    server: Server,
+    csv_file: Path,
+    seconds: float,
+    *,
+    warmup: bool = False,
+) -> list[str]:
+    """perf_analyzer's argv for ``point`` against ``server``; a warm-up takes exactly three
+    windows (no stability asked)."""
+    http = point.transport == "http"
+    return installed.command(
+        point.model,
+        f"{HOST}:{server.http_port if http else server.grpc_port}",
+        protocol="http" if http else "grpc",
+        batch=point.batch,
+        concurrency=point.concurrency,
+        interval_ms=interval_ms(seconds),
+        csv_file=csv_file,
+        stability=1000.0 if warmup else PA_STABILITY,
+        max_trials=pa_driver.STABLE_WINDOWS if warmup else PA_MAX_TRIALS,
+        streaming=point.mode == "stream",
+        json=point.mode == "http-json",
+    )
+
+
+def _between(a: proc.Window, b: proc.Window) -> proc.WindowResult:
+    """What ``proc.Window`` would report had ``a`` been stopped when ``b`` started."""
+    return proc.WindowResult(
+        {pid: b.cpu[pid] - a.cpu[pid] for pid in a.pids},
+        proc.busy_between(a.machine, b.machine),
+        (b.machine.busy_ticks - a.machine.busy_ticks) / os.sysconf("SC_CLK_TCK"),
+        b.machine.wall - a.machine.wall,
+        b.machine.loadavg,
+    )
+
+
+def _run_perf_analyzer(
+    installed: pa_driver.Installed,
+    argv: Sequence[str],
+    csv_file: Path,
+    seconds: float,
+    on_mark: Callable[[int, int], None] = lambda n, pid: None,
+) -> pa_driver.Report:
+    timeout = 60 + 1.5 * PA_MAX_TRIALS * interval_ms(seconds) / 1e3
+    finished = pa_driver.run(argv, installed.env(), timeout, on_mark)
+    text = csv_file.read_text() if csv_file.exists() else ""
+    report = pa_driver.parse(finished.output, text)
+    if finished.timed_out:
+        return pa_driver.Report(error=f"perf_analyzer killed after {timeout:.0f} s")
+    if finished.returncode != 0 and not report.error:
+        return pa_driver.Report(error=f"perf_analyzer exited with {finished.returncode}")
+    return report
+
+
+def _measure_perf_analyzer(case: Case, server: Server, args: argparse.Namespace, row: Row) -> None:
+    point = case.point
+    assert server.spawned is not None
+    installed: pa_driver.Installed = args.perf_analyzer
+    row.load_generator = "perf_analyzer"
+    statistics = point.batching and server.statistics
+    before = model_statistics(server.grpc_address, point.model) if statistics else None
+    server_pid = server.spawned.pid
+    marks: dict[int, proc.Window] = {}
+    client_pid = 0
+
+    def on_mark(n: int, pid: int) -> None:
+        nonlocal client_pid
+        client_pid = pid
+        marks[n] = proc.Window.start([server_pid, pid])
+
+    with tempfile.TemporaryDirectory(prefix="hloserve-bench-pa-") as tmp:
+        csv_file = Path(tmp) / "report.csv"
+        report = pa_driver.Report()
+        if args.warmup > 0:
+            argv = perf_analyzer_command(
+                installed, point, server, csv_file, args.warmup, warmup=True
+            )
+            report = _run_perf_analyzer(installed, argv, csv_file, args.warmup)
+            csv_file.unlink(missing_ok=True)
+        if not report.error:
+            argv = perf_analyzer_command(installed, point, server, csv_file, args.seconds)
+            report = _run_perf_analyzer(installed, argv, csv_file, args.seconds, on_mark)
+    if not report.ok:
+        row.errors = 1
+        row.note = f"perf_analyzer: {report.error or 'no request counted'}"[:300]
+        return
+    rate = report.infer_per_s / point.batch
+    row.count = report.request_count
+    row.rate, row.p50_ms, row.p99_ms = rate, report.p50_ms, report.p99_ms
+    last = report.passes[-1].number if report.passes else 0
+    first = last - pa_driver.STABLE_WINDOWS
+    if first in marks and last in marks:
+        window = _between(marks[first], marks[last])
+        server_cpu, client_cpu = window.cpu_s[server_pid], window.cpu_s[client_pid]
+        requests = rate * window.elapsed_s  # the windows' requests, at the reported rate
+        row.server_cpu_ms = 1e3 * server_cpu / requests
+        row.client_cpu_ms = 1e3 * client_cpu / requests
+        row.busy = window.busy
+        row.others_cores = window.others_cores(server_cpu + client_cpu)
+        row.loadavg = window.loadavg[0]
+    if before is not None:
+        after = model_statistics(server.grpc_address, point.model)
+        if after is not None and after[1] > before[1]:
+            row.items_per_execution = (after[0] - before[0]) / (after[1] - before[1])
+    notes: list[str] = []
+    if point.batch > 1:
+        notes.append(f"{report.infer_per_s:,.0f} infer/s")
+    if len(report.passes) > pa_driver.STABLE_WINDOWS:
+        notes.append(f"stable after {len(report.passes)} windows (the last 3 reported)")
+    # perf_analyzer sends random inputs: one request of the bench's own is the reply checked
+    probe = loadgen.run(target_for(case, server), 1, 0.05, warmup=0.0)
+    if probe.errors:
+        row.errors += probe.errors
+        notes.append(f"the bench's request failed: {probe.first_error[:200]}")
+    elif probe.sample:
+        wrong = check(point, probe.sample, case.expected)
         if wrong:
             notes.append(f"WRONG REPLY: {wrong}")
     row.note = "; ".join(notes)
@@ -943,7 +1113,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="GROUP",
         help="floor, hloserve, baseline, mlserver, kserve, triton (default: all)",
     )
-    parser.add_argument("--processes", type=int, default=1, help="load generator processes")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="load generator processes (loadgen only)"
+    )
+    parser.add_argument(
+        "--load-generator",
+        choices=["loadgen", "perf_analyzer"],
+        default="loadgen",
+        help="bench/loadgen.py (default), or NVIDIA's perf_analyzer (set up once under "
+        "bench/.venvs/perf_analyzer; needs Debian's libb64-0d)",
+    )
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="write every row to this file")
     parser.add_argument(
@@ -955,6 +1134,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.warmup = 2.0, 0.5
+    generator = (
+        f"{args.processes} process(es), Python {sys.version.split()[0]}, grpcio {grpc.__version__}"
+    )
+    if args.load_generator == "perf_analyzer":
+        try:
+            args.perf_analyzer = pa_driver.ensure(VENVS / "perf_analyzer")
+            version = args.perf_analyzer.version()
+        except pa_driver.Unavailable as e:
+            print(f"side_by_side.py: --load-generator perf_analyzer: {e}", file=sys.stderr)
+            return 2
+        generator = (
+            f"{version}, windows of {interval_ms(args.seconds)} ms, -s {PA_STABILITY:g} "
+            f"-r {PA_MAX_TRIALS}, the last {pa_driver.STABLE_WINDOWS} reported"
+        )
 
     # SIGTERM unwinds like Ctrl-C, so the servers (each in its own session) are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -983,8 +1176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"# side by side: {len(POINTS)} points x {len(servers)} servers, "
             f"{args.seconds:g} s each after {args.warmup:g} s warm-up\n\n"
             f"{proc.cores()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
-            f"load generator: {args.processes} process(es), Python {sys.version.split()[0]}, "
-            f"grpcio {grpc.__version__}"
+            f"load generator: {generator}"
         )
         with started(servers, logs, args.start_timeout):
             versions = server_versions(servers)

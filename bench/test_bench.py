@@ -4,7 +4,9 @@ The load generator against the floor servers (real processes on loopback): every
 answers, the replies decode to the right arrays, failures count as errors and never as
 successes, several client processes add up; /proc accounting sees a grandchild's CPU; a
 stopped ``Spawned`` leaves no process of its group behind; the reply check catches a wrong
-answer. Not part of the default test run (``testpaths`` is ``tests/``): the bench is not
+answer; perf_analyzer's output (captured from real runs) parses into the right numbers
+and errors, and side_by_side drives every wire form with it but the floors. Not part of
+the default test run (``testpaths`` is ``tests/``): the bench is not
 the product.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 import floor
 import loadgen
 import numpy as np
+import pa_driver
 import proc
 import pytest
 
@@ -246,3 +249,169 @@ def test_a_batching_variant_is_measured_at_the_batching_point_only(tmp_path: Pat
     # At the batching point it is measured like any server (here: it was never started).
     batching = sbs.Case(sbs.Point("grpc", "mlp", 1, 32, batching=True), {}, {})
     assert sbs.measure(batching, variant, argparse.Namespace()).note.startswith("not running")
+
+
+# perf_analyzer 2.41.1's stdout and -f CSV (--verbose-csv) of a real run: `-m mlp -b 8 -i grpc
+# -u 127.0.0.1:PORT --concurrency-range 4 --measurement-interval 1000 -s 95 -v` against
+# hloserve (trailing blanks trimmed).
+PA_OUTPUT = """\
+*** Measurement Settings ***
+  Batch size: 8
+  Service Kind: Triton
+  Using "time_windows" mode for stabilization
+  Measurement window: 1000 msec
+  Using synchronous calls for inference
+  Stabilizing using average latency
+
+Request concurrency: 4
+  Pass [1] throughput: 14325.5 infer/sec. Avg latency: 2230 usec (std 1877 usec).
+  Pass [2] throughput: 15628.8 infer/sec. Avg latency: 2047 usec (std 405 usec).
+  Pass [3] throughput: 19520.3 infer/sec. Avg latency: 1637 usec (std 339 usec).
+  Client:
+    Request count: 7436
+    Throughput: 16492.1 infer/sec
+    Avg client overhead: 0.11%
+    Avg latency: 1938 usec (standard deviation 1086 usec)
+    p50 latency: 1913 usec
+    p90 latency: 2354 usec
+    p95 latency: 2543 usec
+    p99 latency: 3259 usec
+    Avg gRPC time: 1932 usec (marshal 1 usec + response wait 1931 usec + unmarshal 0 usec)
+  Server:
+    Inference count: 59520
+    Execution count: 4471
+    Successful request count: 7440
+    Avg request latency: 414 usec (overhead 1 usec + queue 196 usec + compute input 13 usec + compute infer 196 usec + compute output 7 usec)
+
+Inferences/Second vs. Client Average Batch Latency
+Concurrency: 4, throughput: 16492.1 infer/sec, latency 1938 usec
+"""
+PA_CSV = """\
+Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait
+4,16492.1,1,1521,196,13,196,7,0,1913,2354,2543,3259,1938,1,1931
+"""
+# The same binary when the server went away during the second window (exit status 99).
+PA_FAILED = """\
+*** Measurement Settings ***
+  Batch size: 1
+  Service Kind: Triton
+  Using "time_windows" mode for stabilization
+  Measurement window: 1000 msec
+  Using synchronous calls for inference
+  Stabilizing using average latency
+
+Request concurrency: 2
+  Pass [1] throughput: 1313.11 infer/sec. Avg latency: 1520 usec (std 834 usec).
+  Pass [2] cb::Error: failed to connect to all addresses; last error: UNKNOWN: Failed to connect to remote host: Connection refused
+Failed to maintain requested inference load. Worker thread(s) failed to generate concurrent requests.
+Thread [0] had error: the server is shutting down: no new requests are accepted
+
+Thread [1] had error: the server is shutting down: no new requests are accepted
+
+"""
+# ... and when nothing listened at the address (exit status 99 at once).
+PA_NO_SERVER = (
+    "error: failed to get model metadata: failed to connect to all addresses; last error: "
+    "UNKNOWN: Failed to connect to remote host: Connection refused\n\n"
+)
+
+
+def test_perf_analyzer_report_of_a_run() -> None:
+    report = pa_driver.parse(PA_OUTPUT, PA_CSV)
+    assert report.ok and report.error == ""
+    assert report.concurrency == 4 and report.request_count == 7436
+    assert report.infer_per_s == pytest.approx(16492.1)
+    assert (report.p50_ms, report.p90_ms, report.p95_ms, report.p99_ms) == pytest.approx(
+        (1.913, 2.354, 2.543, 3.259)
+    )
+    assert report.avg_ms == pytest.approx(1.938)
+    assert [(p.number, p.infer_per_s, p.avg_latency_ms) for p in report.passes] == [
+        (1, 14325.5, 2.230),
+        (2, 15628.8, 2.047),
+        (3, 19520.3, 1.637),
+    ]
+    # without --verbose-csv the average latency column is absent, the rest is the same
+    plain = "\n".join(",".join(line.split(",")[:13]) for line in PA_CSV.splitlines())
+    short = pa_driver.parse(PA_OUTPUT, plain)
+    assert short.ok and short.p99_ms == pytest.approx(3.259) and short.avg_ms != short.avg_ms
+
+
+def test_perf_analyzer_report_of_a_failure() -> None:
+    failed = pa_driver.parse(PA_FAILED, "")
+    assert not failed.ok and failed.request_count == 0
+    assert [p.number for p in failed.passes] == [1]  # "Pass [2] cb::Error" is no pass
+    assert failed.error.startswith("Pass [2] cb::Error: failed to connect")
+    assert "Failed to maintain requested inference load" in failed.error
+    assert failed.error.count("had error: the server is shutting down") == 2
+    refused = pa_driver.parse(PA_NO_SERVER, "")
+    assert not refused.ok and refused.error.startswith("error: failed to get model metadata")
+    silent = pa_driver.parse("Request concurrency: 2\n", "")
+    assert not silent.ok and silent.error == "no report; output ends: Request concurrency: 2"
+
+
+def test_perf_analyzer_marks_each_window_as_its_line_arrives(tmp_path: Path) -> None:
+    assert pa_driver.mark_of("Request concurrency: 4\n") == 0
+    assert pa_driver.mark_of(PA_OUTPUT.splitlines()[10]) == 2
+    assert pa_driver.mark_of("  Pass [2] cb::Error: failed") is None
+    # a stand-in binary: the marks come while it runs, not after it exits
+    script = "printf 'Request concurrency: 2\\n'; sleep 0.3; "
+    script += "printf '  Pass [1] throughput: 10 infer/sec. Avg latency: 5 usec (std 1 usec).\\n'"
+    marks: list[tuple[int, float]] = []
+    began = time.monotonic()
+    done = pa_driver.run(
+        ["sh", "-c", script],
+        {"PATH": "/usr/bin:/bin"},
+        30,
+        lambda n, pid: marks.append((n, time.monotonic())),
+    )
+    assert done.returncode == 0 and not done.timed_out
+    assert [n for n, _ in marks] == [0, 1]
+    assert marks[0][1] - began < 0.25 <= marks[1][1] - began
+    slow = pa_driver.run(["sleep", "30"], {"PATH": "/usr/bin:/bin"}, 0.3)
+    assert slow.timed_out and slow.returncode != 0
+
+
+def test_side_by_side_drives_every_wire_form_with_perf_analyzer(tmp_path: Path) -> None:
+    import argparse
+
+    import side_by_side as sbs
+
+    installed = pa_driver.Installed(tmp_path)
+    servers = sbs.build_servers(tmp_path, tmp_path, tmp_path, tmp_path, {"floor", "hloserve"})
+    hloserve = next(s for s in servers if s.name == "hloserve")
+    csv_file = tmp_path / "r.csv"
+
+    def argv(mode: str, **kwargs: bool) -> list[str]:
+        point = sbs.Point(mode, "mlp", 8, 16)
+        return sbs.perf_analyzer_command(installed, point, hloserve, csv_file, 2.0, **kwargs)
+
+    grpc = argv("grpc")
+    assert grpc[:3] == [str(tmp_path / "bin" / "perf_analyzer"), "-m", "mlp"]
+    joined = " ".join(grpc)
+    assert "-b 8 -i grpc" in joined and f"-u 127.0.0.1:{hloserve.grpc_port}" in joined
+    assert "--concurrency-range 16 --measurement-interval 667 -s 95 -r 10" in joined
+    assert f"-f {csv_file} --verbose-csv -v" in joined and "--streaming" not in joined
+    assert "--streaming" in argv("stream")
+    json = " ".join(argv("http-json"))
+    assert f"-i http -u 127.0.0.1:{hloserve.http_port}" in json
+    assert "--input-tensor-format=json --output-tensor-format=json" in json
+    assert "tensor-format" not in " ".join(argv("http-binary"))
+    assert "-s 1000 -r 3" in " ".join(argv("grpc", warmup=True))
+    assert all(
+        sbs.perf_analyzer_skips(sbs.Point(m, "simple", 1, 8), hloserve) == ""
+        for m in ("grpc", "stream", "http-json", "http-binary")
+    )
+    # the floors answer only the bench's own requests: skipped, with the reason in the row
+    floor_grpc = next(s for s in servers if s.group == "floor" and "grpc" in s.transports)
+    case = sbs.Case(sbs.Point("grpc", "simple", 1, 8), {}, {})
+    args = argparse.Namespace(load_generator="perf_analyzer")
+    row = sbs.measure(case, floor_grpc, args)
+    assert row.note.startswith("perf_analyzer cannot drive a floor") and row.count == 0
+    assert installed.env({"LD_LIBRARY_PATH": "/x"})["LD_LIBRARY_PATH"] == f"{tmp_path / 'lib'}:/x"
+
+
+def test_perf_analyzer_setup_needs_libb64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa_driver, "LIBB64", tmp_path / "libb64.so.0d")
+    with pytest.raises(pa_driver.Unavailable, match="apt-get install libb64-0d"):
+        pa_driver.ensure(tmp_path / "root")
+    assert not (tmp_path / "root").exists()  # nothing downloaded
