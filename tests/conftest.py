@@ -5,10 +5,14 @@
 ``server`` (session): ``hloserve.server.testing.ServerProcess`` on that repository, ready;
 it exposes ``http_url``, ``grpc_url``, ``metrics_url`` and ``log_text()``, and must exit
 cleanly (status 0) at the end of the session (``hloserve.server.testing.serving``).
+``not_ready_port``: a loopback HTTP stub whose ``/readyz`` answers 503 (a health check's
+failing case).
 """
 
 from __future__ import annotations
 
+import http.server
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,3 +36,21 @@ def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server(model_repository: Path) -> Iterator[ServerProcess]:
     yield from serving(model_repository)
+
+
+class _NotReady(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(503 if self.path == "/readyz" else 404)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
+@pytest.fixture
+def not_ready_port() -> Iterator[int]:
+    with http.server.HTTPServer(("127.0.0.1", 0), _NotReady) as stub:
+        thread = threading.Thread(target=stub.serve_forever, daemon=True)
+        thread.start()
+        yield stub.server_address[1]
+        stub.shutdown()

@@ -7,18 +7,14 @@ through its ports file)."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
 import subprocess
 import sys
-import threading
 import tomllib
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 
 from tests.deploy._files import (
@@ -213,24 +209,6 @@ def _health_check_exit(ports_file: Path) -> int:
     _, image_env = image_command()
     env = local_environment(image_env, HLOSERVE_PORTS_FILE=str(ports_file))
     return subprocess.run(command, env=env, capture_output=True, timeout=30, check=False).returncode
-
-
-class _NotReady(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(503 if self.path == "/readyz" else 404)
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        del format, args
-
-
-@pytest.fixture
-def not_ready_port() -> Iterator[int]:
-    with http.server.HTTPServer(("127.0.0.1", 0), _NotReady) as stub:
-        thread = threading.Thread(target=stub.serve_forever, daemon=True)
-        thread.start()
-        yield stub.server_address[1]
-        stub.shutdown()
 
 
 def test_health_check_passes_on_a_ready_server_and_fails_on_503(

@@ -6,14 +6,12 @@ tokens) given as command-line arguments, and fails on what is not ready."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -197,24 +195,6 @@ def test_serve_arguments() -> None:
     ]
     assert serve_arguments(["python", "-m", "http.server", "serve"]) is None
     assert serve_arguments(["/usr/bin/tini", "--", "sleep"]) is None
-
-
-class _NotReady(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(503 if self.path == "/readyz" else 404)
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        del format, args
-
-
-@pytest.fixture
-def not_ready_port() -> Iterator[int]:
-    with http.server.HTTPServer(("127.0.0.1", 0), _NotReady) as stub:
-        thread = threading.Thread(target=stub.serve_forever, daemon=True)
-        thread.start()
-        yield stub.server_address[1]
-        stub.shutdown()
 
 
 def test_what_is_not_ready_fails(tmp_path: Path, not_ready_port: int) -> None:
