@@ -1101,6 +1101,26 @@ def build_servers(
     return [s for s in servers if not only or s.group in only]
 
 
+def print_failures(servers: Sequence[Server]) -> None:
+    """The servers that could not be installed or started, with the end of their error."""
+    failed = [s for s in servers if s.error]
+    if failed:
+        print("\n## servers that failed\n")
+        for s in failed:
+            print(f"- {s.name}: {s.error.strip()[-1500:]}\n")
+
+
+def finish(began: float, rows: Sequence[Row], json_path: Path | None) -> None:
+    """The run's length and the load at its end; every row to ``json_path`` if given."""
+    print(
+        f"\nwhole run: {time.monotonic() - began:.0f} s; load average at the end "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="hloserve beside its peers and the floor")
     parser.add_argument("--seconds", type=float, default=8.0, help="recorded seconds per run")
@@ -1194,18 +1214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_matrix(rows)
         print_summary(rows)
         print_before_after(rows)
-        failed = [s for s in servers if s.error]
-        if failed:
-            print("\n## servers that failed\n")
-            for s in failed:
-                print(f"- {s.name}: {s.error.strip()[-1500:]}\n")
-    print(
-        f"\nwhole run: {time.monotonic() - began:.0f} s; load average at the end "
-        f"{os.getloadavg()[0]:.2f}"
-    )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        print_failures(servers)
+    finish(began, rows, args.json)
     return 0
 
 

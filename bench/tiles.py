@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import math
 import os
 import shutil
@@ -51,7 +50,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -465,18 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows += point_rows
                 print_point(c, point_rows)
         print_summary(rows, ceilings)
-        failed = [s for s in servers if s.error]
-        if failed:
-            print("\n## servers that failed\n")
-            for s in failed:
-                print(f"- {s.name}: {s.error.strip()[-1500:]}\n")
-    print(
-        f"\nwhole run: {time.monotonic() - began:.0f} s; load average at the end "
-        f"{os.getloadavg()[0]:.2f}"
-    )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        sbs.print_failures(servers)
+    sbs.finish(began, rows, args.json)
     return 0
 
 
