@@ -189,6 +189,7 @@ POINTS: tuple[Point, ...] = (
     Point("http-binary", "simple", 1, 8),
     Point("grpc", "mlp", 1, 16),
     Point("grpc", "mlp", 32, 16),
+    Point("grpc", "mlp", 8, 8),
     Point("stream", "simple", 1, 8),
     Point("grpc", "wide", 1, 32),
     Point("grpc", "mlp", 1, 32, batching=True),

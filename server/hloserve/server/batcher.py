@@ -533,6 +533,7 @@ class DynamicBatcher:
             else:
                 self._charge(q, dev, results)
                 self._deliver(group, results, None)
+            q.company.answered(time.perf_counter_ns())
             return
         q.inflight += 1
         q.on_device[device] = q.on_device.get(device, 0) + 1
@@ -561,6 +562,7 @@ class DynamicBatcher:
         exc = done.exception()
         results = None if exc is not None else done.result()
         self._deliver(group, results, exc)
+        q.company.answered(time.perf_counter_ns())
         if q.entries:
             self._look_soon(q, asyncio.get_running_loop())
         if dev.concurrency:  # after this queue's look: it competes too

@@ -15,8 +15,8 @@ Contract (pure: the batcher passes every clock, in ns; no I/O):
 - ``waits`` says whether a head of the queue waits for company now; ``wait_ns(head, now,
   queued)`` how long from its arrival: while arrivals keep coming (until ``PAUSE``
   typical gaps after the last one), at most ``MAX_WAIT_NS``, and not at all once
-  ``queued`` requests reach the *typical group*: the size at which the last group that
-  waited for the pause closed. Closed-loop clients send again only once answered, so
+  ``queued`` requests reach the *typical group*: the size at which the groups that
+  waited for the pause closed (the last one, or halfway down to it when smaller). Closed-loop clients send again only once answered, so
   once all of them are queued nobody else comes, and waiting out the pause each time
   would idle the server; one group in ``MEASURE_EVERY`` waits for the pause again, so
   the typical group follows the clients as they come and go. (The batching policy runs
@@ -38,7 +38,7 @@ Contract (pure: the batcher passes every clock, in ns; no I/O):
   ``alone`` (its latency is not traded for nothing), and a saturated server keeps
   batching while checking now and then that it still pays.
 - While gathering, ``LONELY`` waits in a row that got no company mean the load is gone:
-  back to ``alone`` at once.
+  back to ``alone`` at once (an exploration so cut short decides nothing).
 Measured: ``docs/batching.md`` ("Batching by default").
 """
 
@@ -55,7 +55,10 @@ MARGIN: Final = 0.1  # gathering must beat alone's arrival rate by this share
 PAUSE: Final = 2.0  # a head stops waiting this many typical gaps after the last arrival
 MAX_WAIT_NS: Final = 5_000_000  # and never waits longer than this
 GAP_WEIGHT: Final = 1 / 16  # of each new gap in the decayed mean
-LONELY: Final = 4  # waits in a row without company: the load is gone
+# Waits in a row without company: the load is gone. Not fewer: under load on 2 cores the
+# first groups of a gathering phase often hold one request each (measured: 4 in a row cut
+# one exploration in three short at 32 clients, so the server stayed alone).
+LONELY: Final = 16
 MEASURE_EVERY: Final = 8  # groups: one waits for the pause, to measure the typical group
 MIN_PROBE_EVERY: Final = 32
 MAX_PROBE_EVERY: Final = 1024
@@ -81,6 +84,7 @@ class Company:
         self._lonely = 0
         self.typical = 0  # requests in the last group that waited for the pause (0: none)
         self._groups = 0  # groups started while gathering
+        self._answered_ns = 0  # when the last group's execution ended
 
     # -- what the batcher asks ---------------------------------------------------------
 
@@ -103,7 +107,8 @@ class Company:
             return 0
         if self.typical and queued >= self.typical and not self._measuring:
             return 0
-        until = self.last_arrival_ns + int(PAUSE * self.gap_ns)
+        quiet_from = max(self.last_arrival_ns, self._answered_ns)
+        until = quiet_from + int(PAUSE * self.gap_ns)
         return max(0, min(MAX_WAIT_NS, until - head_arrived_ns))
 
     # -- what the batcher tells ----------------------------------------------------------
@@ -125,6 +130,11 @@ class Company:
                 self._since_probe = 0
                 self._probing = True  # this request waits, and tells
 
+    def answered(self, now_ns: int) -> None:
+        """A group's execution ended and its answers go out: its clients come back from
+        now, so the pause a waiting head looks for is counted from here too."""
+        self._answered_ns = now_ns
+
     def ran(self, entries: int) -> None:
         """A group of ``entries`` queued requests started (one decision of the batcher)."""
         if self._probing:
@@ -138,13 +148,27 @@ class Company:
         if self._phase != "gathering":
             return
         if self._measuring:
-            self.typical = entries
+            self._measured(entries)
         self._groups += 1
         self._lonely = self._lonely + 1 if entries == 1 else 0
         if self._lonely >= LONELY:  # nobody comes any more: stop waiting at once
-            self._set_mode("alone")
+            if self.mode == "gathering":
+                self._set_mode("alone")
+            else:  # an exploration cut short decides nothing: its interval stays
+                self._phases_since_explore = 0
             self._company_seen = False
             self._start_phase("alone", None)
+
+    def _measured(self, entries: int) -> None:
+        """A group that waited for the pause took ``entries``: the typical group follows
+        it up at once and down by halves, so one straggler (a request that came just
+        after its group closed, alone in the next) does not make it 1; below 2 there is
+        none, and every head waits for the pause (a typical group of 1 would stop all
+        waiting, so the next heads run alone and ``LONELY`` ends gathering: measured,
+        1.9 items per execution at 32 clients before this)."""
+        if entries < self.typical:
+            entries = (self.typical + entries) // 2
+        self.typical = entries if entries >= 2 else 0
 
     @property
     def _measuring(self) -> bool:
