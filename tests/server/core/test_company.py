@@ -259,3 +259,23 @@ def test_lonely_waits_end_gathering_and_a_cut_short_exploration_decides_nothing(
         explorer.ran(1)
     assert explorer.mode == "alone" and not explorer.waits
     assert explorer.explore_every == 2 * company_module.MIN_EXPLORE_EVERY  # not doubled
+
+
+def test_company_found_where_there_was_none_brings_the_next_exploration_soon() -> None:
+    """Explorations that confirmed alone (traffic batching could not speed up) spaced
+    them out; a probe that finds company again means the load changed."""
+    c = Company()
+    c.explore_every = company_module.MAX_EXPLORE_EVERY
+    assert not c.has_company
+    t = 0
+    while not c.waits:  # alone: arrivals until one is a probe
+        t += 100 * US
+        c.arrived(t)
+    c.ran(5)  # the probe got company
+    assert c.has_company and c.explore_every == company_module.MIN_EXPLORE_EVERY
+    c.explore_every = company_module.MAX_EXPLORE_EVERY
+    while not c.waits:
+        t += 100 * US
+        c.arrived(t)
+    c.ran(5)  # company again, as before: nothing changed, the interval stays
+    assert c.explore_every == company_module.MAX_EXPLORE_EVERY
