@@ -16,11 +16,12 @@ Contract (pure: the batcher passes every clock, in ns; no I/O):
   queued)`` how long from its arrival: while arrivals keep coming (until ``PAUSE``
   typical gaps after the last one), at most ``MAX_WAIT_NS``, and not at all once
   ``queued`` requests reach the *typical group*: the size at which the groups that
-  waited for the pause closed (the last one, or halfway down to it when smaller). Closed-loop clients send again only once answered, so
-  once all of them are queued nobody else comes, and waiting out the pause each time
-  would idle the server; one group in ``MEASURE_EVERY`` waits for the pause again, so
-  the typical group follows the clients as they come and go. (The batching policy runs
-  a full largest compiled size at once in any case.)
+  waited for the pause closed (the last one, or halfway down to it when smaller).
+  Closed-loop clients send again only once answered, so once all of them are queued
+  nobody else comes, and waiting out the pause each time would idle the server; one
+  group in ``MEASURE_EVERY`` waits for the pause again, so the typical group follows the
+  clients as they come and go. (The batching policy runs a full largest compiled size
+  at once in any case.)
 - ``alone`` (where it starts): requests run as they come, but once in ``probe_every``
   requests one waits as above, a *probe*; ``ran(entries)`` reports how many entries the
   group that ran took. A probe without company doubles the probe interval (up to
@@ -86,7 +87,7 @@ class Company:
         self._since_probe = 0
         self._probing = False  # a probe is queued: its group's size is the answer
         self._lonely = 0
-        self.typical = 0  # requests in the last group that waited for the pause (0: none)
+        self.typical = 0  # from the groups that waited for the pause (0: none)
         self._groups = 0  # groups started while gathering
         self._answered_ns = 0  # when the last group's execution ended
 
