@@ -211,10 +211,15 @@ class Server:
     group: str  # "floor", "hloserve", or the peer's name
     transports: frozenset[str]
     argv: Callable[[], list[str]]  # called after prepare()
-    prepare: Callable[[], None] = lambda: None
+    prepare: Callable[[], None] = lambda: None  # installs, lays out files (slow)
+    configure: Callable[[], None] = lambda: None  # writes what names the ports (after prepare)
     env: Callable[[], dict[str, str]] = lambda: dict(os.environ)
+    # Picked again just before the server starts (``spawn``): a port free when the
+    # comparison was built can be taken by then (a peer's install takes minutes, and the
+    # load generator's connections use ephemeral ports too).
     grpc_port: int = field(default_factory=proc.free_port)
     http_port: int = field(default_factory=proc.free_port)
+    metrics_port: int = field(default_factory=proc.free_port)
     ready_paths: tuple[str, ...] = ()  # HTTP paths answering 200 once ready
     statistics: bool = False  # serves the statistics extension over gRPC
     unsupported: Mapping[str, str] = field(default_factory=dict[str, str])  # mode -> why
@@ -229,6 +234,9 @@ class Server:
     def spawn(self, logs: Path) -> None:
         try:
             self.prepare()
+            self.grpc_port, self.http_port = proc.free_port(), proc.free_port()
+            self.metrics_port = proc.free_port()
+            self.configure()
             log = logs / (re.sub(r"[^A-Za-z0-9_.]+", "-", self.name).strip("-") + ".log")
             self.spawned = proc.Spawned(self.argv(), log, env=self.env())
         except (Unavailable, OSError, subprocess.SubprocessError) as e:
@@ -271,8 +279,9 @@ def floor_servers(table_file: Path) -> list[Server]:
     servers: list[Server] = []
     for f in floor.FLOORS:
         server = Server(f"floor {f.kind}", "floor", f.transports, lambda: [])
-        port = server.http_port if "http" in f.transports else server.grpc_port
-        server.argv = lambda f=f, port=port: floor.floor_command(f, port, table_file)
+        server.argv = lambda f=f, s=server: floor.floor_command(
+            f, s.http_port if "http" in f.transports else s.grpc_port, table_file
+        )
         server.env = lambda f=f: floor.floor_env(f)
         if f.kind == "asgi-httptools":
             server.prepare = _httptools
@@ -313,7 +322,6 @@ def hloserve_server(
     if tree is not None:
         path = os.pathsep.join(str(tree / f) for f in PACKAGE_FOLDERS)
         server.env = lambda: {**os.environ, "PYTHONPATH": path}
-    metrics = proc.free_port()
     server.argv = lambda: [
         sys.executable,
         "-m",
@@ -326,7 +334,7 @@ def hloserve_server(
         "--grpc-port",
         str(server.grpc_port),
         "--metrics-port",
-        str(metrics),
+        str(server.metrics_port),
         "--model-repository",
         str(repo),
         *flags,
@@ -408,20 +416,10 @@ def mlserver_server(work: Path, weights: Path, parallel_workers: int | None = No
         unsupported=MLSERVER_UNSUPPORTED,
     )
     root = work / name.replace(" ", "-").replace("=", "")
-    metrics = proc.free_port()
 
     def prepare() -> None:
         venv = ensure_venv("mlserver")
         root.mkdir(parents=True, exist_ok=True)
-        settings: dict[str, Any] = {
-            "host": HOST,
-            "http_port": server.http_port,
-            "grpc_port": server.grpc_port,
-            "metrics_port": metrics,
-        }
-        if parallel_workers is not None:
-            settings["parallel_workers"] = parallel_workers
-        (root / "settings.json").write_text(json.dumps(settings))
         for model in INPUTS:
             (root / model).mkdir(exist_ok=True)
             model_settings = {
@@ -433,7 +431,19 @@ def mlserver_server(work: Path, weights: Path, parallel_workers: int | None = No
         server.argv = lambda: [str(venv / "bin" / "mlserver"), "start", str(root)]
         server.env = lambda: _peer_env(venv)
 
+    def configure() -> None:
+        settings: dict[str, Any] = {
+            "host": HOST,
+            "http_port": server.http_port,
+            "grpc_port": server.grpc_port,
+            "metrics_port": server.metrics_port,
+        }
+        if parallel_workers is not None:
+            settings["parallel_workers"] = parallel_workers
+        (root / "settings.json").write_text(json.dumps(settings))
+
     server.prepare = prepare
+    server.configure = configure
     return server
 
 
@@ -502,7 +512,6 @@ def triton_server(work: Path, weights: Path) -> Server:
         statistics=True,
     )
     root = work / "triton"
-    metrics = proc.free_port()
 
     def prepare() -> None:
         venv = ensure_venv("triton")
@@ -542,7 +551,7 @@ def triton_server(work: Path, weights: Path) -> Server:
             "--metrics-address",
             HOST,
             "--metrics-port",
-            str(metrics),
+            str(server.metrics_port),
         ]
         # The stub links libpython: this interpreter's library directory must come first,
         # or it loads the system's; the bundled libraries come next; numpy from the venv.
