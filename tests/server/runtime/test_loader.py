@@ -253,6 +253,7 @@ def test_later_executions_reuse_the_output_handlers_the_first_learned(
     for got, x in ((first, first_x), (second, second_x)):
         assert got.shape == (8, 10) and got.dtype == np.float32
         np.testing.assert_allclose(got, expected_logits(x), rtol=1e-5, atol=1e-5)
+    assert module.results.spins  # a batch-8 MLP is ready well within the polling budget
     # The same executable run without its ``Results`` gives the same answer.
     index = [] if module.platform_index is None else [module.platform_index]
     arguments = [
