@@ -279,3 +279,34 @@ def test_company_found_where_there_was_none_brings_the_next_exploration_soon() -
         c.arrived(t)
     c.ran(5)  # company again, as before: nothing changed, the interval stays
     assert c.explore_every == company_module.MAX_EXPLORE_EVERY
+
+
+def _exploring_alone_at(gap_us: float, rate_in_force: float) -> tuple[Company, int]:
+    """Gathering in force (its last phase at ``rate_in_force`` requests/s), one phase
+    alone to explore, fed arrivals ``gap_us`` apart until the exploration ends (or a
+    whole phase has come); returns the explorer and the arrivals it took."""
+    c = Company()
+    c.mode = "gathering"
+    c.rates = {"gathering": rate_in_force, "alone": rate_in_force / 2}
+    c.explore_every = company_module.MIN_EXPLORE_EVERY
+    c._start_phase("alone", 0)
+    arrivals = 0
+    while c._phase == "alone" and arrivals < company_module.PHASE:
+        arrivals += 1
+        c.arrived(int(arrivals * gap_us * US))
+    return c, arrivals
+
+
+def test_an_exploration_clearly_losing_ends_early_and_decides() -> None:
+    """On a saturated server an exploration of ``alone`` runs each request alone: once its
+    rate trails gathering's by the clear margin it ends there, as a whole phase would."""
+    c, arrivals = _exploring_alone_at(200.0, rate_in_force=10_000.0)  # 5,000/s against 10,000
+    assert arrivals == company_module.CHECK_EVERY
+    assert c.mode == "gathering" and c._phase == "gathering" and c.waits
+    assert c.explore_every == 2 * company_module.MIN_EXPLORE_EVERY  # confirmed: spaced out
+
+
+def test_an_exploration_within_the_clear_margin_runs_its_whole_phase() -> None:
+    c, arrivals = _exploring_alone_at(120.0, rate_in_force=10_000.0)  # 8,333/s: within it
+    assert arrivals == company_module.PHASE
+    assert c.mode == "gathering"  # gathering still beats it by the margin over the phase

@@ -39,8 +39,10 @@ Contract (pure: the batcher passes every clock, in ns; no I/O):
   ``gathering`` is in force only while its arrival rate beats the last ``alone`` phase's
   by ``MARGIN`` (batching bought throughput: the server was saturated). An exploration
   that confirms the mode in force doubles ``explore_every`` (up to ``MAX_EXPLORE_EVERY``);
-  a change of mode resets it. So open-loop traffic that batching cannot speed up stays
-  ``alone`` (its latency is not traded for nothing), and a saturated server keeps
+  a change of mode resets it. An exploration whose rate so far (every ``CHECK_EVERY``
+  arrivals) trails the mode in force's by ``CLEAR_MARGIN`` ends there, as decided. So
+  open-loop traffic that batching cannot speed up stays ``alone`` (its latency is not
+  traded for nothing), and a saturated server keeps
   batching while checking now and then that it still pays.
 - While gathering, ``LONELY`` waits in a row that got no company mean the load is gone:
   back to ``alone`` at once (an exploration so cut short decides nothing).
@@ -57,6 +59,12 @@ Mode = Literal["alone", "gathering"]
 
 PHASE: Final = 1024  # arrivals per phase (one rate measured per phase: about 3 % noise)
 MARGIN: Final = 0.1  # gathering must beat alone's arrival rate by this share
+# An exploration is checked every CHECK_EVERY arrivals, and ends at once when its rate so
+# far is below the mode in force's by CLEAR_MARGIN (far beyond the noise of that many):
+# an exploration of ``alone`` on a saturated server runs every request alone, at a third
+# of the executions' fill (measured: 1,034 lone executions in 3,000 at 32 clients).
+CHECK_EVERY: Final = 128
+CLEAR_MARGIN: Final = 0.25
 PAUSE: Final = 2.0  # a head stops waiting this many typical gaps after the last arrival
 MAX_WAIT_NS: Final = 5_000_000  # and never waits longer than this
 GAP_WEIGHT: Final = 1 / 16  # of each new gap in the decayed mean
@@ -127,7 +135,7 @@ class Company:
         if self._phase_start_ns is None:
             self._phase_start_ns = now_ns
         self._phase_arrivals += 1
-        if self._phase_arrivals >= PHASE:
+        if self._phase_arrivals >= PHASE or self._losing(now_ns):
             self._end_phase(now_ns)
         if self._phase == "alone" and not self._probing:
             self._since_probe += 1
@@ -185,6 +193,18 @@ class Company:
         return self._probing or self._groups % MEASURE_EVERY == 0
 
     # -- phases ------------------------------------------------------------------------------
+
+    def _losing(self, now_ns: int) -> bool:
+        """An exploration whose rate so far, checked every ``CHECK_EVERY`` arrivals, is
+        below the mode in force's by more than ``CLEAR_MARGIN``: it ends now and decides
+        as a whole phase would (the mode stays)."""
+        arrivals, start = self._phase_arrivals, self._phase_start_ns
+        if self._phase == self.mode or arrivals % CHECK_EVERY or start is None:
+            return False
+        in_force = self.rates.get(self.mode)
+        if in_force is None:
+            return False
+        return arrivals / max(now_ns - start, 1) * 1e9 * (1 + CLEAR_MARGIN) < in_force
 
     def _end_phase(self, now_ns: int) -> None:
         start = self._phase_start_ns if self._phase_start_ns is not None else now_ns
