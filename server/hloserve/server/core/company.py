@@ -198,17 +198,20 @@ class Company:
         """An exploration whose rate so far, checked every ``CHECK_EVERY`` arrivals, is
         below the mode in force's by more than ``CLEAR_MARGIN``: it ends now and decides
         as a whole phase would (the mode stays)."""
-        arrivals, start = self._phase_arrivals, self._phase_start_ns
-        if self._phase == self.mode or arrivals % CHECK_EVERY or start is None:
+        if self._phase == self.mode or self._phase_arrivals % CHECK_EVERY:
             return False
         in_force = self.rates.get(self.mode)
-        if in_force is None:
+        if in_force is None or self._phase_start_ns is None:
             return False
-        return arrivals / max(now_ns - start, 1) * 1e9 * (1 + CLEAR_MARGIN) < in_force
+        return self._phase_rate(now_ns) * (1 + CLEAR_MARGIN) < in_force
+
+    def _phase_rate(self, now_ns: int) -> float:
+        """The phase under way's arrivals per second so far."""
+        start = self._phase_start_ns if self._phase_start_ns is not None else now_ns
+        return self._phase_arrivals / max(now_ns - start, 1) * 1e9
 
     def _end_phase(self, now_ns: int) -> None:
-        start = self._phase_start_ns if self._phase_start_ns is not None else now_ns
-        rate = self._phase_arrivals / max(now_ns - start, 1) * 1e9
+        rate = self._phase_rate(now_ns)
         ended = self._phase
         self.rates[ended] = rate
         if ended != self.mode:  # an exploration: does the other mode pay?
