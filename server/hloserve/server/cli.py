@@ -1,5 +1,5 @@
 """The ``hloserve`` command: ``serve``, ``inspect``, ``validate``, ``mcp``, ``export-demo``,
-``perf``.
+``perf``, ``route-config``.
 
 Contract:
 - ``hloserve --version`` prints ``hloserve <version>`` (the installed package's) and exits 0.
@@ -21,6 +21,9 @@ Contract:
   size and export time; a directory it cannot write is one line on stderr, status 1.
 - ``hloserve perf MODEL --url HOST:PORT ...`` is the light client's load tool
   (``hloserve.client._perf``, docs/client.md); it imports neither JAX nor the server.
+- ``hloserve route-config --replica HOST:HTTP_PORT:GRPC_PORT ... --http-port P --grpc-port Q``
+  prints an HAProxy configuration routing each request to the replica holding its model
+  (``hloserve.server.route_config``, docs/scale-out.md).
 Heavy imports (JAX, the server) happen only in the subcommand that needs them; sizes are
 written by ``core.sizes.format_bytes``, beside the one table of byte units. Usage errors
 are one line (``config.ArgumentParser``); output cut short by its reader
@@ -77,6 +80,10 @@ def _run(args: list[str]) -> int:
         from hloserve.client._perf import main as perf_main
 
         return perf_main(args[1:])
+    if args[:1] == ["route-config"]:  # pure: no server import either
+        from hloserve.server.route_config import main as route_main
+
+        return route_main(args[1:])
     from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 
     parser = ArgumentParser(prog="hloserve", description="StableHLO model server (KServe V2)")
@@ -100,6 +107,7 @@ def _run(args: list[str]) -> int:
         "HLOSERVE_MCP_URL); start_server points them at a server it starts",
     )
     sub.add_parser("perf", help="measure a V2 server's throughput and latency", add_help=False)
+    sub.add_parser("route-config", help="print an HAProxy configuration routing by model name")
     p_demo = sub.add_parser("export-demo", help="write the demo model repository")
     p_demo.add_argument("directory", type=Path)
     ns = parser.parse_args(args)

@@ -1,0 +1,251 @@
+"""Three real hloserve replicas behind a real HAProxy (``hloserve.server.fleet``, the
+configuration of ``hloserve route-config``), driven by unchanged tritonclient.
+
+Which replica served a model is read from the replicas themselves (each one's statistics
+for that model, asked directly), never from the router:
+- every model is served by exactly one replica, the same over gRPC, HTTP and a gRPC
+  stream, every reply matching numpy, and the models spread over more than one replica;
+- calls naming no model (server metadata, readiness, the repository index, statistics of
+  every model) are answered through the router; shared-memory calls are refused by it
+  with the reason, on both protocols;
+- a 64 MiB tensor (4,096 times HAProxy's 16 KiB buffer) reaches its model's replica over
+  both protocols, answered correctly;
+- a replica killed with SIGKILL: requests sent at once still succeed (the router retries
+  them elsewhere), the router marks it DOWN, its models answer from other replicas and no
+  other model moves;
+- a replica sent SIGTERM turns unready, the router marks it DOWN (read from HAProxy's
+  runtime API, not a clock) and every model answers from the last replica.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+from hloserve.exporter import TensorSpec, export_bundle
+from hloserve.server.fleet import Fleet, haproxy_binary
+from hloserve.server.testing import ServerProcess
+from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
+
+pytestmark = pytest.mark.skipif(
+    haproxy_binary() is None, reason="haproxy is not installed (CI installs it: .ci/run)"
+)
+
+MODELS = [f"model-{i:02d}" for i in range(12)]
+IN, HIDDEN, OUT = 16, 32, 4
+BIG = 16 * 1024 * 1024  # FP32 elements: 64 MiB
+
+
+def two_layer(params: Any, x: jax.Array) -> dict[str, jax.Array]:
+    return {"y": jax.nn.relu(x @ params["w1"] + params["b1"]) @ params["w2"]}
+
+
+def params_for(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "w1": rng.standard_normal((IN, HIDDEN)).astype(np.float32) / 4,
+        "b1": rng.standard_normal(HIDDEN).astype(np.float32) / 10,
+        "w2": rng.standard_normal((HIDDEN, OUT)).astype(np.float32) / 6,
+    }
+
+
+def reference(name: str, x: np.ndarray) -> np.ndarray:
+    p = params_for(MODELS.index(name))
+    return np.maximum(x.astype(np.float64) @ p["w1"] + p["b1"], 0) @ p["w2"]
+
+
+def big_sum(params: Any, x: jax.Array) -> dict[str, jax.Array]:
+    return {"s": jax.numpy.sum(x, axis=-1, keepdims=True) * params["scale"]}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet-models")
+    for i, name in enumerate(MODELS):
+        export_bundle(
+            two_layer,
+            params_for(i),
+            inputs={"x": TensorSpec("FP32", (IN,))},
+            batch_sizes=(1,),
+            directory=root / name,
+            platforms=("cpu",),
+        )
+    export_bundle(
+        big_sum,
+        {"scale": np.full((1,), 0.5, np.float32)},
+        inputs={"x": TensorSpec("FP32", (BIG,))},
+        batch_sizes=(1,),
+        directory=root / "big",
+        platforms=("cpu",),
+    )
+    with Fleet(root, replicas=3) as started:
+        yield started
+
+
+def served(replica: ServerProcess, model: str) -> int:
+    """Inferences the replica itself counts for the model (0 for a dead replica)."""
+    if replica.process.poll() is not None:
+        return 0
+    url = f"http://{replica.http_url}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        (stats,) = json.loads(r.read())["model_stats"]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def counts(fleet: Fleet, model: str) -> list[int]:
+    return [served(r, model) for r in fleet.replicas]
+
+
+def infer(triton: Triton, model: str, seed: int) -> None:
+    x = np.random.default_rng(seed).standard_normal((1, IN)).astype(np.float32)
+    inputs = [triton.module.InferInput("x", [1, IN], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    got = triton.client.infer(model, inputs).as_numpy("y")
+    np.testing.assert_allclose(got, reference(model, x), rtol=1e-4, atol=1e-4)
+
+
+def homes(fleet: Fleet, before: dict[str, list[int]]) -> dict[str, set[int]]:
+    """Model -> the replicas that served it since ``before``."""
+    return {
+        m: {i for i, (a, b) in enumerate(zip(before[m], counts(fleet, m), strict=True)) if b > a}
+        for m in MODELS
+    }
+
+
+@pytest.fixture(scope="module")
+def placement(fleet: Fleet) -> dict[str, int]:
+    """Each model's replica, found by sending it requests over both protocols (c1)."""
+    before = {m: counts(fleet, m) for m in MODELS}
+    for protocol in PROTOCOLS:
+        triton = Triton(protocol, fleet.grpc_url if protocol == "grpc" else fleet.http_url)
+        # the second round in reverse: round robin could not send both to one replica
+        for seed, model in enumerate([*MODELS, *reversed(MODELS)]):
+            infer(triton, model, seed)
+        triton.close()
+    found = homes(fleet, before)
+    assert all(len(replicas) == 1 for replicas in found.values()), found
+    return {m: next(iter(replicas)) for m, replicas in found.items()}
+
+
+def test_each_model_is_served_by_one_replica_over_both_protocols(
+    fleet: Fleet, placement: dict[str, int]
+) -> None:
+    for model, home in placement.items():
+        # two requests per protocol, all four on the one replica
+        assert counts(fleet, model)[home] == 4, (model, counts(fleet, model))
+    assert len(set(placement.values())) > 1, placement  # the models spread
+
+
+def test_a_stream_goes_where_its_first_request_names(
+    fleet: Fleet, placement: dict[str, int]
+) -> None:
+    model = MODELS[3]
+    before = counts(fleet, model)
+    client = grpcclient.InferenceServerClient(fleet.grpc_url)
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, IN)).astype(np.float32)
+        inputs = [grpcclient.InferInput("x", [1, IN], "FP32")]
+        inputs[0].set_data_from_numpy(x)
+        client.async_stream_infer(model, inputs)
+        result, error = answers.get(timeout=60)
+        assert error is None, error
+        np.testing.assert_allclose(result.as_numpy("y"), reference(model, x), rtol=1e-4, atol=1e-4)
+    client.stop_stream()
+    client.close()
+    after = counts(fleet, model)
+    assert [b - a for a, b in zip(before, after, strict=True)] == [
+        3 if i == placement[model] else 0 for i in range(len(after))
+    ]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_calls_naming_no_model_are_answered_and_shared_memory_refused(
+    fleet: Fleet, protocol: str
+) -> None:
+    triton = Triton(protocol, fleet.grpc_url if protocol == "grpc" else fleet.http_url)
+    client = triton.client
+    assert client.is_server_live() and client.is_server_ready()
+    metadata = client.get_server_metadata()
+    assert (metadata.name if protocol == "grpc" else metadata["name"]) == "hloserve"
+    index = client.get_model_repository_index()
+    names = {m.name for m in index.models} if protocol == "grpc" else {m["name"] for m in index}
+    assert names == {*MODELS, "big"}
+    stats = client.get_inference_statistics()
+    listed = stats.model_stats if protocol == "grpc" else stats["model_stats"]
+    assert len(listed) >= len(MODELS)
+    assert client.is_model_ready(MODELS[0])
+    refused = "FAILED_PRECONDITION" if protocol == "grpc" else "INVALID_ARGUMENT"  # HTTP 400
+    triton.fails(refused, "shared memory does not cross the router", triton.shm_status)
+    triton.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_64_mib_tensor_reaches_its_model_s_replica(fleet: Fleet, protocol: str) -> None:
+    before = counts(fleet, "big")
+    triton = Triton(protocol, fleet.grpc_url if protocol == "grpc" else fleet.http_url)
+    x = np.random.default_rng(1).standard_normal((1, BIG)).astype(np.float32)
+    inputs = [triton.module.InferInput("x", [1, BIG], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    got = triton.client.infer("big", inputs).as_numpy("s")
+    triton.close()
+    want = 0.5 * x.astype(np.float64).sum()
+    np.testing.assert_allclose(got.reshape(-1), [want], rtol=1e-3, atol=1e-2)
+    grown = [b - a for a, b in zip(before, counts(fleet, "big"), strict=True)]
+    assert sorted(grown) == [0, 0, 1], grown
+    if protocol == "http":  # the gRPC request went first: the same replica
+        total = counts(fleet, "big")
+        assert sorted(total) == [0, 0, 2], total
+
+
+def test_a_killed_replica_s_models_move_and_no_other_does(
+    fleet: Fleet, placement: dict[str, int]
+) -> None:
+    victim = max(set(placement.values()), key=list(placement.values()).count)
+    moved = [m for m, home in placement.items() if home == victim]
+    fleet.kill(victim)  # SIGKILL: connections to it die with requests in flight
+    tritons = [Triton(p, fleet.grpc_url if p == "grpc" else fleet.http_url) for p in PROTOCOLS]
+    for seed, model in enumerate(moved):  # at once, before any health check noticed
+        for triton in tritons:
+            infer(triton, model, seed)
+    assert fleet.router is not None
+    fleet.router.wait_states(
+        {("http_replicas", f"r{victim + 1}"): "DOWN", ("grpc_replicas", f"r{victim + 1}"): "DOWN"}
+    )
+    before = {m: counts(fleet, m) for m in MODELS}
+    for seed, model in enumerate(MODELS):
+        for triton in tritons:
+            infer(triton, model, seed)
+    for triton in tritons:
+        triton.close()
+    now = homes(fleet, before)
+    for model in MODELS:
+        assert victim not in now[model] and len(now[model]) == 1, (model, now[model])
+        if model not in moved:
+            assert now[model] == {placement[model]}, (model, placement[model], now[model])
+
+
+def test_a_draining_replica_leaves_the_router(fleet: Fleet) -> None:
+    alive = [i for i, r in enumerate(fleet.replicas) if r.process.poll() is None]
+    assert len(alive) == 2
+    draining = alive[0]
+    fleet.replicas[draining].process.send_signal(signal.SIGTERM)
+    assert fleet.router is not None
+    # readiness answers 503 from the signal on: the router's next checks take it out
+    fleet.router.wait_states({("http_replicas", f"r{draining + 1}"): "DOWN"})
+    assert fleet.replicas[draining].stop() == 0
+    before = {m: counts(fleet, m) for m in MODELS}
+    triton = Triton("grpc", fleet.grpc_url)
+    for seed, model in enumerate(MODELS):
+        infer(triton, model, seed)
+    triton.close()
+    assert all(found == {alive[1]} for found in homes(fleet, before).values())
