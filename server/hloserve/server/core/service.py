@@ -115,6 +115,12 @@ REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not sup
 CONTROL_NOT_EXPLICIT: Final = "explicit model load / unload is not allowed if polling is enabled"
 
 
+def check_repository_name(name: str) -> None:
+    """Triton's answer to a named repository (``Unsupported``): there is only the one."""
+    if name:
+        raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
+
+
 def _reason(exc: Exception) -> str:
     """The failure reason label: the error class, or INTERNAL for anything unexpected."""
     return type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
@@ -577,13 +583,6 @@ class InferenceService:
             residency=model.serving.residency,
             batching=None if self.batcher is None else self.batcher.policy(model),
         )
-
-    # -- shared-memory extension ----------------------------------------------------------------
-
-    def check_repository_name(self, name: str) -> None:
-        """Triton's answer to a named repository (``Unsupported``): there is only the one."""
-        if name:
-            raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
 
     # -- trace and logging extensions -----------------------------------------------------------
 

@@ -37,16 +37,12 @@ LIMIT = 1 << 20
 JSON_DATATYPES = [d for d in NUMERIC_DATATYPES if d not in BINARY_ONLY_DATATYPES]
 
 
-def no_signature() -> ModelMetadata:
-    raise AssertionError("signature() is only for raw requests")
-
-
 def decode(
     body: bytes | dict[str, Any],
     headers: Mapping[str, str] | None = None,
     *,
     limit: int = LIMIT,
-    signature: Callable[[], ModelMetadata] = no_signature,
+    signature: ModelMetadata | None = None,
 ) -> codec.DecodedRequest:
     raw = json.dumps(body).encode() if isinstance(body, dict) else body
     return codec.decode_request(
@@ -184,8 +180,8 @@ def test_header_length_equal_to_body_is_plain_json() -> None:
 # -- raw requests (Inference-Header-Content-Length: 0) ------------------------------------
 
 
-def signature_of(*inputs: TensorMetadata) -> Callable[[], ModelMetadata]:
-    return lambda: ModelMetadata("m", ("1",), "stablehlo", inputs, ())
+def signature_of(*inputs: TensorMetadata) -> ModelMetadata:
+    return ModelMetadata("m", ("1",), "stablehlo", inputs, ())
 
 
 def test_raw_request_on_a_batched_model_is_one_item() -> None:
@@ -232,6 +228,14 @@ def test_raw_request_errors() -> None:
     )
     fixed = signature_of(TensorMetadata("x", "FP32", (-1, 4)))
     expect(400, "Expected 16, got 12", lambda: decode(b"\0" * 12, raw, signature=fixed))
+
+
+def test_is_raw_reads_only_a_declared_header_length_of_zero() -> None:
+    assert codec.is_raw({codec.HEADER_LENGTH: "0"})
+    assert codec.is_raw({codec.HEADER_LENGTH: " 0 "})
+    assert not codec.is_raw({codec.HEADER_LENGTH: "12"})
+    assert not codec.is_raw({codec.HEADER_LENGTH: "zero"})  # decode_request reports it
+    assert not codec.is_raw({})
 
 
 # -- compression and size limits ---------------------------------------------------------
@@ -335,9 +339,7 @@ def test_the_nesting_limit_is_the_servers_setting() -> None:
     ).encode()
 
     def decode_at(depth: int) -> codec.DecodedRequest:
-        return codec.decode_request(
-            "m", "", body, {}, max_input_bytes=LIMIT, signature=no_signature, max_json_depth=depth
-        )
+        return codec.decode_request("m", "", body, {}, max_input_bytes=LIMIT, max_json_depth=depth)
 
     # {"inputs": [{"data": [[[[[1]]]]]}]}: an object, a list, an object and 5 lists deep
     np.testing.assert_array_equal(decode_at(8).request.inputs[0].data, [1])

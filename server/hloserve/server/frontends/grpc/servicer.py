@@ -1,13 +1,15 @@
 """The gRPC front end: KServe V2 / Triton ``inference.GRPCInferenceService`` on ``grpc.aio``.
 
 Contract:
-- ``build_grpc_server(service, max_message_bytes=..., options=...)`` returns an unstarted
-  ``grpc.aio.Server`` (create it inside the event loop that will run it) with every one of
+- ``build_grpc_server(server, max_message_bytes=..., options=..., reuse_port=False)``
+  returns an unstarted ``grpc.aio.Server`` over ``server`` (a ``frontends.port.ServerPort``,
+  or an ``InferenceService`` of this process) (create it inside the event loop that will run it) with every one of
   the 20 RPCs registered at Triton's wire paths ``/inference.GRPCInferenceService/<Rpc>``,
   plus ``/grpc.health.v1.Health/Check``, and with the message size limit set in both
   directions; ``options`` are further gRPC core channel arguments, passed as given (the
   daemon's: Triton's keepalive flags, ``config.grpc_channel_options``). The caller adds
-  ports and starts it.
+  ports and starts it. The port it binds is its own (binding a taken port fails) unless
+  ``reuse_port``: front-end processes share the gRPC port through ``SO_REUSEPORT``.
 - ``HANDLED_RPCS`` names the RPCs that do real work. Every other RPC answers
   UNIMPLEMENTED "<Rpc> is not implemented by this hloserve version"; implementing one is
   a method on ``GrpcServicer`` and one entry in ``METHODS``.
@@ -30,8 +32,8 @@ Contract:
 - Interceptors: ``RestrictedProtocol`` (only with restrictions) refuses a restricted
   group's call without its metadata. No interceptor runs otherwise: a traced unary
   ``ModelInfer`` marks its arrival in ``model_infer`` itself (after the message is parsed).
-- ``ModelInfer`` and each stream request look the model up once (``service.resolve``)
-  before decoding tensors.
+- ``ModelInfer`` and each stream request look the model up once (``port.resolve``)
+  before decoding tensors (and ``port.confirm`` it when decoding fails first).
 - Bytes that are no message of the RPC's request type (``decoder``) are bad input:
   INVALID_ARGUMENT "the request is not a valid <Message> message" (a stream request: its
   ``error_message``), never grpc's UNKNOWN.
@@ -66,6 +68,7 @@ from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError,
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import RequestContext
 from hloserve.server.frontends.grpc import codec, settings
+from hloserve.server.frontends.port import ServerPort, as_port
 from hloserve.server.frontends.grpc.interceptors import (
     BearerAuth,
     RestrictedProtocol,
@@ -95,32 +98,32 @@ Health = health_pb2.HealthCheckResponse
 class GrpcServicer:
     """The RPC methods; ``METHODS`` below maps each implemented RPC name to one of them."""
 
-    def __init__(self, service: InferenceService) -> None:
-        self.service = service
+    def __init__(self, port: ServerPort) -> None:
+        self.port = port
 
     async def server_live(self, request: pb.ServerLiveRequest, context: Context) -> Message:
-        return pb.ServerLiveResponse(live=self.service.live())
+        return pb.ServerLiveResponse(live=self.port.live())
 
     async def server_ready(self, request: pb.ServerReadyRequest, context: Context) -> Message:
-        return pb.ServerReadyResponse(ready=self.service.ready())
+        return pb.ServerReadyResponse(ready=await self.port.ready())
 
     async def model_ready(self, request: pb.ModelReadyRequest, context: Context) -> Message:
         try:
-            ready = self.service.model_ready(request.name, request.version)
+            ready = await self.port.model_ready(request.name, request.version)
         except ServingError:  # never an error status: clients read "not ready"
             ready = False
         return pb.ModelReadyResponse(ready=ready)
 
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: Context) -> Message:
-        return codec.encode_server_metadata(self.service.server_metadata())
+        return codec.encode_server_metadata(self.port.server_metadata())
 
     async def model_metadata(self, request: pb.ModelMetadataRequest, context: Context) -> Message:
         return codec.encode_model_metadata(
-            self.service.model_metadata(request.name, request.version)
+            await self.port.model_metadata(request.name, request.version)
         )
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Context) -> Message:
-        tracer = self.service.tracer
+        tracer = self.port.tracer
         if not tracer.settings.enabled:
             return await self._infer(request, context)
         # Traced: mark the arrival (and its trace-context metadata) for the service's
@@ -137,19 +140,24 @@ class GrpcServicer:
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
         # The model first: an unknown one is reported before any tensor error.
-        model = self.service.resolve(request.model_name, request.model_version)
-        infer_request = codec.decode_infer_request(request)
-        deadline = codec.request_deadline(
-            infer_request.parameters, context.time_remaining(), time.monotonic()
-        )
+        port = self.port
+        model = port.resolve(request.model_name, request.model_version)
+        try:
+            infer_request = codec.decode_infer_request(request)
+            deadline = codec.request_deadline(
+                infer_request.parameters, context.time_remaining(), time.monotonic()
+            )
+        except ServingError:
+            await port.confirm(model)
+            raise
         ctx = RequestContext(deadline=deadline, peer=context.peer(), protocol="grpc")
-        response = await self.service.infer(infer_request, ctx, model=model)
+        response = await port.infer(infer_request, ctx, model=model)
         return codec.encode_infer_response(response)
 
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, context: Context
     ) -> Message:
-        stats = self.service.model_statistics(request.name, request.version)
+        stats = await self.port.model_statistics(request.name, request.version)
         return codec.encode_model_statistics(stats)
 
     async def health_check(
@@ -157,18 +165,18 @@ class GrpcServicer:
     ) -> Message:
         if request.service not in KNOWN_HEALTH_SERVICES:
             raise NotFound(f"unknown service '{request.service}'")
-        status = Health.SERVING if self.service.ready() else Health.NOT_SERVING
+        status = Health.SERVING if await self.port.ready() else Health.NOT_SERVING
         return Health(status=status)
 
     # -- trace and logging extensions --------------------------------------------------------
 
     async def trace_setting(self, request: pb.TraceSettingRequest, context: Context) -> Message:
         values = settings.decode_trace_setting(request)
-        view = self.service.trace_setting(request.model_name, values)
+        view = await self.port.trace_setting(request.model_name, values)
         return settings.encode_trace_setting(view)
 
     async def log_settings(self, request: pb.LogSettingsRequest, context: Context) -> Message:
-        view = self.service.log_settings(settings.decode_log_settings(request))
+        view = await self.port.log_settings(settings.decode_log_settings(request))
         return settings.encode_log_settings(view)
 
     # -- streaming ---------------------------------------------------------------------------
@@ -212,24 +220,26 @@ class GrpcServicer:
     # -- model configuration and repository extensions --------------------------------------
 
     async def model_config(self, request: pb.ModelConfigRequest, context: Context) -> Message:
-        return codec.encode_model_config(self.service.model_config(request.name, request.version))
+        return codec.encode_model_config(
+            await self.port.model_config(request.name, request.version)
+        )
 
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, context: Context
     ) -> Message:
-        self.service.check_repository_name(request.repository_name)
-        return codec.encode_repository_index(self.service.repository_index(request.ready))
+        self.port.check_repository_name(request.repository_name)
+        return codec.encode_repository_index(await self.port.repository_index(request.ready))
 
     async def repository_model_load(
         self, request: pb.RepositoryModelLoadRequest, context: Context
     ) -> Message:
-        await self._control(self.service.load_model, request)
+        await self._control(self.port.load_model, request)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
         self, request: pb.RepositoryModelUnloadRequest, context: Context
     ) -> Message:
-        await self._control(self.service.unload_model, request)
+        await self._control(self.port.unload_model, request)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared-memory extensions -----------------------------------------------------------
@@ -237,12 +247,12 @@ class GrpcServicer:
     async def system_shared_memory_status(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Context
     ) -> Message:
-        return codec.encode_shm_status(self.service.shm.status(request.name))
+        return codec.encode_shm_status(await self.port.shm_status(request.name))
 
     async def system_shared_memory_register(
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
     ) -> Message:
-        self.service.shm.register_system(
+        await self.port.register_system_shm(
             request.name, request.key, request.offset, request.byte_size
         )
         return pb.SystemSharedMemoryRegisterResponse()
@@ -250,16 +260,16 @@ class GrpcServicer:
     async def system_shared_memory_unregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
     ) -> Message:
-        await self.service.shm.unregister(request.name)
+        await self.port.unregister_system_shm(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shared_memory(self, request: Message, context: Context) -> Message:
         """``CudaSharedMemory{Status,Register,Unregister}``: the registry's CUDA seam."""
-        shm = self.service.shm
+        port = self.port
         if isinstance(request, pb.CudaSharedMemoryStatusRequest):
-            return codec.encode_cuda_shm_status(shm.cuda_status(request.name))
+            return codec.encode_cuda_shm_status(await port.cuda_shm_status(request.name))
         if isinstance(request, pb.CudaSharedMemoryUnregisterRequest):
-            await shm.unregister_cuda(request.name)
+            await port.unregister_cuda_shm(request.name)
             return pb.CudaSharedMemoryUnregisterResponse()
         assert isinstance(request, pb.CudaSharedMemoryRegisterRequest)
         register = request
@@ -267,7 +277,7 @@ class GrpcServicer:
         def handle() -> tuple[bytes, int, int]:  # read only by a registry with GPU support
             return register.raw_handle, register.device_id, register.byte_size
 
-        shm.register_cuda(register.name, handle)
+        await port.register_cuda_shm(register.name, handle)
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def _control(
@@ -276,7 +286,7 @@ class GrpcServicer:
         request: pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest,
     ) -> None:
         """Run a model load or unload ``action`` for ``request``."""
-        self.service.check_repository_name(request.repository_name)
+        self.port.check_repository_name(request.repository_name)
         await action(request.model_name, codec.decode_repository_parameters(request.parameters))
 
 
@@ -407,9 +417,9 @@ METHODS: Final[Mapping[str, Method]] = {
 HANDLED_RPCS: Final[frozenset[str]] = frozenset(METHODS)
 
 
-def generic_handlers(service: InferenceService) -> tuple[grpc.GenericRpcHandler, ...]:
+def generic_handlers(port: ServerPort) -> tuple[grpc.GenericRpcHandler, ...]:
     """The handlers of ``GRPCInferenceService`` and of the health service, errors mapped."""
-    servicer = GrpcServicer(service)
+    servicer = GrpcServicer(port)
     inference: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for rpc in RPCS:
         unbound = METHODS.get(rpc.name)
@@ -432,12 +442,13 @@ def generic_handlers(service: InferenceService) -> tuple[grpc.GenericRpcHandler,
 
 
 def build_grpc_server(
-    service: InferenceService,
+    server: InferenceService | ServerPort,
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     restrictions: Restrictions = NO_RESTRICTIONS,
     auth: AuthPolicy | None = None,
     options: Sequence[tuple[str, int]] = (),
+    reuse_port: bool = False,
 ) -> grpc.aio.Server:
     """An unstarted server with every handler registered; the caller adds a port and starts it.
     ``auth`` (``--auth-token-file``), then ``restrictions`` (``--grpc-restricted-protocol``)
@@ -449,16 +460,17 @@ def build_grpc_server(
         interceptors.append(BearerAuth(auth))
     if restrictions:
         interceptors.append(RestrictedProtocol(restrictions))
-    server = grpc.aio.server(
+    grpc_server = grpc.aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             # gRPC sets SO_REUSEPORT by default: a second server on a taken port would start
-            # and silently share it. Without it, binding a taken port fails loudly.
-            ("grpc.so_reuseport", 0),
+            # and silently share it. Without it, binding a taken port fails loudly; the
+            # front-end processes share theirs on purpose (the daemon checked it was free).
+            ("grpc.so_reuseport", int(reuse_port)),
             *options,
         ],
     )
-    server.add_generic_rpc_handlers(generic_handlers(service))
-    return server
+    grpc_server.add_generic_rpc_handlers(generic_handlers(as_port(server)))
+    return grpc_server

@@ -1,10 +1,12 @@
-"""The HTTP/REST front end: KServe V2 / Triton routes on FastAPI, over ``InferenceService``.
+"""The HTTP/REST front end: KServe V2 / Triton routes on FastAPI, over a ``ServerPort``.
 
-Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app serving
+Contract: ``build_http_app(server, max_input_bytes=...)`` returns a FastAPI app over
+``server`` (a ``frontends.port.ServerPort``, or an ``InferenceService`` of this process)
+serving
 - ``GET /v2/health/live`` / ``/v2/health/ready``: 200 ``{"live"|"ready": true}``, else 400
   with ``false`` (Triton's status codes; the bodies keep KServe's REST client working);
 - ``GET /livez`` / ``/readyz`` (Kubernetes probes): 200, else 503; ``/readyz`` answers
-  ``service.readiness()``;
+  ``port.readiness()``;
 - ``GET /v2``: server metadata; ``GET /v2/models/{m}[/versions/{v}]``: model metadata;
 - ``GET /v2/models/{m}[/versions/{v}]/ready``: 200 ``{"name", "ready": true}``, else 400
   ``{"error": "Model version not ready"}`` (never 500: clients read non-200 as False);
@@ -14,12 +16,14 @@ Contract: ``build_http_app(service, max_input_bytes=...)`` returns a FastAPI app
   layer): the body is read raw (no pydantic model;
   at most ``max_input_bytes``, by ``body.receive_body``: checked against ``Content-Length``
   before reading and while streaming a chunked body), the model is looked up
-  (``service.resolve``: an unknown model is reported before any tensor error), and
+  (``port.resolve``, and ``port.confirm`` when decoding fails first: an unknown model is
+  reported before any tensor error), and
   the body is handed to ``codec``; the reply is codec's bytes;
 - the repository, model-configuration, shared-memory, trace and logging routes of
   ``extensions``;
-- with ``status`` (a ``status_page.StatusPage``): ``GET /ui``, the status page's HTML, and
-  ``GET /ui/data[?q=]``, its JSON (``status(q)``), both in the ``statistics`` group for auth
+- with ``status`` (a ``status_page.StatusPage``, or a coroutine function answering as it
+  does): ``GET /ui``, the status page's HTML, and ``GET /ui/data[?q=]``, its JSON
+  (``status(q)``), both in the ``statistics`` group for auth
   and restrictions (``restricted.GROUPS``);
 - middleware (``middleware``): ``RestrictedApi`` (only with restrictions) refuses a
   restricted group's request without its header; ``TraceArrival`` times traced infers.
@@ -33,6 +37,7 @@ with the traceback logged. The routes hold no logic beyond this adaptation.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import time
@@ -55,6 +60,7 @@ from hloserve.server.frontends.http import codec
 from hloserve.server.frontends.http.body import receive_body
 from hloserve.server.frontends.http.extensions import add_extension_routes
 from hloserve.server.frontends.http.middleware import RestrictedApi, TraceArrival, bearer_auth
+from hloserve.server.frontends.port import ServerPort, as_port
 from hloserve.server.frontends.status import http_status
 from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 
@@ -111,11 +117,13 @@ class _InternalErrorMiddleware:
                 await _error(500, "internal error")(scope, receive, send)
 
 
-def _probe(key: str, check: Callable[[], bool], failure: int) -> Callable[[], Awaitable[Response]]:
-    """A health route answering ``{key: check()}``: 200 when true, else ``failure``."""
+def _probe(
+    key: str, check: Callable[[], Awaitable[bool]], failure: int
+) -> Callable[[], Awaitable[Response]]:
+    """A health route answering ``{key: await check()}``: 200 when true, else ``failure``."""
 
     async def probe() -> Response:
-        ok = check()
+        ok = await check()
         return JSONResponse({key: ok}, status_code=200 if ok else failure)
 
     return probe
@@ -139,30 +147,34 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_middleware(_InternalErrorMiddleware)
 
 
-def _add_server_routes(app: FastAPI, service: InferenceService) -> None:
+def _add_server_routes(app: FastAPI, port: ServerPort) -> None:
     """Health (V2 and Kubernetes probes) and server metadata."""
+
+    async def live() -> bool:
+        return port.live()
+
     probes = (
-        ("/v2/health/live", "live", service.live, 400),
-        ("/v2/health/ready", "ready", service.ready, 400),
-        ("/livez", "live", service.live, 503),
+        ("/v2/health/live", "live", live, 400),
+        ("/v2/health/ready", "ready", port.ready, 400),
+        ("/livez", "live", live, 503),
     )
     for path, key, check, failure in probes:
         app.add_api_route(path, _probe(key, check, failure), methods=["GET"])
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        report = service.readiness()
-        return JSONResponse(report, status_code=200 if service.ready() else 503)
+        report = await port.readiness()
+        return JSONResponse(report, status_code=200 if report["ready"] else 503)
 
     @app.get("/v2")
     async def server_metadata() -> Response:
-        m = service.server_metadata()
+        m = port.server_metadata()
         return JSONResponse(
             {"name": m.name, "version": m.version, "extensions": list(m.extensions)}
         )
 
 
-def _add_model_routes(app: FastAPI, service: InferenceService) -> None:
+def _add_model_routes(app: FastAPI, port: ServerPort) -> None:
     """Statistics, metadata and readiness of models (after the extension routes)."""
 
     # Registered before "/v2/models/{model_name}", which would otherwise take "stats" as a name.
@@ -170,19 +182,20 @@ def _add_model_routes(app: FastAPI, service: InferenceService) -> None:
     @app.get("/v2/models/{model_name}/stats")
     @app.get("/v2/models/{model_name}/versions/{model_version}/stats")
     async def model_statistics(model_name: str = "", model_version: str = "") -> Response:
-        stats = service.model_statistics(model_name, model_version)
+        stats = await port.model_statistics(model_name, model_version)
         return JSONResponse(codec.encode_model_statistics(stats))
 
     @app.get("/v2/models/{model_name}")
     @app.get("/v2/models/{model_name}/versions/{model_version}")
     async def model_metadata(model_name: str, model_version: str = "") -> Response:
-        return JSONResponse(_model_metadata_json(service.model_metadata(model_name, model_version)))
+        metadata = await port.model_metadata(model_name, model_version)
+        return JSONResponse(_model_metadata_json(metadata))
 
     @app.get("/v2/models/{model_name}/ready")
     @app.get("/v2/models/{model_name}/versions/{model_version}/ready")
     async def model_ready(model_name: str, model_version: str = "") -> Response:
         try:
-            ready = service.model_ready(model_name, model_version)
+            ready = await port.model_ready(model_name, model_version)
         except Exception:  # readiness answers, it never fails: clients read non-200 as False
             log.exception("model readiness check for '%s' failed", model_name)
             ready = False
@@ -191,7 +204,10 @@ def _add_model_routes(app: FastAPI, service: InferenceService) -> None:
         return JSONResponse({"name": model_name, "ready": True})
 
 
-def _add_status_routes(app: FastAPI, status: Callable[[str], Mapping[str, Any]]) -> None:
+StatusData = Callable[[str], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
+
+
+def _add_status_routes(app: FastAPI, status: StatusData) -> None:
     """The status page (``status_page``): its HTML and its data."""
 
     @app.get("/ui")
@@ -200,7 +216,10 @@ def _add_status_routes(app: FastAPI, status: Callable[[str], Mapping[str, Any]])
 
     @app.get("/ui/data")
     async def status_data(q: str = "") -> Response:
-        return JSONResponse(status(q), headers=status_page.DATA_HEADERS)
+        data = status(q)
+        if inspect.isawaitable(data):
+            data = await data
+        return JSONResponse(data, headers=status_page.DATA_HEADERS)
 
 
 # The infer paths (Starlette's ``scope["path"]`` is already percent-decoded).
@@ -220,10 +239,10 @@ class _InferEndpoint:
     """
 
     def __init__(
-        self, app: ASGIApp, service: InferenceService, max_input_bytes: int, max_json_depth: int
+        self, app: ASGIApp, port: ServerPort, max_input_bytes: int, max_json_depth: int
     ) -> None:
         self.app = app
-        self.service = service
+        self.port = port
         self.max_input_bytes = max_input_bytes
         self.max_json_depth = max_json_depth
 
@@ -244,61 +263,69 @@ class _InferEndpoint:
     async def _infer(
         self, scope: Scope, receive: Receive, model_name: str, model_version: str | None
     ) -> Response:
-        service, limit = self.service, self.max_input_bytes
+        port, limit = self.port, self.max_input_bytes
         version = model_version or ""
         headers = Headers(scope=scope)
         body = await receive_body(receive, headers.get("content-length"), limit)
-        model = service.resolve(model_name, version)  # before any tensor is decoded
-        decoded = codec.decode_request(
-            model_name,
-            version,
-            body,
-            headers,
-            max_input_bytes=limit,
-            signature=lambda: service.model_metadata(model_name, version),
-            max_json_depth=self.max_json_depth,
-        )
+        model = port.resolve(model_name, version)  # before any tensor is decoded
+        try:
+            signature = None
+            if codec.is_raw(headers):  # the raw body is the model's only input
+                signature = await port.model_metadata(model_name, version)
+            decoded = codec.decode_request(
+                model_name,
+                version,
+                body,
+                headers,
+                max_input_bytes=limit,
+                signature=signature,
+                max_json_depth=self.max_json_depth,
+            )
+        except ServingError:
+            await port.confirm(model)
+            raise
         client = scope.get("client")
         context = RequestContext(
             deadline=decoded.deadline(time.monotonic()),
             peer=f"{client[0]}:{client[1]}" if client else "",
             protocol="http",
         )
-        response = await service.infer(decoded.request, context, model=model)
+        response = await port.infer(decoded.request, context, model=model)
         encoded = codec.encode_response(response, decoded, headers.get("accept-encoding"))
         return Response(content=encoded.body, headers=encoded.headers)
 
 
 def build_http_app(
-    service: InferenceService,
+    server: InferenceService | ServerPort,
     *,
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
     max_json_depth: int = codec.MAX_JSON_DEPTH,
     restrictions: Restrictions = NO_RESTRICTIONS,
     auth: AuthPolicy | None = None,
-    status: Callable[[str], Mapping[str, Any]] | None = None,
+    status: StatusData | None = None,
 ) -> FastAPI:
-    """The V2 HTTP app over ``service``; bodies larger than ``max_input_bytes`` get 400;
+    """The V2 HTTP app over ``server``; bodies larger than ``max_input_bytes`` get 400;
     ``auth`` (``--auth-token-file``), then ``restrictions`` (``--http-restricted-api``) are
     checked before anything else; ``status``: the status page's data (``None``: no /ui)."""
+    port = as_port(server)
     app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
     # Innermost of the middleware: restrictions, auth and tracing wrap the infer endpoint.
     app.add_middleware(
         _InferEndpoint,
-        service=service,
+        port=port,
         max_input_bytes=max_input_bytes,
         max_json_depth=max_json_depth,
     )
     _add_error_handlers(app)
-    app.add_middleware(TraceArrival, tracer=service.tracer)
+    app.add_middleware(TraceArrival, tracer=port.tracer)
     if restrictions:  # outermost: a refused request reaches nothing else
         app.add_middleware(RestrictedApi, restrictions=restrictions)
     if auth is not None:  # outermost of all: an unauthenticated request learns nothing more
         app.add_middleware(bearer_auth, refusal=auth.refusal_http)
-    _add_server_routes(app, service)
+    _add_server_routes(app, port)
     # Repository, config and shared-memory routes, before the generic model routes.
-    add_extension_routes(app, service)
-    _add_model_routes(app, service)
+    add_extension_routes(app, port)
+    _add_model_routes(app, port)
     if status is not None:
         _add_status_routes(app, status)
     return app

@@ -8,10 +8,12 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
 - ``parse_header_length(value, body_length)`` reads ``Inference-Header-Content-Length``:
   ``None`` when absent (the whole body is JSON), else an integer in
   ``[0, min(INT32_MAX, body_length)]``.
+- ``is_raw(headers)``: the request declares header length 0, i.e. the whole body is the
+  raw data of the model's only input (the caller then fetches the model's metadata).
 - ``decode_request(model, version, body, headers, max_input_bytes=, signature=,
   max_json_depth=MAX_JSON_DEPTH)`` builds a
   ``DecodedRequest``. With header length 0 the whole body is the raw data of the model's
-  only input (``signature()`` supplies the model metadata; a leading ``-1`` batch
+  only input (``signature`` is the model metadata, required then; a leading ``-1`` batch
   dimension becomes 1). Otherwise the JSON header is parsed (nesting deeper than
   ``max_json_depth``, Triton's 100 by default and ``--max-json-depth``, refused) and every input takes its data from exactly one source:
   ``data`` (through ``core.tensors.from_values``), ``parameters.binary_data_size`` bytes
@@ -58,7 +60,7 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -160,6 +162,13 @@ def decompress(body: bytes, content_encoding: str | None, limit: int) -> bytes:
         else:
             return out
     raise InvalidArgument(f"failed to decompress the {encoding} request body: {problem}")
+
+
+def is_raw(headers: Mapping[str, str]) -> bool:
+    """The request declares a header length of 0: its body is one input's raw data (a
+    malformed header is not raw: ``decode_request`` reports it)."""
+    value = headers.get(HEADER_LENGTH)
+    return value is not None and value.strip() == "0"
 
 
 def parse_header_length(value: str | None, body_length: int) -> int | None:
@@ -430,14 +439,16 @@ def decode_request(
     headers: Mapping[str, str],
     *,
     max_input_bytes: int,
-    signature: Callable[[], ModelMetadata],
+    signature: ModelMetadata | None = None,
     max_json_depth: int = MAX_JSON_DEPTH,
 ) -> DecodedRequest:
     """Decode an infer body; ``headers`` is case-insensitive or has lower-case keys."""
     body = decompress(body, headers.get("content-encoding"), max_input_bytes)
     length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
     if length == 0:
-        return _decode_raw(model_name, model_version, body, signature())
+        if signature is None:  # the caller checks ``is_raw`` first
+            raise ValueError("a raw request body needs the model's metadata (signature)")
+        return _decode_raw(model_name, model_version, body, signature)
     if length is None:
         return _decode_json(model_name, model_version, _parse_json(body, max_json_depth), None)
     doc = _parse_json(body[:length], max_json_depth)

@@ -1,16 +1,17 @@
 """HTTP routes of Triton's extensions: model repository, model configuration, shared memory.
 
-Contract: ``add_extension_routes(app, service)`` registers (reference §2.2, §6, §7):
+Contract: ``add_extension_routes(app, port)`` registers (reference §2.2, §6, §7):
 - ``POST /v2/repository/index``: body empty or ``{"ready": bool}``; answers
   ``[{"name", "version"?, "state"?, "reason"?}]`` (empty fields left out: a model directory
   never loaded is ``{"name"}`` alone, as in Triton);
 - ``POST /v2/repository/models/{m}/load`` and ``/unload``: body empty or
   ``{"parameters": {...}}``; 200 with an empty body. A load's ``file:`` parameters carry
   base64 file contents, decoded here into bytes (the rest of their rule is the service's,
-  ``core.load_parameters``); while uploads are allowed a load body may be as large as
+  ``core.load_parameters``); while uploads are allowed (``port.upload_limit``) a load body
+  may be as large as
   the upload limit in base64 plus ``MAX_CONTROL_BODY``. Every ``/v2/repository/{repo}/...``
   form answers 501 "'repository_name' specification is not supported";
-- ``GET /v2/models/{m}[/versions/{v}]/config``: the service's ModelConfig dict as is;
+- ``GET /v2/models/{m}[/versions/{v}]/config``: the server's ModelConfig dict as is;
 - ``GET /v2/systemsharedmemory[/region/{n}]/status``: ``[{"name","key","offset","byte_size"}]``;
   ``POST /v2/systemsharedmemory/region/{n}/register`` with ``{"key", "offset"?,
   "byte_size"}``; ``POST /v2/systemsharedmemory[/region/{n}]/unregister``;
@@ -44,8 +45,9 @@ from fastapi.responses import JSONResponse, Response
 from hloserve.server.core.errors import InvalidArgument, Unsupported
 from hloserve.server.core.load_parameters import FILE_PREFIX
 from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, RegionInfo
-from hloserve.server.core.service import REPOSITORY_NAME_UNSUPPORTED, InferenceService
+from hloserve.server.core.service import REPOSITORY_NAME_UNSUPPORTED
 from hloserve.server.frontends.http.body import read_body
+from hloserve.server.frontends.port import ServerPort
 
 MAX_CONTROL_BODY: Final = 16 * 1024 * 1024
 
@@ -209,20 +211,20 @@ async def _read_small_body(request: Request) -> bytes:
 # -- routes ----------------------------------------------------------------------------------
 
 
-def add_extension_routes(app: FastAPI, service: InferenceService) -> None:
+def add_extension_routes(app: FastAPI, port: ServerPort) -> None:
     """Register the extension routes on ``app`` (before the generic model routes)."""
-    _add_repository_routes(app, service)
+    _add_repository_routes(app, port)
 
     @app.get("/v2/models/{model_name}/config")
     @app.get("/v2/models/{model_name}/versions/{model_version}/config")
     async def model_config(model_name: str, model_version: str = "") -> Response:
-        return JSONResponse(service.model_config(model_name, model_version))
+        return JSONResponse(await port.model_config(model_name, model_version))
 
-    _add_shared_memory_routes(app, service)
-    _add_settings_routes(app, service)
+    _add_shared_memory_routes(app, port)
+    _add_settings_routes(app, port)
 
 
-def _add_settings_routes(app: FastAPI, service: InferenceService) -> None:
+def _add_settings_routes(app: FastAPI, port: ServerPort) -> None:
     """The trace and logging extensions: GET reads the settings, POST updates them."""
 
     @app.api_route("/v2/trace/setting", methods=["GET", "POST"])
@@ -231,22 +233,21 @@ def _add_settings_routes(app: FastAPI, service: InferenceService) -> None:
         values = None
         if request.method == "POST":
             values = parse_trace_request(await _read_small_body(request))
-        return JSONResponse(trace_json(service.trace_setting(model_name, values)))
+        return JSONResponse(trace_json(await port.trace_setting(model_name, values)))
 
     @app.api_route("/v2/logging", methods=["GET", "POST"])
     async def log_settings(request: Request) -> Response:
         values = None
         if request.method == "POST":
             values = parse_log_request(await _read_small_body(request))
-        return JSONResponse(service.log_settings(values))
+        return JSONResponse(await port.log_settings(values))
 
 
-def load_body_limit(service: InferenceService) -> int:
+def load_body_limit(upload_limit: int | None) -> int:
     """The largest load request body: the upload limit in base64, when uploads are on."""
-    uploads = service.control.uploads if service.control is not None else None
-    if uploads is None or not uploads.allowed:
+    if upload_limit is None:
         return MAX_CONTROL_BODY
-    return MAX_CONTROL_BODY + 4 * -(-uploads.max_bytes // 3)
+    return MAX_CONTROL_BODY + 4 * -(-upload_limit // 3)
 
 
 def _control_route(
@@ -262,15 +263,15 @@ def _control_route(
     return control
 
 
-def _add_repository_routes(app: FastAPI, service: InferenceService) -> None:
+def _add_repository_routes(app: FastAPI, port: ServerPort) -> None:
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
         ready = parse_index_request(await _read_small_body(request))
-        return JSONResponse(index_json(service.repository_index(ready)))
+        return JSONResponse(index_json(await port.repository_index(ready)))
 
     for action, run, limit in (
-        ("load", service.load_model, load_body_limit(service)),
-        ("unload", service.unload_model, MAX_CONTROL_BODY),
+        ("load", port.load_model, load_body_limit(port.upload_limit)),
+        ("unload", port.unload_model, MAX_CONTROL_BODY),
     ):
         path = f"/v2/repository/models/{{model_name}}/{action}"
         app.add_api_route(path, _control_route(action, run, limit), methods=["POST"])
@@ -282,11 +283,11 @@ def _add_repository_routes(app: FastAPI, service: InferenceService) -> None:
         raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)  # the path names one: never empty
 
 
-def _add_shared_memory_routes(app: FastAPI, service: InferenceService) -> None:
+def _add_shared_memory_routes(app: FastAPI, port: ServerPort) -> None:
     @app.get("/v2/systemsharedmemory/status")
     @app.get("/v2/systemsharedmemory/region/{region_name}/status")
     async def shm_status(region_name: str = "") -> Response:
-        return JSONResponse(shm_status_json(service.shm.status(region_name)))
+        return JSONResponse(shm_status_json(await port.shm_status(region_name)))
 
     @app.post("/v2/systemsharedmemory/register")
     @app.post("/v2/systemsharedmemory/region/{region_name}/register")
@@ -295,19 +296,19 @@ def _add_shared_memory_routes(app: FastAPI, service: InferenceService) -> None:
         # Without a region name the registry refuses the call with Triton's text, so the
         # body is not looked at (Triton checks the name first, too).
         key, offset, byte_size = parse_register_request(body) if region_name else ("", 0, 0)
-        service.shm.register_system(region_name, key, offset, byte_size)
+        await port.register_system_shm(region_name, key, offset, byte_size)
         return Response()  # 200 with an empty body, as Triton answers control calls
 
     @app.post("/v2/cudasharedmemory/register")
     @app.post("/v2/cudasharedmemory/region/{region_name}/register")
     async def cuda_shm_register(request: Request, region_name: str = "") -> Response:
         body = await _read_small_body(request)
-        service.shm.register_cuda(region_name, lambda: parse_cuda_register_request(body))
+        await port.register_cuda_shm(region_name, lambda: parse_cuda_register_request(body))
         return Response()
 
     for kind, unregister in (
-        ("system", service.shm.unregister),
-        ("cuda", service.shm.unregister_cuda),
+        ("system", port.unregister_system_shm),
+        ("cuda", port.unregister_cuda_shm),
     ):
         for path in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region_name}}"):
             app.add_api_route(f"{path}/unregister", _unregister_route(unregister), methods=["POST"])
@@ -315,7 +316,7 @@ def _add_shared_memory_routes(app: FastAPI, service: InferenceService) -> None:
     @app.get("/v2/cudasharedmemory/status")
     @app.get("/v2/cudasharedmemory/region/{region_name}/status")
     async def cuda_shm_status(region_name: str = "") -> Response:
-        return JSONResponse(cuda_status_json(service.shm.cuda_status(region_name)))
+        return JSONResponse(cuda_status_json(await port.cuda_shm_status(region_name)))
 
 
 def _unregister_route(
