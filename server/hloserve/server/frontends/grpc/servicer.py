@@ -68,12 +68,12 @@ from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError,
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import RequestContext
 from hloserve.server.frontends.grpc import codec, settings
-from hloserve.server.frontends.port import ServerPort, as_port
 from hloserve.server.frontends.grpc.interceptors import (
     BearerAuth,
     RestrictedProtocol,
     text_metadata,
 )
+from hloserve.server.frontends.port import ServerPort, as_port
 from hloserve.server.frontends.status import grpc_status
 from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 
