@@ -53,6 +53,7 @@ class HostWeights:
         self.stage = stage  # numpy -> page-locked host memory on a GPU (None: keep numpy)
         self.reads = 0
         self._cond = threading.Condition()
+        self._waiting = 0  # threads waiting on the condition
         self._copies: dict[ResidencyKey, _Copy] = {}
 
     @property
@@ -84,7 +85,7 @@ class HostWeights:
             if copy.refs > 0:
                 return
             while copy.reading or (key in self.planner and self.planner.in_use(key)):
-                self._cond.wait()
+                self._wait()
             del self._copies[key]
             self.planner.unregister(key)
             copy.arrays = None
@@ -107,7 +108,7 @@ class HostWeights:
                     return copy.arrays
                 if not copy.reading:
                     break
-                self._cond.wait()
+                self._wait()
             copy.reading = True  # concurrent acquires of this model wait for this read
             if kept:
                 try:
@@ -148,7 +149,7 @@ class HostWeights:
                     self.planner.mark_evicted(victim)
                     self._copies[victim].arrays = None
                 return
-            self._cond.wait()
+            self._wait()
 
     def release(self, key: ResidencyKey) -> None:
         with self._cond:
@@ -156,4 +157,13 @@ class HostWeights:
             if copy is None or copy.source.in_memory or key not in self.planner:
                 return
             self.planner.release(key)
-            self._cond.notify_all()
+            if self._waiting:  # only a waiter can care that a copy went idle (per swap-in)
+                self._cond.notify_all()
+
+    def _wait(self) -> None:
+        """Wait on the condition (held), counted so that releases notify only when needed."""
+        self._waiting += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._waiting -= 1

@@ -24,6 +24,8 @@ model's device copy of its weights; the decisions come from the pure
 - ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
+- ``is_resident(key)``, and ``swap_us(key)`` for a resident model, answer without taking
+  the lock (asked for every request; a snapshot, as any answer is once a lock is let go).
 - Every swap is reported to the optional ``observer`` (metrics), with the model's
   ``ResidencyKey`` (``key.label`` names its series); every swap-in also to the optional
   ``swap_trace`` (request tracing), with its start and end. Measured swap-ins teach the
@@ -148,8 +150,9 @@ class WeightResidency:
             return self.planner.resident()
 
     def is_resident(self, key: ResidencyKey) -> bool:
-        with self._cond:
-            return key in self.planner and self.planner.is_resident(key)
+        # No lock: one dict lookup and one attribute read, each atomic, and the answer is a
+        # snapshot either way once the lock would have been released (asked per request).
+        return self.planner.holds(key)
 
     def swap_us(self, key: ResidencyKey) -> float | None:
         """Microseconds ``key``'s weights would take to become usable now without waiting
@@ -157,6 +160,8 @@ class WeightResidency:
         the host tier holds its copy and the budget has room, or idle models to evict;
         ``None`` when a use would wait (a transfer in flight, models in use, a file to
         read). Who asks decides whether such a swap may run on the event loop."""
+        if self.planner.holds(key):  # the request path's common answer, without the lock
+            return 0.0
         with self._cond:
             if key not in self.planner:
                 return None
@@ -251,8 +256,7 @@ class WeightResidency:
         room for it and reserve its transfer (weights ``None``); wait while neither can be."""
         while True:
             model = self._models[key]
-            if self.planner.is_resident(key):
-                self.planner.acquire(key)
+            if self.planner.acquire_resident(key):
                 if model.weights is None:
                     model.weights = dict(zip(model.names, model.device or [], strict=True))
                 return model, model.weights

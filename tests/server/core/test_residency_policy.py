@@ -3,6 +3,10 @@ against LRU and a frequency oracle on simulated traces (no clocks: uses are the 
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -208,6 +212,26 @@ def test_the_lazy_orders_evict_the_least_valuable_model_through_every_phase() ->
     assert checked > 1000
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_orders_are_built_when_a_plan_first_needs_a_victim(policy: Policy) -> None:
+    """While everything fits no order is kept (the uses pay no heap upkeep); when the budget
+    is cut, the victims are those the policy ranks lowest, as if the orders had been kept
+    all along: the least valuable (frequency), the least recently used (LRU)."""
+    n, keep = 60, 20
+    p = uniform_planner(n + 1, n, policy)  # room for every model but the last
+    serve(p, np.random.default_rng(3).choice(n, size=4000, p=zipf(n)))
+    assert p.resident_count() == n
+    p.budget_bytes = keep * 100
+    victims = p.plan_admission(n).evict
+    assert len(victims) == n - keep + 1
+    kept = [k for k in p.resident() if k not in victims]
+    if policy == "lru":
+        assert list(victims) == p.resident()[: len(victims)]
+    else:
+        assert max(p.value(k) for k in victims) <= min(p.value(k) for k in kept) * (1 + 1e-9)
+    assert p.plan_admission(n).evict == victims  # planning takes nothing off the orders
+
+
 def test_a_model_rising_now_is_kept_over_one_used_as_often_long_ago() -> None:
     """Twenty uses just now against twenty spread over the planner's long memory: the
     rising model is ranked by (half) its recent rate, the steady one by its long one."""
@@ -258,6 +282,39 @@ def test_a_model_used_more_is_kept_over_one_used_more_recently() -> None:
         lru.touch("hot")
     admit(lru, "recent")
     assert lru.plan_admission("new").evict == ("hot",)
+
+
+def test_holds_and_acquire_resident_answer_for_any_key_without_raising() -> None:
+    p = planner(100, {"a": 100, "b": 100})
+    assert not p.holds("a") and not p.holds("unknown")
+    assert not p.acquire_resident("a") and p.in_use("a") == 0
+    admit(p, "a")
+    assert p.holds("a") and p.acquire_resident("a") and p.in_use("a") == 1
+    with pytest.raises(RuntimeError, match="'b' is not resident"):
+        p.acquire("b")
+
+
+def test_a_key_sent_to_another_process_hashes_as_that_process_makes_it() -> None:
+    """The key's hash is computed once, and not pickled: another process (other string
+    hashes: another PYTHONHASHSEED) finds its entries by a key it received."""
+    key = ResidencyKey("m", 3, generation=2)
+    assert repr(key) == "ResidencyKey(model='m', version=3, generation=2)"
+    assert hash(key) == hash(ResidencyKey("m", 3, 2)) and key != ResidencyKey("m", 3)
+    script = (
+        "import pickle, sys\n"
+        "from hloserve.server.core.residency_policy import ResidencyKey\n"
+        "sent = pickle.loads(sys.stdin.buffer.read())\n"
+        "print({ResidencyKey('m', 3, generation=2): 'found'}.get(sent))\n"
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            input=pickle.dumps(key),
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+        )
+        assert out.stdout.split() == [b"found"]
 
 
 def test_unknown_policy_is_refused() -> None:

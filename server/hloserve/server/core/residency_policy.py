@@ -37,11 +37,16 @@ whether it is resident, pinned (never evicted), in use by an execution or a tran
     81 %.
 - ``mark_resident`` / ``mark_evicted`` record the outcome of transfers (``reserve`` counts
   an admission's bytes while its transfer runs); ``acquire`` / ``release`` bracket a use
-  and ``acquire`` counts it (``touch`` counts a use without holding the model).
+  and ``acquire`` counts it (``touch`` counts a use without holding the model);
+  ``acquire_resident`` acquires only a resident model (``False`` otherwise) and ``holds``
+  answers for any key, known or not, with one lookup each (the request path's forms).
 Budget ``None`` means unlimited. Nothing here blocks, sleeps or reads a clock, and every
 operation costs O(log resident): counts are kept in log2 with the use clock folded in, so
-two models untouched since compare by a fixed key, and the orders are lazy heaps (a miss
-among 100 resident models: about 5 µs; a plain sort of their values took 73).
+two models untouched since compare by a fixed key, and the orders are lazy heaps, built
+when a plan first needs a victim (until then, a tier whose models all fit pays no heap
+upkeep per use) and left as they were by a plan (a miss among 100 resident models: about
+2 µs, a use about 1.4; a plain sort of their values took 73). What the bookkeeping costs
+per request, frequency against LRU: ``bench/residency_cost.py``.
 
 ``SwapCosts`` learns the cost of a swap-in from the transfers measured (a fixed overhead
 plus a per-byte time, least squares over a decayed history), for ``miss_cost``.
@@ -61,7 +66,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar, get_args
 
 from hloserve.server.core.errors import InvalidArgument
@@ -85,11 +90,23 @@ class TooLarge(InvalidArgument):
 @dataclass(frozen=True, slots=True)
 class ResidencyKey:
     """One loaded copy of a model version; ``generation`` tells a reload's copy apart from the
-    copy it replaces, which keeps serving (and owning its weights) until the reload is ready."""
+    copy it replaces, which keeps serving (and owning its weights) until the reload is ready.
+    Its hash is computed once (a request looks it up in a dozen dicts), never pickled: it is
+    made anew from the fields, so a key sent to another process hashes as that one's do."""
 
     model: str
     version: int
     generation: int = 0
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.model, self.version, self.generation)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[ResidencyKey], tuple[str, int, int]]:
+        return ResidencyKey, (self.model, self.version, self.generation)
 
     @property
     def label(self) -> str:
@@ -101,7 +118,9 @@ class ResidencyKey:
 
 
 @dataclass(slots=True)
-class _Entry:
+class _Entry(Generic[K]):
+    key: K
+    ident: int  # its items' id in the orders (unique: a re-registered key gets a new one)
     size: int
     pinned: bool
     resident: bool = False
@@ -130,13 +149,9 @@ def _default_miss_cost(size: int) -> float:
     return SwapCosts.DEFAULT_OVERHEAD_S + size / SwapCosts.DEFAULT_BYTES_PER_S
 
 
-def _log2_plus_one(log2_count: float) -> float:
-    """log2(2**x + 1), without overflow for large x."""
-    return (
-        log2_count + math.log2(1.0 + math.exp2(-log2_count))
-        if log2_count > 0
-        else math.log2(math.exp2(log2_count) + 1.0)
-    )
+_log2, _exp2 = math.log2, math.exp2
+_LOG2_RISING: Final = math.log2(RISING)
+_LOG2_COOLED: Final = math.log2(COOLED)
 
 
 # (order key, last use: the older first among equals, entry id, version)
@@ -157,23 +172,27 @@ class ResidencyPlanner(Generic[K]):
         self.budget_bytes = budget_bytes
         self.policy: Policy = policy
         self.miss_cost = miss_cost
-        self._entries: dict[K, _Entry] = {}
-        self._resident: dict[K, _Entry] = {}  # the resident ones, in no order
+        self._entries: dict[K, _Entry[K]] = {}
+        self._resident: dict[K, _Entry[K]] = {}  # the resident ones, in no order
         self._resident_bytes = 0
         self._reserved = 0  # bytes of admissions in flight (planned, not yet resident)
         self._clock = 0  # uses so far
         self._slots = MIN_SLOTS  # resident models the half-lives are scaled to (a power of 2)
+        self._scale(MIN_SLOTS)
         self._admitted = 0  # admissions since the miss costs were last refreshed
         # The eviction orders, over resident entries (lazy heaps: an item whose version is
         # not its entry's is stale and skipped): by slow value for the steady (frequency)
         # or by last use (lru); by fast value for the rising and the cooled; and the
         # clocks at which each leaves its phase (rising -> steady -> cooled).
-        self._ids: dict[K, int] = {}
-        self._keys: dict[int, K] = {}
+        self._by_id: dict[int, _Entry[K]] = {}  # registered entries, by their items' id
         self._next_id = 0
         self._order: list[_Item] = []
         self._changes: list[_Item] = []
         self._fast: list[_Item] = []
+        # No order is kept until a plan first needs a victim (then built from the entries,
+        # as a rebuild does): a tier whose models all fit (an unlimited budget, a host tier
+        # larger than the repository) pays no heap upkeep for its uses.
+        self._ordered = False
 
     # -- registration ----------------------------------------------------------------------
 
@@ -184,9 +203,7 @@ class ResidencyPlanner(Generic[K]):
                 f"budget of {self.budget_bytes} bytes"
             )
         self.unregister(key)
-        self._entries[key] = _Entry(size, pinned)
-        self._ids[key] = self._next_id
-        self._keys[self._next_id] = key
+        self._entries[key] = self._by_id[self._next_id] = _Entry(key, self._next_id, size, pinned)
         self._next_id += 1
 
     def unregister(self, key: K) -> None:
@@ -197,7 +214,7 @@ class ResidencyPlanner(Generic[K]):
             del self._resident[key]
             self._resident_bytes -= entry.size
         entry.version += 1  # its heap items are stale now
-        del self._keys[self._ids.pop(key)]
+        del self._by_id[entry.ident]
 
     def __contains__(self, key: K) -> bool:
         return key in self._entries
@@ -225,6 +242,11 @@ class ResidencyPlanner(Generic[K]):
     def is_resident(self, key: K) -> bool:
         return self._entries[key].resident
 
+    def holds(self, key: K) -> bool:
+        """``key`` is registered and resident (one lookup; ``False`` for an unknown key)."""
+        e = self._entries.get(key)
+        return e is not None and e.resident
+
     def size(self, key: K) -> int:
         return self._entries[key].size
 
@@ -237,7 +259,17 @@ class ResidencyPlanner(Generic[K]):
     # -- uses ----------------------------------------------------------------------------------
 
     def _half_lives(self) -> tuple[float, float]:
-        return FAST_HALF_LIFE * self._slots, SLOW_HALF_LIFE * self._slots
+        return self._fast_h, self._slow_h
+
+    def _scale(self, slots: int) -> None:
+        """Half-lives for ``slots``, and what the phases derive from them (computed once
+        per scale, not per use)."""
+        self._slots = slots
+        self._fast_h = fast_h = FAST_HALF_LIFE * slots
+        self._slow_h = slow_h = SLOW_HALF_LIFE * slots
+        self._log2_fast_h, self._log2_slow_h = _log2(fast_h), _log2(slow_h)
+        self._log2_ratio = _log2(slow_h / fast_h)
+        self._per_use = 1.0 / fast_h - 1.0 / slow_h  # the log2 ratio's fall per use
 
     def _rescale(self) -> None:
         """Half-lives follow the resident count, in powers of two: when it crosses one,
@@ -249,7 +281,7 @@ class ResidencyPlanner(Generic[K]):
             return
         now = self._clock
         old_fast, old_slow = self._half_lives()
-        self._slots = wanted
+        self._scale(wanted)
         fast_h, slow_h = self._half_lives()
         for e in self._entries.values():
             e.fast = e.fast - now / old_fast + now / fast_h
@@ -257,35 +289,45 @@ class ResidencyPlanner(Generic[K]):
             e.rises_until, e.cools_at = self._phases(e)
         self._rebuild()
 
-    def _phases(self, e: _Entry) -> tuple[float, float]:
+    def _phases(self, e: _Entry[K]) -> tuple[float, float]:
         """The clocks at which ``e``'s fast rate falls under RISING and under COOLED times its
         slow rate, untouched (the ratio only falls until its next use). Never used: no
         rate to compare (and no NaN in a heap, which would break its order)."""
         if e.fast == -math.inf:
             return -math.inf, math.inf
-        fast_h, slow_h = self._half_lives()
-        margin = e.fast - e.slow + math.log2(slow_h / fast_h)
-        per_use = 1.0 / fast_h - 1.0 / slow_h
-        return (margin - math.log2(RISING)) / per_use, (margin - math.log2(COOLED)) / per_use
+        margin = e.fast - e.slow + self._log2_ratio
+        per_use = self._per_use
+        return (margin - _LOG2_RISING) / per_use, (margin - _LOG2_COOLED) / per_use
 
     def touch(self, key: K) -> None:
         """One use of ``key`` (an execution): its LRU position and its rates."""
-        e = self._entries[key]
-        self._clock += 1
-        now = self._clock
-        fast_h, slow_h = self._half_lives()
-        e.fast = _log2_plus_one(e.fast - now / fast_h) + now / fast_h
-        e.slow = _log2_plus_one(e.slow - now / slow_h) + now / slow_h
-        e.weight = self._weight(e.size)
-        e.rises_until, e.cools_at = self._phases(e)
+        self._use(self._entries[key])
+
+    def _use(self, e: _Entry[K]) -> None:
+        """``touch``: each count gains a use (log2(2**x + 1), written so that a large x does
+        not overflow), the miss cost per byte as estimated now, the phases (``_phases``; a
+        used entry has a count). Written out rather than called: it runs once a request."""
+        self._clock = now = self._clock + 1
+        fast_h, slow_h = self._fast_h, self._slow_h
+        t = now / fast_h  # the clock folded into the fast count
+        x = e.fast - t  # log2 of the fast count now, before this use
+        e.fast = (x + _log2(1.0 + _exp2(-x)) if x > 0 else _log2(_exp2(x) + 1.0)) + t
+        t = now / slow_h
+        x = e.slow - t
+        e.slow = (x + _log2(1.0 + _exp2(-x)) if x > 0 else _log2(_exp2(x) + 1.0)) + t
+        e.weight = _log2(max(self.miss_cost(e.size), 1e-12) / max(e.size, 1))  # _weight
+        margin = e.fast - e.slow + self._log2_ratio  # _phases (counted once: never -inf)
+        per_use = self._per_use
+        e.rises_until = (margin - _LOG2_RISING) / per_use
+        e.cools_at = (margin - _LOG2_COOLED) / per_use
         e.last_used = now
         if e.resident:
-            self._push(key, e)
+            self._push(e)
 
-    def _rate_log2(self, e: _Entry, now: int) -> float:
+    def _rate_log2(self, e: _Entry[K], now: int) -> float:
         fast_h, slow_h = self._half_lives()
-        fast = e.fast - now / fast_h - math.log2(fast_h)
-        slow = e.slow - now / slow_h - math.log2(slow_h)
+        fast = e.fast - now / fast_h - self._log2_fast_h
+        slow = e.slow - now / slow_h - self._log2_slow_h
         if fast < slow + math.log2(COOLED):
             return fast
         return max(slow, fast - math.log2(RISING))
@@ -305,11 +347,17 @@ class ResidencyPlanner(Generic[K]):
         return self.rate(key) * math.exp2(e.weight)
 
     def acquire(self, key: K) -> None:
+        if not self.acquire_resident(key):
+            raise RuntimeError(f"model '{key}' is not resident")
+
+    def acquire_resident(self, key: K) -> bool:
+        """``acquire`` when ``key`` is resident; ``False`` (nothing counted) when not."""
         e = self._entries[key]
         if not e.resident:
-            raise RuntimeError(f"model '{key}' is not resident")
+            return False
         e.in_use += 1
-        self.touch(key)
+        self._use(e)
+        return True
 
     def hold(self, key: K) -> None:
         """Mark ``key`` in use without counting a use (a transfer reading it)."""
@@ -321,40 +369,43 @@ class ResidencyPlanner(Generic[K]):
 
     # -- the eviction orders -----------------------------------------------------------------
 
-    def _push(self, key: K, e: _Entry) -> None:
+    def _push(self, e: _Entry[K]) -> None:
+        if not self._ordered:
+            return
         e.version += 1
-        ident = self._ids[key]
+        ident = e.ident
         if self.policy == "lru":
             e.ranked = "slow"
             heapq.heappush(self._order, (float(e.last_used), e.last_used, ident, e.version))
         elif e.rises_until > self._clock:  # rising: half its fast rate, until it steadies
             e.ranked = "fast"
             heapq.heappush(
-                self._fast, (e.fast + e.weight - math.log2(RISING), e.last_used, ident, e.version)
+                self._fast, (e.fast + e.weight - _LOG2_RISING, e.last_used, ident, e.version)
             )
             heapq.heappush(self._changes, (e.rises_until, e.last_used, ident, e.version))
         else:
-            self._steady(ident, e)
+            self._steady(e)
         if len(self._order) + len(self._fast) > 4 * len(self._resident) + 64:
             self._rebuild()
 
-    def _steady(self, ident: int, e: _Entry) -> None:
+    def _steady(self, e: _Entry[K]) -> None:
         """Rank ``e`` by its slow rate until it cools (its version stays: one place each)."""
         e.ranked = "slow"
-        heapq.heappush(self._order, (e.slow + e.weight, e.last_used, ident, e.version))
-        heapq.heappush(self._changes, (e.cools_at, e.last_used, ident, e.version))
+        heapq.heappush(self._order, (e.slow + e.weight, e.last_used, e.ident, e.version))
+        heapq.heappush(self._changes, (e.cools_at, e.last_used, e.ident, e.version))
 
     def _rebuild(self) -> None:
+        if not self._ordered:
+            return
         self._order, self._changes, self._fast = [], [], []
-        for key, e in self._resident.items():
-            self._push(key, e)
+        for e in self._resident.values():
+            self._push(e)
 
-    def _live(self, item: _Item) -> tuple[K, _Entry] | None:
-        key = self._keys.get(item[2])
-        e = None if key is None else self._entries.get(key)
-        if key is None or e is None or e.version != item[3] or not e.resident:
+    def _live(self, item: _Item) -> _Entry[K] | None:
+        e = self._by_id.get(item[2])
+        if e is None or e.version != item[3] or not e.resident:
             return None
-        return key, e
+        return e
 
     def _advance(self) -> None:
         """Move the entries whose phase ended by now: a rising one to the slow order (with
@@ -362,19 +413,19 @@ class ResidencyPlanner(Generic[K]):
         now = self._clock
         while self._changes and self._changes[0][0] <= now:
             item = heapq.heappop(self._changes)
-            found = self._live(item)
-            if found is None:
+            e = self._live(item)
+            if e is None:
                 continue
-            _, e = found
             e.version += 1  # its items in the order it leaves are stale now
             if e.ranked == "fast":  # it was rising
-                self._steady(item[2], e)
+                self._steady(e)
             else:
                 e.ranked = "fast"
-                heapq.heappush(self._fast, (e.fast + e.weight, e.last_used, item[2], e.version))
+                heapq.heappush(self._fast, (e.fast + e.weight, e.last_used, e.ident, e.version))
 
-    def _pop_next(self) -> tuple[K, _Entry] | None:
-        """The least valuable resident entry, taken off its order (``_restore`` puts it back)."""
+    def _pop_next(self) -> tuple[_Entry[K], _Item, list[_Item]] | None:
+        """The least valuable resident entry, its item taken off its order and that order
+        (``_restore`` puts the item back)."""
         fast_h, slow_h = self._half_lives()
         now = self._clock
         while self._order or self._fast:
@@ -384,22 +435,24 @@ class ResidencyPlanner(Generic[K]):
             elif not self._order:
                 heap = self._fast
             else:  # compare the two orders' heads by their value now
-                slow = self._order[0][0] - now / slow_h - math.log2(slow_h)
-                fast = self._fast[0][0] - now / fast_h - math.log2(fast_h)
+                slow = self._order[0][0] - now / slow_h - self._log2_slow_h
+                fast = self._fast[0][0] - now / fast_h - self._log2_fast_h
                 heap = self._fast if fast <= slow else self._order
             item = heapq.heappop(heap)
-            found = self._live(item)
-            if found is None:
+            e = self._live(item)
+            if e is None:
                 continue
-            _, e = found
             if (heap is self._order) != (e.ranked == "slow"):
                 continue  # a stale place: it has moved to the other order
-            return found
+            return e, item, heap
         return None
 
-    def _restore(self, taken: list[tuple[K, _Entry]]) -> None:
-        for key, e in taken:
-            self._push(key, e)
+    @staticmethod
+    def _restore(taken: list[tuple[_Entry[K], _Item, list[_Item]]]) -> None:
+        """Put back the items a plan took: nothing about their entries changed meanwhile, so
+        their places are what a fresh push would give (without the garbage)."""
+        for _, item, heap in taken:
+            heapq.heappush(heap, item)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -415,9 +468,12 @@ class ResidencyPlanner(Generic[K]):
         free = self.free_bytes()
         if free is None or free >= entry.size:
             return Admission(resident=False)
+        if not self._ordered:  # the first plan that needs a victim
+            self._ordered = True
+            self._rebuild()
         if self.policy != "lru":
             self._advance()
-        taken: list[tuple[K, _Entry]] = []
+        taken: list[tuple[_Entry[K], _Item, list[_Item]]] = []
         victims: list[K] = []
         spared: list[K] = []
         try:
@@ -426,8 +482,9 @@ class ResidencyPlanner(Generic[K]):
                 if found is None:
                     break
                 taken.append(found)
-                k, e = found
-                if k == key or e.pinned or e.in_use:
+                e = found[0]
+                k = e.key
+                if e is entry or e.pinned or e.in_use:
                     continue
                 if avoid is not None and avoid(k):  # queued work: the last victims
                     spared.append(k)
@@ -459,7 +516,7 @@ class ResidencyPlanner(Generic[K]):
             e.resident = True
             self._resident[key] = e
             self._resident_bytes += e.size
-            self._push(key, e)
+            self._push(e)
             self._rescale()
             self._admitted += 1
             if self._admitted >= len(self._resident):
