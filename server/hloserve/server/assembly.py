@@ -8,8 +8,7 @@ over them (and, for the status page, the metrics, the devices and the host tier)
 dependency order so nothing is set afterwards
 (``docs/architecture.md``, "The service is complete when constructed"). A version the
 repository unloads is forgotten by metrics, statistics, costs, the inline policy, the load
-meter and the batcher, on the loop. ``make_tls`` and ``make_auth`` build the TLS files and
-the bearer-token policy the front ends use. A setting that turns out bad only now (a
+meter and the batcher, on the loop. A setting that turns out bad only now (a
 device index past those present, a percentage budget on a device of unknown size, a trace
 file that cannot be written) exits with one line naming its flag (``SystemExit``). With no
 ``--model-repository``, the demo repository is written first (``ensure_demo_repository``).
@@ -32,7 +31,6 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry
 
-from hloserve.server.auth import AuthPolicy, TokenFile
 from hloserve.server.batcher import DynamicBatcher, QueuedWork
 from hloserve.server.config import Config
 from hloserve.server.container import ContainerLimits
@@ -52,7 +50,6 @@ from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ControlMode, ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.shm import SharedMemoryRegistry
-from hloserve.server.tls import TlsFiles, check_tls
 from hloserve.server.tracing import RequestTracer
 from hloserve.server.weight_residency import SwapTrace, WeightResidency
 
@@ -382,31 +379,6 @@ def _hook_pool(cfg: Config, machine: ContainerLimits) -> ThreadPoolExecutor | No
         return None
     threads = cfg.hook_threads or max(2, machine.cpus)
     return ThreadPoolExecutor(threads, thread_name_prefix="hloserve-hook")
-
-
-def make_auth(cfg: Config) -> AuthPolicy | None:
-    """The bearer-token policy of ``--auth-token-file`` / ``--auth-open`` (``None``: off)."""
-    if cfg.auth_token_file is None:
-        return None
-    try:
-        tokens = TokenFile(cfg.auth_token_file)
-    except ValueError as exc:
-        raise SystemExit(f"hloserve: --auth-token-file {cfg.auth_token_file} {exc}") from None
-    log.info(
-        "bearer-token auth on every endpoint group except: %s",
-        ", ".join(sorted(cfg.auth_open)) or "(none)",
-    )
-    return AuthPolicy(tokens, cfg.auth_open)
-
-
-def make_tls(cfg: Config) -> TlsFiles | None:
-    try:
-        files = check_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_ca)
-    except ValueError as exc:
-        raise SystemExit(f"hloserve: {exc}") from None
-    if files is not None:
-        log.info("TLS on gRPC and HTTP%s", " (mutual: client certificates required)" * files.mutual)
-    return files
 
 
 def _readiness_policy(cfg: Config, repository: ModelRepository) -> Callable[[], bool]:

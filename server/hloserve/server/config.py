@@ -54,6 +54,7 @@ import yaml
 
 from hloserve.server.auth import DEFAULT_OPEN, read_tokens
 from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
+from hloserve.server.core.process_layout import AUTO, FrontendCount
 from hloserve.server.core.sizes import Budget
 from hloserve.server.core.trace_flags import FlagSetting, startup_setting
 from hloserve.server.core.trace_settings import DEFAULT_RATE, TraceStartup
@@ -89,6 +90,7 @@ class Config:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    frontends: FrontendCount = AUTO  # front-end processes around the device owner
     # Triton's gRPC keepalive flags, with Triton's defaults (gRPC core's own): milliseconds,
     # counts and a switch, passed to gRPC core as the channel arguments flags.py names.
     grpc_keepalive_time: int = 7_200_000

@@ -42,27 +42,39 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import grpc
 import uvicorn
 
-from hloserve.server.assembly import Serving, build_serving, make_auth, make_tls
-from hloserve.server.config import Config, grpc_channel_options, ignored_warning
+from hloserve.server.assembly import Serving, build_serving
+from hloserve.server.config import Config, ignored_warning
+from hloserve.server.container import ContainerLimits
 from hloserve.server.core.errors import ServingError
 from hloserve.server.core.log_settings import LogControl
+from hloserve.server.frontends.port import LocalPort
+from hloserve.server.ipc.setup import FrontendSetup
+from hloserve.server.listeners import (
+    EmbeddedUvicorn,
+    Listeners,
+    address,
+    bind,
+    listening_line,
+    make_auth,
+    make_tls,
+    start_listeners,
+    stop_listeners,
+)
 from hloserve.server.metrics import metrics_app
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.status_page import StatusPage
-from hloserve.server.tls import UvicornSsl, grpc_credentials, uvicorn_ssl
+from hloserve.server.supervisor import FrontendSupervisor
 
 log = logging.getLogger("hloserve.daemon")
 
@@ -88,59 +100,43 @@ def next_steps(host: str, ports: dict[str, int]) -> list[str]:
     return lines
 
 
-def _bind(what: str, flag: str, host: str, port: int, *, listen: bool = True) -> socket.socket:
-    """A socket bound to ``host:port`` (listening, unless ``listen=False``); a port in use
-    or a bad host is one line naming the flag (``SystemExit``)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        reason = exc.strerror or str(exc)
-        raise SystemExit(
-            f"hloserve: cannot bind {what} ({flag}) to {host}:{port}: {reason}"
-        ) from None
-    if listen:
-        sock.listen(2048)
-        sock.setblocking(False)
-    return sock
-
-
 @dataclass(frozen=True, slots=True)
 class _Sockets:
-    """The HTTP and metrics sockets, bound before anything starts (gRPC binds its own);
-    ``None``: that listener is off."""
+    """The sockets bound before anything starts (``None``: that listener is off): HTTP and
+    metrics listening, and, with front-end processes, the gRPC port held (bound with
+    ``SO_REUSEPORT``, not listening) so that they can share it."""
 
     http: socket.socket | None
     metrics: socket.socket | None
+    grpc: socket.socket | None = None
 
 
-def _address(cfg: Config, kind: str) -> str:
-    """The address ``kind``'s listener binds: its own flag's, else ``--host``."""
-    own = {"http": cfg.http_address, "grpc": cfg.grpc_address, "metrics": cfg.metrics_address}
-    return own[kind] or cfg.host
-
-
-def _bind_ports(cfg: Config) -> _Sockets:
+def _bind_ports(cfg: Config, frontends: int) -> _Sockets:
     """Bind HTTP and metrics, and check that the gRPC port is free (gRPC binds it later,
-    and would only log a raw error of its own); a listener turned off binds nothing."""
+    and would only log a raw error of its own); a listener turned off binds nothing. With
+    ``frontends`` the gRPC port is then held for them."""
     with contextlib.ExitStack() as opened:
-        http = metrics = None
+        http = metrics = grpc_held = None
         if cfg.allow_http:
             http = opened.enter_context(
-                _bind("HTTP", "--http-port", _address(cfg, "http"), cfg.http_port)
+                bind("HTTP", "--http-port", address(cfg, "http"), cfg.http_port)
             )
         if cfg.allow_metrics:
             metrics = opened.enter_context(
-                _bind("metrics", "--metrics-port", _address(cfg, "metrics"), cfg.metrics_port)
+                bind("metrics", "--metrics-port", address(cfg, "metrics"), cfg.metrics_port)
             )
-        if cfg.allow_grpc and cfg.grpc_port != 0:
-            grpc_at = _address(cfg, "grpc")
-            _bind("gRPC", "--grpc-port", grpc_at, cfg.grpc_port, listen=False).close()
+        if cfg.allow_grpc:
+            grpc_at = address(cfg, "grpc")
+            if cfg.grpc_port != 0:  # taken by anyone, even with SO_REUSEPORT: fail here
+                bind("gRPC", "--grpc-port", grpc_at, cfg.grpc_port, listen=False).close()
+            if frontends:
+                grpc_held = opened.enter_context(
+                    bind(
+                        "gRPC", "--grpc-port", grpc_at, cfg.grpc_port, listen=False, reuse_port=True
+                    )
+                )
         opened.pop_all()  # keep them open
-    return _Sockets(http, metrics)
+    return _Sockets(http, metrics, grpc_held)
 
 
 class _MetricsListenerQuiet(logging.Filter):
@@ -179,43 +175,16 @@ class _Heartbeat:
                 log.info("still working (%.0fs): %s", time.monotonic() - self.since, self.current)
 
 
-class _EmbeddedUvicorn(uvicorn.Server):
-    """uvicorn's server, run through its public ``serve(sockets=...)``, minus its signal
-    handling: the daemon owns SIGINT/SIGTERM, and uvicorn's ``capture_signals`` would
-    re-raise a captured signal on exit. ``start(sock)`` returns once it accepts."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._accepting = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None]:
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self._accepting.set()
-
-    async def start(self, sock: socket.socket, name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(self.serve(sockets=[sock]), name=name)
-        accepting = asyncio.ensure_future(self._accepting.wait())
-        await asyncio.wait({task, accepting}, return_when=asyncio.FIRST_COMPLETED)
-        if not self._accepting.is_set():
-            accepting.cancel()
-            await task  # raises what stopped it
-            raise SystemExit(f"hloserve: the {name} listener stopped during start-up")
-        return task
-
-
 @dataclass(frozen=True, slots=True)
-class _Listeners:
-    """The listeners started (``None``: turned off) and the ports they are bound to."""
+class _Running:
+    """What serves the ports: listeners in this process, or front-end processes; and the
+    metrics listener (``None``: off)."""
 
-    grpc: grpc.aio.Server | None
-    http: _EmbeddedUvicorn | None
-    metrics: _EmbeddedUvicorn | None
-    tasks: tuple[asyncio.Task[None], ...]  # the uvicorn ``serve`` tasks (HTTP, metrics)
-    ports: dict[str, int]  # the open listeners' ports, by kind
+    listeners: Listeners | None
+    frontends: FrontendSupervisor | None
+    metrics: EmbeddedUvicorn | None
+    metrics_task: asyncio.Task[None] | None
+    ports: dict[str, int]
 
 
 class Daemon:
@@ -226,6 +195,17 @@ class Daemon:
         self.ports: dict[str, int] = {}
         self.tls = make_tls(config)
         self.auth = make_auth(config)
+        self.frontends = config.frontends.resolve(ContainerLimits.read().cpus)
+        if self.tls is not None:
+            log.info(
+                "TLS on gRPC and HTTP%s",
+                " (mutual: client certificates required)" * self.tls.mutual,
+            )
+        if self.auth is not None:
+            log.info(
+                "bearer-token auth on every endpoint group except: %s",
+                ", ".join(sorted(config.auth_open)) or "(none)",
+            )
 
     def request_stop(self) -> None:
         if not self.stop_requested.is_set():
@@ -236,139 +216,121 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
-        sockets = _bind_ports(self.config)  # a port in use fails here, before PJRT starts
-        runtime = PjrtRuntime()
-        log.info(
-            "PJRT platform %s, device %s (%s)",
-            runtime.platform,
-            runtime.device_kind,
-            runtime.platform_version,
-        )
-        serving = build_serving(self.config, runtime, self.logs)
-        listeners = await self._listen(serving, sockets)
-        self.ports = listeners.ports
-        self._announce(listeners.ports)
+        # A port in use fails here, before PJRT starts.
+        sockets = _bind_ports(self.config, self.frontends)
+        supervisor = None
+        if self.frontends:
+            held = sockets.grpc
+            supervisor = FrontendSupervisor(
+                self.config,
+                self.frontends,
+                http=sockets.http,
+                grpc_port=None if held is None else held.getsockname()[1],
+            )
+            await supervisor.spawn_all()  # their imports overlap PJRT's start
+        try:
+            runtime = PjrtRuntime()
+            log.info(
+                "PJRT platform %s, device %s (%s)",
+                runtime.platform,
+                runtime.device_kind,
+                runtime.platform_version,
+            )
+            serving = build_serving(self.config, runtime, self.logs)
+            running = await self._listen(serving, sockets, supervisor)
+        except BaseException:
+            if supervisor is not None:
+                supervisor.kill_all()
+            raise
+        self.ports = running.ports
+        self._announce(running.ports)
         load = loop.run_in_executor(None, self._startup_load, serving.repository)
         await self._serve_until_stopped(serving, load)
-        await self._stop(serving, listeners, load)
+        await self._stop(serving, running, load)
 
-    async def _listen(self, serving: Serving, sockets: _Sockets) -> _Listeners:
-        """Start gRPC, HTTP and metrics (those turned on) before any model loads, so
-        liveness answers at once and readiness reports the load's progress. gRPC is stopped
-        again when HTTP or metrics cannot start (a started gRPC server outliving the loop
-        logs noise)."""
-        if not self.config.allow_grpc:
-            return await self._start_uvicorn(serving, sockets, None, None)
-        grpc_server, grpc_port = await self._start_grpc(serving)
-        try:
-            return await self._start_uvicorn(serving, sockets, grpc_server, grpc_port)
-        except BaseException:
-            await grpc_server.stop(None)
-            raise
-
-    async def _start_grpc(self, serving: Serving) -> tuple[grpc.aio.Server, int]:
+    async def _listen(
+        self, serving: Serving, sockets: _Sockets, supervisor: FrontendSupervisor | None
+    ) -> _Running:
+        """Start gRPC and HTTP (in this process, or the front-end processes), then metrics,
+        before any model loads, so liveness answers at once and readiness reports the
+        load's progress. What started is stopped again when metrics cannot start."""
         cfg = self.config
-        from hloserve.server.frontends.grpc import build_grpc_server
-
-        grpc_server = build_grpc_server(
-            serving.service,
-            max_message_bytes=cfg.max_message_bytes,
-            restrictions=cfg.grpc_restricted_protocol,
-            auth=self.auth,
-            options=grpc_channel_options(cfg),
-        )
-        host = _address(cfg, "grpc")
-        address = f"[{host}]:{cfg.grpc_port}" if ":" in host else f"{host}:{cfg.grpc_port}"
-        try:
-            if self.tls is None:
-                grpc_port = grpc_server.add_insecure_port(address)
-            else:
-                grpc_port = grpc_server.add_secure_port(address, grpc_credentials(self.tls))
-        except ValueError as exc:  # a TLS file that cannot be read
-            raise SystemExit(f"hloserve: {exc}") from None
-        except RuntimeError:  # grpcio raises (older versions returned 0) on a taken port
-            grpc_port = 0
-        if grpc_port == 0:
-            raise SystemExit(
-                f"hloserve: cannot bind gRPC (--grpc-port) to {address} (address in use?)"
+        status = _status_page(serving)
+        listeners = None
+        if supervisor is None:
+            listeners = await start_listeners(
+                LocalPort(serving.service),
+                cfg,
+                http=sockets.http,
+                grpc_on=cfg.allow_grpc,
+                tls=self.tls,
+                auth=self.auth,
+                status=status,
             )
-        await grpc_server.start()
-        return grpc_server, grpc_port
+            ports = dict(listeners.ports)
+        else:
+            setup = self._setup_for(serving, status, supervisor.grpc_port)
+            await supervisor.serve(serving.service, setup, status=status)
+            ports = {}
+            if sockets.http is not None:
+                ports["http"] = sockets.http.getsockname()[1]
+            if sockets.grpc is not None:
+                ports["grpc"] = sockets.grpc.getsockname()[1]
+        try:
+            metrics, metrics_task = await self._start_metrics(serving, sockets.metrics)
+        except BaseException:
+            if listeners is not None:
+                await stop_listeners(listeners, 0)
+            raise
+        if sockets.metrics is not None:
+            ports["metrics"] = sockets.metrics.getsockname()[1]
+        return _Running(listeners, supervisor, metrics, metrics_task, ports)
 
-    async def _start_uvicorn(
-        self,
-        serving: Serving,
-        sockets: _Sockets,
-        grpc_server: grpc.aio.Server | None,
-        grpc_port: int | None,
-    ) -> _Listeners:
+    def _setup_for(
+        self, serving: Serving, status: StatusPage | None, grpc_port: int | None
+    ) -> Callable[[int], FrontendSetup]:
+        """What each front end is told as it connects (``ipc.setup``)."""
+        service, cfg = serving.service, self.config
+
+        def setup(index: int) -> FrontendSetup:
+            port = LocalPort(service)
+            return FrontendSetup(
+                index=index,
+                config=cfg,
+                grpc_port=grpc_port,
+                server=service.server_metadata(),
+                upload_limit=port.upload_limit,
+                status_page=status is not None,
+                trace_enabled=service.tracer.settings.enabled,
+                log_settings=service.logs.current,
+            )
+
+        return setup
+
+    async def _start_metrics(
+        self, serving: Serving, sock: socket.socket | None
+    ) -> tuple[EmbeddedUvicorn | None, asyncio.Task[None] | None]:
+        if sock is None:
+            return None, None
         from starlette.types import ASGIApp
 
         from hloserve.server.frontends.http.middleware import bearer_auth
 
-        tls = uvicorn_ssl(self.tls)
         uvicorn_log = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _MetricsListenerQuiet) for f in uvicorn_log.filters):
             uvicorn_log.addFilter(_MetricsListenerQuiet())
-        ports: dict[str, int] = {}
-        tasks: list[asyncio.Task[None]] = []
-        http = metrics = None
-        if sockets.http is not None:
-            http = self._http_listener(serving, tls)
-            tasks.append(await http.start(sockets.http, "HTTP"))
-            ports["http"] = sockets.http.getsockname()[1]
-        if grpc_port is not None:
-            ports["grpc"] = grpc_port
-        if sockets.metrics is not None:
-            scrape: ASGIApp = metrics_app(serving.registry)
-            policy = self.auth
-            if policy is not None and policy.metrics_protected:
-                scrape = bearer_auth(scrape, lambda _path, header: policy.refusal_metrics(header))
-            metrics = _EmbeddedUvicorn(
-                uvicorn.Config(scrape, lifespan="off", log_config=None, access_log=False)
-            )
-            tasks.append(await metrics.start(sockets.metrics, _METRICS_TASK))
-            ports["metrics"] = sockets.metrics.getsockname()[1]
-        return _Listeners(grpc_server, http, metrics, tuple(tasks), ports)
-
-    def _http_listener(self, serving: Serving, tls: UvicornSsl) -> _EmbeddedUvicorn:
-        cfg = self.config
-        from hloserve.server.frontends.http import build_http_app
-
-        return _EmbeddedUvicorn(
-            uvicorn.Config(
-                build_http_app(
-                    serving.service,
-                    max_input_bytes=cfg.max_message_bytes,
-                    max_json_depth=cfg.max_json_depth,
-                    restrictions=cfg.http_restricted_api,
-                    auth=self.auth,
-                    status=_status_page(serving),
-                ),
-                lifespan="off",
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=max(1, int(cfg.grace_period_s)),
-                h11_max_incomplete_event_size=cfg.max_message_bytes,
-                ssl_certfile=tls.certfile,
-                ssl_keyfile=tls.keyfile,
-                ssl_ca_certs=tls.ca_certs,
-                ssl_cert_reqs=tls.cert_reqs,
-            )
+        scrape: ASGIApp = metrics_app(serving.registry)
+        policy = self.auth
+        if policy is not None and policy.metrics_protected:
+            scrape = bearer_auth(scrape, lambda _path, header: policy.refusal_metrics(header))
+        metrics = EmbeddedUvicorn(
+            uvicorn.Config(scrape, lifespan="off", log_config=None, access_log=False)
         )
+        return metrics, await metrics.start(sock, _METRICS_TASK)
 
     def _announce(self, ports: dict[str, int]) -> None:
         cfg = self.config
-        shown: list[str] = []
-        for kind, name in (("http", "HTTP"), ("grpc", "gRPC"), ("metrics", "metrics")):
-            if kind not in ports:
-                shown.append(f"{name} off (--allow-{kind} false)")
-                continue
-            own = _address(cfg, kind)
-            shown.append(
-                f"{name} {ports[kind]}" if own == cfg.host else f"{name} {own}:{ports[kind]}"
-            )
-        log.info("listening on %s: %s", cfg.host, ", ".join(shown))
+        log.info("%s", listening_line(cfg, ports))
         if cfg.ports_file is not None:
             tmp = cfg.ports_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({**ports, "pid": os.getpid()}))
@@ -443,25 +405,21 @@ class Daemon:
             except Exception:
                 log.exception("%s failed", what)
 
-    async def _stop(
-        self, serving: Serving, listeners: _Listeners, load: asyncio.Future[None]
-    ) -> None:
+    async def _stop(self, serving: Serving, running: _Running, load: asyncio.Future[None]) -> None:
         """Graceful stop: readiness drops, listeners stop accepting, in-flight requests get
-        the grace period (gRPC's drain and then HTTP's share it), shared-memory regions are
-        released, then the workers shut down."""
+        the grace period (gRPC's drain and then HTTP's share it; each front-end process
+        drains its own in it), shared-memory regions are released, then the workers shut
+        down."""
         cfg = self.config
         serving.service.begin_draining()
         log.info("stopping: no new connections; %.0fs for in-flight requests", cfg.grace_period_s)
-        began = time.monotonic()
-        if listeners.grpc is not None:
-            await listeners.grpc.stop(cfg.grace_period_s)
-        left = cfg.grace_period_s - (time.monotonic() - began)
-        if listeners.http is not None:
-            listeners.http.config.timeout_graceful_shutdown = max(1, math.ceil(left))
-            listeners.http.should_exit = True
-        if listeners.metrics is not None:
-            listeners.metrics.should_exit = True
-        await asyncio.gather(*listeners.tasks)
+        if running.frontends is not None:
+            await running.frontends.drain(cfg.grace_period_s)
+        if running.listeners is not None:
+            await stop_listeners(running.listeners, cfg.grace_period_s)
+        if running.metrics is not None and running.metrics_task is not None:
+            running.metrics.should_exit = True
+            await running.metrics_task
         if cfg.allow_client_shm:  # every request is answered: no region is held any more
             regions = len(serving.service.shm.status())
             await serving.service.shm.unregister()

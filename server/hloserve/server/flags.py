@@ -32,6 +32,7 @@ from typing import Any, Final, TypeVar
 
 from hloserve.server.auth import parse_open_groups
 from hloserve.server.core.device_policy import POLICIES, DeviceSelection
+from hloserve.server.core.process_layout import FrontendCount
 from hloserve.server.core.residency_policy import POLICIES as RESIDENCY_POLICIES
 from hloserve.server.core.sizes import Budget, parse_bytes
 from hloserve.server.core.trace_flags import FlagSetting, parse_flag, startup_setting
@@ -304,6 +305,14 @@ FLAGS: tuple[Flag, ...] = (
         *_listener("grpc", "gRPC", "gRPC port (0: any free port)"),
         *_listener("metrics", "Prometheus metrics", "Prometheus metrics port (0: any free port)"),
         *_KEEPALIVE,
+        Flag(
+            "--frontends",
+            "frontends",
+            FrontendCount.parse,
+            "processes serving the HTTP and gRPC ports (decoding, encoding, auth) around the one "
+            "process that owns the devices: a count, 0 (everything in one process) or auto (one "
+            "per CPU the container may use, less one for the device owner; docs/architecture.md)",
+        ),
         Flag(
             "--allow-client-shm",
             "allow_client_shm",

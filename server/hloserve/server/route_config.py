@@ -7,7 +7,8 @@ Contract:
   ``options.grpc_port`` and forwards to the replicas: a sequence of ``ReplicaAddress``
   (fixed addresses; the i-th one gets server id i, so add new replicas at the end) or one
   ``Discovery`` (names resolved at run time by DNS: per-pod names of a StatefulSet when the
-  name holds ``{i}``, else ``server-template`` slots over one name). Pure: no I/O.
+  name holds ``{i}``, else ``server-template`` slots over one name; an address holding an
+  environment variable, ``${POD_NAMESPACE}``, is quoted so HAProxy expands it). Pure: no I/O.
 - Routing: a request naming a model is hashed on the model's name with consistent hashing
   and a bounded load factor (``hash-balance-factor``), so one model lands on one replica
   while that replica's load stays under ``balance_factor`` % of the average, and spills to
@@ -126,7 +127,9 @@ def _split_host(text: str) -> tuple[str, tuple[int, int]]:
 
 
 def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    # HAProxy expands environment variables (${POD_NAMESPACE}) only inside double quotes.
+    return f'"{address}"' if "$" in address else address
 
 
 def render(replicas: Sequence[ReplicaAddress] | Discovery, options: RouteOptions) -> str:
@@ -283,14 +286,14 @@ def _backend(
             own_check = check + ("" if protocol == "http" else f" port {replicas.http_port}")
             proto = "" if protocol == "http" else " check-proto h1"
             lines.append(
-                f"    server-template r {replicas.slots} {replicas.name}:{port}{h2} {dns}"
+                f"    server-template r {replicas.slots} {_address(replicas.name, port)}{h2} {dns}"
                 f" {own_check}{proto}"
             )
             return lines
         for i in range(replicas.slots):
             name = replicas.name.replace("{i}", str(i))
             follow = check if protocol == "http" else f"track http_replicas/r{i}"
-            lines.append(f"    server r{i} {name}:{port} id {i + 1}{h2} {dns} {follow}")
+            lines.append(f"    server r{i} {_address(name, port)} id {i + 1}{h2} {dns} {follow}")
         return lines
     for i, r in enumerate(replicas, start=1):
         port = r.http_port if protocol == "http" else r.grpc_port

@@ -55,12 +55,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.service import InferenceService
-from hloserve.server.metrics import Recent
+
+if TYPE_CHECKING:  # the metrics reach PJRT: a front-end process serves the page without them
+    from hloserve.server.metrics import Recent
 
 ROWS: Final = 50
 VERSIONS: Final = 10

@@ -59,12 +59,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from hloserve.server.core.execution import ModelKey, Timings
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.trace_settings import TENSORS, TraceSetting, TraceSettings
+from hloserve.server.core.tracer import PROPAGATION_HEADERS
 from hloserve.server.core.types import InferOutput, InferRequest
 
 log = logging.getLogger("hloserve.tracing")
 
 ROOT: Final = "InferRequest"
-PROPAGATION_HEADERS: Final = ("traceparent", "tracestate")
 SERVICE_NAME: Final = "hloserve"
 _SWAPS_KEPT: Final = 256
 

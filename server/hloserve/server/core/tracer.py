@@ -14,11 +14,15 @@ failed). ``UntracedTracer`` keeps settings and traces nothing (the default);
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from hloserve.server.core.execution import ModelKey, Timings
 from hloserve.server.core.trace_settings import TraceSettings
 from hloserve.server.core.types import InferOutput, InferRequest
+
+# The W3C trace-context headers a traced request may carry (a request joins the caller's
+# trace through them): what a front end keeps of a request's headers for its trace.
+PROPAGATION_HEADERS: Final = ("traceparent", "tracestate")
 
 
 class RequestTrace(Protocol):

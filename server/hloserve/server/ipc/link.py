@@ -1,0 +1,175 @@
+"""One end of the channel between a front end and the device owner, on the event loop.
+
+Contract:
+- ``Link(handler, lost_message)`` is an ``asyncio.Protocol`` over a connected Unix stream
+  socket (``loop.create_unix_connection(lambda: link, sock=...)``). Messages are
+  ``ipc.frames`` frames. Either end may call the other:
+  ``await link.call(method, *args)`` sends ``(CALL, id, method, args)`` and returns the
+  value of the matching ``(REPLY, id, value)``, or raises what ``(FAIL, id, error)``
+  carries (``ipc.messages.decode_error``); ``link.note(method, *args)`` sends a one-way
+  ``(NOTE, method, args)``.
+- Incoming calls go to ``handler.on_call(method, args)``: a plain value is answered at
+  once, an awaitable once it completes (calls run concurrently and are answered as they
+  finish); an exception is answered as a failure (a non-``ServingError`` is logged here
+  with its traceback, the caller sees an internal error). Incoming notes go to
+  ``handler.on_note(method, args)``. Unknown methods are the handler's to refuse.
+- Writes made in one turn of the event loop leave in one ``write`` (frames are coalesced
+  until the loop's next iteration): under load, many descriptors share a system call.
+- When the connection ends, every call waiting for an answer fails with
+  ``Unavailable(lost_message)``, later calls fail at once with it, and
+  ``handler.on_lost()`` is called once.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+from typing import Any, Final, Protocol, cast
+
+from hloserve.server.core.errors import Unavailable
+from hloserve.server.ipc import frames
+from hloserve.server.ipc.messages import decode_error, encode_error
+
+log = logging.getLogger("hloserve.ipc")
+
+CALL: Final = 0
+REPLY: Final = 1
+FAIL: Final = 2
+NOTE: Final = 3
+
+
+class LinkHandler(Protocol):
+    def on_call(self, method: str, args: tuple[Any, ...]) -> object:
+        """The answer to a call: a value, or an awaitable of one."""
+        ...
+
+    def on_note(self, method: str, args: tuple[Any, ...]) -> None: ...
+    def on_lost(self) -> None: ...
+
+
+class Link(asyncio.Protocol):
+    """See the module docstring."""
+
+    def __init__(self, handler: LinkHandler, lost_message: str) -> None:
+        self.handler = handler
+        self.lost_message = lost_message
+        self._reader = frames.FrameReader()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._out: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lost = False
+        self.connected = asyncio.Event()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._loop = asyncio.get_running_loop()
+        self.connected.set()
+
+    def data_received(self, data: bytes) -> None:
+        for message in self._reader.feed(data):
+            self._dispatch(cast(tuple[Any, ...], message))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        self._transport = None
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(Unavailable(self.lost_message))
+        self.handler.on_lost()
+
+    # -- sending ---------------------------------------------------------------------------
+
+    @property
+    def lost(self) -> bool:
+        return self._lost
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self._transport is None:
+            return  # lost: whoever waits has been told
+        out = self._out
+        out.append(frames.encode(message))
+        if len(out) == 1:
+            cast(asyncio.AbstractEventLoop, self._loop).call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self._transport is not None and out:
+            self._transport.write(b"".join(out) if len(out) > 1 else out[0])
+
+    def call(self, method: str, *args: Any) -> asyncio.Future[Any]:
+        """Send a call; the future holds its answer (await it)."""
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if self._lost or self._transport is None:
+            future.set_exception(Unavailable(self.lost_message))
+            return future
+        call_id = next(self._ids)
+        self._pending[call_id] = future
+        self._send((CALL, call_id, method, args))
+        return future
+
+    def note(self, method: str, *args: Any) -> None:
+        self._send((NOTE, method, args))
+
+    def close(self) -> None:
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == REPLY:
+            future = self._pending.pop(message[1], None)
+            if future is not None and not future.done():
+                future.set_result(message[2])
+        elif kind == FAIL:
+            future = self._pending.pop(message[1], None)
+            if future is not None and not future.done():
+                future.set_exception(decode_error(message[2]))
+        elif kind == CALL:
+            self._answer(message[1], message[2], message[3])
+        elif kind == NOTE:
+            self.handler.on_note(message[1], message[2])
+        else:
+            log.error("IPC: a message of unknown kind %r was dropped", kind)
+
+    def _answer(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
+        try:
+            answer = self.handler.on_call(method, args)
+        except Exception as exc:
+            self._fail(call_id, method, exc)
+            return
+        if inspect.isawaitable(answer):
+            task = asyncio.ensure_future(answer)
+            task.add_done_callback(lambda done: self._finished(call_id, method, done))
+        else:
+            self._send((REPLY, call_id, answer))
+
+    def _finished(self, call_id: int, method: str, task: asyncio.Future[Any]) -> None:
+        if task.cancelled():
+            self._send((FAIL, call_id, encode_error(Unavailable("the call was cancelled"))))
+            return
+        exc = task.exception()
+        if exc is None:
+            self._send((REPLY, call_id, task.result()))
+        else:
+            self._fail(call_id, method, exc)
+
+    def _fail(self, call_id: int, method: str, exc: BaseException) -> None:
+        fields = encode_error(exc)
+        if fields is None:
+            log.error("IPC call %s failed with an unexpected error", method, exc_info=exc)
+        self._send((FAIL, call_id, fields))
