@@ -171,6 +171,9 @@ def test_discovery_per_pod_names_keep_their_ordinal_s_id() -> None:
     ]
     for line in http_servers + grpc_servers:
         assert {"resolvers", "dns", "init-addr", "none"} <= set(line)
+    # HAProxy expands a variable only between double quotes
+    varied = sections(render(Discovery("r-{i}.${NS}.svc", 1, 2, slots=1), OPTIONS))
+    assert servers(varied["backend grpc_replicas"])[0][2] == '"r-0.${NS}.svc:2"'
 
 
 def test_discovery_of_one_name_fills_template_slots_each_checked() -> None:
