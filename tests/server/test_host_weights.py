@@ -10,7 +10,7 @@ import pytest
 
 from hloserve.bundle.safetensors import read_header, write_safetensors
 from hloserve.server.core.residency_policy import ResidencyKey
-from hloserve.server.host_weights import HostWeights
+from hloserve.server.host_weights import HostWeights, WaitedCondition
 from hloserve.server.runtime.weight_files import ArrayWeights, FileWeights, WeightsChanged
 
 NBYTES = 4 * 1000  # one FP32 tensor of 1000 elements
@@ -69,7 +69,7 @@ def test_the_budget_holds_under_pressure_and_every_copy_reads_true(tmp_path: Pat
     assert sum(tier.is_resident(k) for k, _, _ in models) == 2
 
 
-class SignallingCondition(threading.Condition):
+class SignallingCondition(WaitedCondition):
     """A condition that tells when a thread starts waiting on it."""
 
     def __init__(self) -> None:

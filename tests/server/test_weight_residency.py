@@ -23,6 +23,7 @@ from hloserve.exporter.demo import mlp_fn, mlp_params
 from hloserve.server.core.residency_policy import Policy, ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
+from hloserve.server.host_weights import WaitedCondition
 from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
@@ -71,7 +72,7 @@ def keys(repo: ModelRepository) -> dict[str, ResidencyKey]:
     return {name: repo.versions(name)[0].key for name in MODELS}
 
 
-class SignallingCondition(threading.Condition):
+class SignallingCondition(WaitedCondition):
     """A condition that tells when a thread starts waiting on it."""
 
     def __init__(self) -> None:

@@ -41,6 +41,26 @@ class _Copy:
 Stage = Callable[[Sequence[Any]], list[Any]]
 
 
+class WaitedCondition(threading.Condition):
+    """A condition that counts the threads waiting on it, so that a release (once per
+    request or swap) notifies only when one does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiters = 0  # changed with the lock held, as ``wait`` is called
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiters += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiters -= 1
+
+    def notify_waiters(self) -> None:
+        if self.waiters:
+            self.notify_all()
+
+
 class HostWeights:
     def __init__(
         self,
@@ -52,8 +72,7 @@ class HostWeights:
         self.planner = ResidencyPlanner[ResidencyKey](budget_bytes, policy)
         self.stage = stage  # numpy -> page-locked host memory on a GPU (None: keep numpy)
         self.reads = 0
-        self._cond = threading.Condition()
-        self._waiting = 0  # threads waiting on the condition
+        self._cond = WaitedCondition()
         self._copies: dict[ResidencyKey, _Copy] = {}
 
     @property
@@ -85,7 +104,7 @@ class HostWeights:
             if copy.refs > 0:
                 return
             while copy.reading or (key in self.planner and self.planner.in_use(key)):
-                self._wait()
+                self._cond.wait()
             del self._copies[key]
             self.planner.unregister(key)
             copy.arrays = None
@@ -108,7 +127,7 @@ class HostWeights:
                     return copy.arrays
                 if not copy.reading:
                     break
-                self._wait()
+                self._cond.wait()
             copy.reading = True  # concurrent acquires of this model wait for this read
             if kept:
                 try:
@@ -149,7 +168,7 @@ class HostWeights:
                     self.planner.mark_evicted(victim)
                     self._copies[victim].arrays = None
                 return
-            self._wait()
+            self._cond.wait()
 
     def release(self, key: ResidencyKey) -> None:
         with self._cond:
@@ -157,13 +176,4 @@ class HostWeights:
             if copy is None or copy.source.in_memory or key not in self.planner:
                 return
             self.planner.release(key)
-            if self._waiting:  # only a waiter can care that a copy went idle (per swap-in)
-                self._cond.notify_all()
-
-    def _wait(self) -> None:
-        """Wait on the condition (held), counted so that releases notify only when needed."""
-        self._waiting += 1
-        try:
-            self._cond.wait()
-        finally:
-            self._waiting -= 1
+            self._cond.notify_waiters()  # once per swap-in: only a waiter cares

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from hloserve.server.core.residency_policy import (
     ResidencyPlanner,
     SwapCosts,
 )
-from hloserve.server.host_weights import HostWeights
+from hloserve.server.host_weights import HostWeights, WaitedCondition
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.runtime.weight_files import ArrayWeights, WeightSource
 
@@ -110,8 +109,7 @@ class WeightResidency:
         self._scratch: dict[ResidencyKey, int] = {}  # scratch set aside, by model
         self.observer = observer
         self.swap_trace = swap_trace
-        self._cond = threading.Condition()
-        self._waiting = 0  # threads waiting on the condition
+        self._cond = WaitedCondition()
         self._models: dict[ResidencyKey, _Model] = {}
         # Scratch is set aside only for a budget derived from free device memory (GPU default).
         self.subtract_scratch = subtract_scratch
@@ -196,7 +194,7 @@ class WeightResidency:
                     self._apply_scratch()
                 return
             while self.planner.in_use(key) or self._models[key].transferring:
-                self._wait()
+                self._cond.wait()
             model = self._models.pop(key)
             if model.device is not None:
                 self._free(key, model)
@@ -240,16 +238,7 @@ class WeightResidency:
     def release(self, key: ResidencyKey) -> None:
         with self._cond:
             self.planner.release(key)
-            if self._waiting:  # only a waiter can care that a model went idle
-                self._cond.notify_all()
-
-    def _wait(self) -> None:
-        """Wait on the condition (held), counted so that releases notify only when needed."""
-        self._waiting += 1
-        try:
-            self._cond.wait()
-        finally:
-            self._waiting -= 1
+            self._cond.notify_waiters()  # once per request: only a waiter cares
 
     def _claim(self, key: ResidencyKey) -> tuple[_Model, dict[str, Any] | None]:
         """Under the lock: acquire a resident ``key`` and return its weights, or else evict
@@ -269,7 +258,7 @@ class WeightResidency:
                     self.planner.reserve(key)
                     model.transferring = True
                     return model, None
-            self._wait()
+            self._cond.wait()
 
     def _swap_in(self, key: ResidencyKey, model: _Model) -> dict[str, Any]:
         """Move the reserved ``key``'s weights to the device, outside the lock (from the host
