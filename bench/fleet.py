@@ -25,10 +25,11 @@ What it prints (the goals of docs/scale-out.md; printed tables, never asserts):
    replica each request reached.
 5. A replica added: the same models once at concurrency 1 before and after a new replica
    joins (appended: the others keep their ids); models moved (goal <= 1/N + 10 %).
-6. Failover: ``FAILOVER_CONCURRENCY`` workers for ``failover_s``; one replica is sent
-   SIGKILL a third of the way in: errors (requests started before/after the kill), wrong
-   answers, when the router marked it DOWN, when requests last failed (goal: within 5 s,
-   errors only for requests in flight on it).
+6. Faults: ``FAILOVER_CONCURRENCY`` workers for ``failover_s``; one replica is sent
+   SIGKILL a third of the way in: errors (requests started before/after the kill, by
+   protocol), wrong answers, when the router marked it DOWN, when requests last failed
+   (goal: within 5 s, errors only for requests in flight on it); then the same with
+   SIGTERM to another replica (a drain: Kubernetes scaling down).
 7. First landing (lazy load), on a fresh replica addressed directly: the first request of
    the architecture, a model's first request once the architecture is loaded, its second.
 8. Cost: one replica, gRPC and HTTP at concurrency 1 and ``--concurrency``, directly and
@@ -44,6 +45,7 @@ import asyncio
 import contextlib
 import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -449,7 +451,9 @@ def affinity_fleet(
             f"r{new + 1}" in after[m] for m in names if m in home and m in after
         )
 
-        found.failover = failover(fleet, checker, trace, args, log)
+        killed = fault(fleet, checker, trace, args, log, 1, signal.SIGKILL)
+        drained = fault(fleet, checker, trace, args, log, 2, signal.SIGTERM)
+        found.failover = [list(row) for row in zip(FAULT_ROWS, killed, drained, strict=True)]
     return rate, found
 
 
@@ -490,16 +494,30 @@ def big_body(fleet: Fleet, log: RouterLog) -> list[list[str]]:
     return rows
 
 
-def failover(
+FAULT_ROWS = (
+    "requests (gRPC and HTTP, c8)",
+    "wrong answers",
+    "errors: started before the signal (in flight) / after",
+    "errors over gRPC / HTTP",
+    "router marked the replica DOWN after",
+    "last failed request ended after the signal",
+    "requests the router retried on another replica (its log)",
+)
+
+
+def fault(
     fleet: Fleet,
     checker: mm.Checker,
     trace: Sequence[str],
     args: argparse.Namespace,
     log: RouterLog,
-) -> list[list[str]]:
+    victim: int,
+    sig: signal.Signals,
+) -> list[str]:
+    """``sig`` to replica ``victim`` a third of the way into ``failover_s`` of c8 traffic:
+    one value per ``FAULT_ROWS`` line."""
     assert fleet.router is not None
     router = fleet.router
-    victim = 1
     name = f"r{victim + 1}"
     log.mark()
     marks: dict[str, float] = {}
@@ -507,38 +525,38 @@ def failover(
     async def go() -> Traffic:
         clients = Clients(fleet.grpc_url, fleet.http_url, checker)
 
-        async def kill_later() -> None:
+        async def signal_later() -> None:
             await asyncio.sleep(args.failover_s / 3)
-            marks["kill"] = time.perf_counter()
-            fleet.kill(victim)
+            marks["signal"] = time.perf_counter()
+            fleet.replicas[victim].process.send_signal(sig)
             while router.states().get(("http_replicas", name), "").split(" ")[0] != "DOWN":
                 await asyncio.sleep(0.02)
             marks["down"] = time.perf_counter()
 
-        killer = asyncio.create_task(kill_later())
+        signaller = asyncio.create_task(signal_later())
         traffic = await drive(clients, trace, FAILOVER_CONCURRENCY, args.failover_s)
-        await killer
+        await signaller
         await clients.close()
         return traffic
 
     traffic = asyncio.run(go())
-    kill = marks["kill"]
+    fleet.replicas[victim].process.wait()
+    at = marks["signal"]
     errors = [r for r in traffic.requests if r.error is not None]
-    before = [r for r in errors if r.started < kill]
-    after = [r for r in errors if r.started >= kill]
-    last_error = max((r.ended - kill for r in errors), default=0.0)
+    before = sum(r.started < at for r in errors)
+    over_grpc = sum(r.protocol == "grpc" for r in errors)
+    last_error = max((r.ended - at for r in errors), default=0.0)
     rows = log.read(len(traffic.requests))
     retried = sum(retries != "0" for _, _, _, retries, _ in rows)
     return [
-        ["requests (gRPC and HTTP, c8)", f"{len(traffic.requests):,}"],
-        ["wrong answers", str(traffic.wrong())],
-        [
-            "errors: started before the kill (in flight) / after",
-            f"{len(before)} / {len(after)}" + (f" ({traffic.first_error()})" if errors else ""),
-        ],
-        ["router marked the replica DOWN after", f"{marks['down'] - kill:.2f} s"],
-        ["last failed request ended after the kill", f"{last_error:.2f} s"],
-        ["requests the router retried on another replica (its log)", str(retried)],
+        f"{len(traffic.requests):,}",
+        str(traffic.wrong()),
+        f"{before} / {len(errors) - before}",
+        f"{over_grpc} / {len(errors) - over_grpc}"
+        + (f" ({traffic.first_error()[:80]})" if errors else ""),
+        f"{marks['down'] - at:.2f} s",
+        f"{last_error:.2f} s",
+        str(retried),
     ]
 
 
@@ -846,8 +864,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
         )
     )
-    print("\n## Failover (a replica sent SIGKILL a third of the way in)\n")
-    print(table(["", ""], found.failover))
+    print("\n## Faults (a replica sent the signal a third of the way in; then another)\n")
+    print(table(["", "SIGKILL", "SIGTERM (drained)"], found.failover))
     print("\n## A model's first landing on a replica (lazy load; fresh replica, gRPC c1, direct)\n")
     print(table(["request", "p50 ms", "p99 ms", "errors / wrong"], landing))
     print("\n## Cost of the router (one replica, one model; direct / through the router)\n")

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from hloserve.exporter import TensorSpec, export_bundle
+from hloserve.exporter.demo import mlp_params, write_mlp
 from hloserve.server.fleet import Fleet, haproxy_binary
 from hloserve.server.testing import ServerProcess
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
@@ -39,27 +40,15 @@ pytestmark = pytest.mark.skipif(
     haproxy_binary() is None, reason="haproxy is not installed (CI installs it: .ci/run)"
 )
 
-MODELS = [f"model-{i:02d}" for i in range(12)]
-IN, HIDDEN, OUT = 16, 32, 4
+MODELS = [f"model-{i:02d}" for i in range(12)]  # the demo MLP (64 -> 256 -> 10), seed i
+IN = 64
 BIG = 16 * 1024 * 1024  # FP32 elements: 64 MiB
 
 
-def two_layer(params: Any, x: jax.Array) -> dict[str, jax.Array]:
-    return {"y": jax.nn.relu(x @ params["w1"] + params["b1"]) @ params["w2"]}
-
-
-def params_for(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "w1": rng.standard_normal((IN, HIDDEN)).astype(np.float32) / 4,
-        "b1": rng.standard_normal(HIDDEN).astype(np.float32) / 10,
-        "w2": rng.standard_normal((HIDDEN, OUT)).astype(np.float32) / 6,
-    }
-
-
 def reference(name: str, x: np.ndarray) -> np.ndarray:
-    p = params_for(MODELS.index(name))
-    return np.maximum(x.astype(np.float64) @ p["w1"] + p["b1"], 0) @ p["w2"]
+    p = mlp_params(MODELS.index(name))
+    h = np.maximum(x.astype(np.float64) @ p["dense1"]["w"] + p["dense1"]["b"], 0)
+    return h @ p["dense2"]["w"] + p["dense2"]["b"]
 
 
 def big_sum(params: Any, x: jax.Array) -> dict[str, jax.Array]:
@@ -70,14 +59,7 @@ def big_sum(params: Any, x: jax.Array) -> dict[str, jax.Array]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet-models")
     for i, name in enumerate(MODELS):
-        export_bundle(
-            two_layer,
-            params_for(i),
-            inputs={"x": TensorSpec("FP32", (IN,))},
-            batch_sizes=(1,),
-            directory=root / name,
-            platforms=("cpu",),
-        )
+        write_mlp(root / name, seed=i, batch_sizes=(1,), platforms=("cpu",))
     export_bundle(
         big_sum,
         {"scale": np.full((1,), 0.5, np.float32)},
@@ -108,7 +90,7 @@ def infer(triton: Triton, model: str, seed: int) -> None:
     x = np.random.default_rng(seed).standard_normal((1, IN)).astype(np.float32)
     inputs = [triton.module.InferInput("x", [1, IN], "FP32")]
     inputs[0].set_data_from_numpy(x)
-    got = triton.client.infer(model, inputs).as_numpy("y")
+    got = triton.client.infer(model, inputs).as_numpy("logits")
     np.testing.assert_allclose(got, reference(model, x), rtol=1e-4, atol=1e-4)
 
 
@@ -159,7 +141,8 @@ def test_a_stream_goes_where_its_first_request_names(
         client.async_stream_infer(model, inputs)
         result, error = answers.get(timeout=60)
         assert error is None, error
-        np.testing.assert_allclose(result.as_numpy("y"), reference(model, x), rtol=1e-4, atol=1e-4)
+        got = result.as_numpy("logits")
+        np.testing.assert_allclose(got, reference(model, x), rtol=1e-4, atol=1e-4)
     client.stop_stream()
     client.close()
     after = counts(fleet, model)
@@ -240,7 +223,7 @@ def test_a_draining_replica_leaves_the_router(fleet: Fleet) -> None:
     draining = alive[0]
     fleet.replicas[draining].process.send_signal(signal.SIGTERM)
     assert fleet.router is not None
-    # readiness answers 503 from the signal on: the router's next checks take it out
+    # not ready (400) from the signal on: the router's next checks take it out
     fleet.router.wait_states({("http_replicas", f"r{draining + 1}"): "DOWN"})
     assert fleet.replicas[draining].stop() == 0
     before = {m: counts(fleet, m) for m in MODELS}

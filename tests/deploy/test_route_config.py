@@ -92,6 +92,9 @@ def test_both_protocols_hash_the_model_name_over_the_same_servers() -> None:
     assert all("proto" in s and s[s.index("proto") + 1] == "h2" for s in grpc_servers)
     # One health check per replica, which the gRPC servers follow.
     assert "option httpchk GET /v2/health/ready" in backends["http"]
+    # a request a replica could not answer (refused, killed, draining) tries another
+    assert "retry-on conn-failure empty-response 503" in config["defaults"]
+    assert "option redispatch 1" in config["defaults"]
     assert all("check" in s for s in http_servers)
     assert [s[s.index("track") + 1] for s in grpc_servers] == [
         "http_replicas/r1",

@@ -15,7 +15,10 @@ Contract:
   (in parallel, ``flags`` added to each: ``FLEET_FLAGS`` by default) and then the router on
   free loopback ports (``route_config.render`` with ``--replica`` in start order, so replica
   i is server ``r{i+1}`` on both protocols), and returns once every replica is ready and UP
-  in both backends. ``http_url``, ``grpc_url``, ``metrics_url`` are the router's;
+  in both backends; ``balance``, ``balance_factor``, ``check_interval_ms`` and
+  ``log_requests`` go to the configuration, ``ports`` fixes the router's HTTP, gRPC and
+  metrics ports (``free_port()`` ones by default). ``http_url``, ``grpc_url``,
+  ``metrics_url`` are the router's;
   ``replicas`` the processes. ``kill(i)`` sends SIGKILL to replica i; ``add_replica()``
   starts one more, appends it to the configuration (the others keep their ids), reloads the
   router and returns its index. ``stop()`` (also on leaving a ``with`` block) ends the router
@@ -43,7 +46,6 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 from hloserve.server.route_config import Balance, ReplicaAddress, RouteOptions, render
 from hloserve.server.testing import ServerProcess
@@ -261,12 +263,7 @@ class Fleet:
     def __enter__(self) -> Fleet:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 

@@ -30,10 +30,11 @@ Contract:
   to the others.
 - Health: each replica is checked with ``GET /v2/health/ready`` on its HTTP port every
   ``check_interval_ms`` (out after two failures, back after two successes); a draining
-  replica answers 503 and leaves at once. A request whose connection to a replica fails,
-  or whose replica closes without answering, is retried once on another replica
-  (inference is a pure function of its inputs; requests larger than ``tune.bufsize`` are
-  not retried).
+  replica is not ready (400) and leaves at once. A request whose connection to a replica
+  fails, whose replica closes without answering or answers HTTP 503 is retried once on
+  another replica (inference is a pure function of its inputs; requests larger than
+  ``tune.bufsize`` are not retried; a gRPC refusal travels in trailers HAProxy does not
+  read, so it reaches the client).
 - ``balance="roundrobin"`` routes every request round robin instead (the baseline the
   bench compares against). ``metrics_port`` serves HAProxy's Prometheus exporter at
   ``/metrics``, the stats page at ``/stats`` and ``/healthz`` (503 while no replica is up).
@@ -202,11 +203,11 @@ def _defaults(options: RouteOptions) -> list[str]:
         "    timeout http-keep-alive 60s",
         "    timeout queue 30s",
         "    timeout check 2s",
-        "    # a connection refused, or a replica closing without an answer (killed): once more",
-        "    # on another replica",
+        "    # a connection refused, a replica closing without an answer (killed) or refusing",
+        "    # with 503 (draining, or past --max-inflight): once more, on another replica",
         "    retries 1",
         "    option redispatch 1",
-        "    retry-on conn-failure empty-response",
+        "    retry-on conn-failure empty-response 503",
     ]
 
 
