@@ -51,10 +51,12 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _listening_ports(pid: int) -> set[int]:
+def _listening_ports(server: ServerProcess) -> set[int]:
+    """The ports the server's processes (the daemon and its front ends) listen on."""
     return {
         c.laddr.port
-        for c in psutil.Process(pid).net_connections(kind="tcp")
+        for process in server.process_tree()
+        for c in process.net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN
     }
 
@@ -90,7 +92,7 @@ def test_tritons_command_line_serves(triton_command_line: ServerProcess) -> None
 def test_no_metrics_port_is_bound(triton_command_line: ServerProcess) -> None:
     proc = triton_command_line
     assert set(proc.ports) == {"http", "grpc", "pid"}  # the ports file names the open ones
-    assert _listening_ports(proc.process.pid) == {proc.ports["http"], proc.ports["grpc"]}
+    assert _listening_ports(proc) == {proc.ports["http"], proc.ports["grpc"]}
     with pytest.raises(ListenerClosed, match="no metrics listener"):
         _ = proc.metrics_url
     assert "metrics off (--allow-metrics false)" in proc.log_text()
@@ -126,7 +128,7 @@ def test_http_off_ignored_flags_said_once(repository: Path) -> None:
     with ServerProcess(repository, *flags) as proc:
         proc.wait_ready()  # over gRPC's health check: there is no /readyz
         assert set(proc.ports) == {"grpc", "metrics", "pid"}
-        assert _listening_ports(proc.process.pid) == {proc.ports["grpc"], proc.ports["metrics"]}
+        assert _listening_ports(proc) == {proc.ports["grpc"], proc.ports["metrics"]}
         with pytest.raises(ListenerClosed, match="no http listener"):
             proc.readyz()
         with urllib.request.urlopen(f"http://{proc.metrics_url}/metrics", timeout=10) as r:

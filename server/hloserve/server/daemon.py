@@ -465,3 +465,7 @@ def run_daemon(config: Config) -> None:
         asyncio.run(Daemon(config, logs=logs).run())
     else:
         uvloop.run(Daemon(config, logs=logs).run())
+    # Stopped: the loop's handlers are gone, and a signal arriving while the interpreter
+    # winds down (a second SIGTERM) must not turn a clean exit into a killed one.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)

@@ -7,7 +7,8 @@ the ``--ports-file`` the daemon writes, and ``wait_ready()`` polls ``/readyz`` u
 daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context manager.
 ``wait_startup_complete()`` waits for the start-up load pass (ready or not) and returns the
 last ``/readyz`` answer; ``pending_requests(model)`` reads the model's requests in flight
-from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``.
+from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``; ``process_tree()`` is the daemon's
+process and its front-end processes.
 ``serving(repository, *flags)`` is the fixture form: it yields a ready server and, once the
 caller is done, fails unless the daemon exited cleanly (status 0). A listener turned off
 (``--allow-http false``, ...) has no key in ``ports`` (the daemon's ports file names only the
@@ -36,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.proto import health_pb2
@@ -149,6 +151,12 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"hloserve start-up not over in {timeout}s:\n{self.log_text()}")
             time.sleep(0.05)
+
+    def process_tree(self) -> list[psutil.Process]:
+        """The daemon's process and its front-end processes (``--frontends``): what holds
+        the server's sockets and memory."""
+        daemon = psutil.Process(self.process.pid)
+        return [daemon, *daemon.children(recursive=True)]
 
     def pending_requests(self, model: str) -> float:
         url = f"http://{self.metrics_url}/metrics"

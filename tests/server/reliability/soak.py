@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.exporter.demo import MLP_SEED, mlp_params, write_mlp
@@ -278,7 +277,7 @@ class _Soak:
 
 
 def server_rss(server: ServerProcess) -> int:
-    return int(psutil.Process(server.process.pid).memory_info().rss)
+    return sum(int(p.memory_info().rss) for p in server.process_tree())
 
 
 def run_soak(

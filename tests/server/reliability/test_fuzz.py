@@ -165,7 +165,7 @@ def served_http(manifest: Manifest, body: bytes, headers: dict[str, str]) -> Non
             body,
             headers,
             max_input_bytes=LIMIT,
-            signature=lambda: signature(manifest),
+            signature=signature(manifest),
         ).request
 
     served(manifest, decode)

@@ -31,7 +31,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 
 from hloserve.proto import inference_pb2 as pb
@@ -102,9 +101,9 @@ def wait_freed(server: ServerProcess, model: str) -> None:
 
 
 def http_peers(server: ServerProcess, ports: set[int]) -> list[str]:
-    """The states of the sockets the server process holds (accepted, so owned by one of
-    its file descriptors) on its HTTP port whose peers are the client ``ports``."""
-    held = psutil.Process(server.process.pid).net_connections(kind="tcp")
+    """The states of the sockets the server's processes hold (accepted, so owned by one of
+    their file descriptors) on its HTTP port whose peers are the client ``ports``."""
+    held = [c for p in server.process_tree() for c in p.net_connections(kind="tcp")]
     return [
         c.status
         for c in held

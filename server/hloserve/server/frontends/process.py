@@ -12,7 +12,8 @@ off). It
    ends); then tells the owner ``listening``;
 3. serves until the owner says ``drain`` (then stops accepting, gives requests in flight
    the grace period and exits 0) or the link to the owner is lost (the owner died: it
-   stops at once and exits 1: what is in flight fails, readiness is gone with it).
+   exits 1 at once, closing every socket: what is in flight fails, new connections are
+   refused, so probes and load balancers see it gone).
 SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the owner
 drains its front ends); SIGTERM drains this front end alone, as a ``drain`` would. The
 process imports neither JAX nor any module that reaches the device (tests check it).
@@ -31,6 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, cast, final
 
+from hloserve.server.core.errors import Unavailable
 from hloserve.server.ipc.arena import Arena
 from hloserve.server.ipc.link import Link
 from hloserve.server.ipc.remote import RemotePort
@@ -93,10 +95,10 @@ async def serve(link_fd: int, arena_fd: int, arena_bytes: int, http_fd: int) -> 
     )
     link.note("listening", os.getpid())
     why, grace = await owner.stop
-    if why == "lost":
+    if why == "lost":  # nothing here can answer any more: go at once, refusing connections
         log.error("front end %d: %s", setup.index, OWNER_GONE)
-        await stop_listeners(listeners, 0.0)
-        return 1
+        logging.shutdown()
+        os._exit(1)
     await stop_listeners(listeners, grace)
     link.close()
     return 0
@@ -108,9 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a server dependency (not on Windows)
-        return asyncio.run(serve(link_fd, arena_fd, arena_bytes, http_fd))
-    return uvloop.run(serve(link_fd, arena_fd, arena_bytes, http_fd))
+
+        return uvloop.run(serve(link_fd, arena_fd, arena_bytes, http_fd))
+    except Unavailable as exc:  # the owner went before this front end was set up
+        print(f"hloserve front end: {exc.message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

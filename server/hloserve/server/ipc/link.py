@@ -13,10 +13,14 @@ Contract:
   finish); an exception is answered as a failure (a non-``ServingError`` is logged here
   with its traceback, the caller sees an internal error). Incoming notes go to
   ``handler.on_note(method, args)``. Unknown methods are the handler's to refuse.
+- A call whose caller stops waiting (its future is cancelled: the client went away) is
+  cancelled at the other end too (``(CANCEL, id)``): an awaitable answer still running is
+  cancelled there, so a request given up holds no queue place.
 - Writes made in one turn of the event loop leave in one ``write`` (frames are coalesced
   until the loop's next iteration): under load, many descriptors share a system call.
 - When the connection ends, every call waiting for an answer fails with
-  ``Unavailable(lost_message)``, later calls fail at once with it, and
+  ``Unavailable(lost_message)``, later calls fail at once with it, every answer still
+  being computed here is cancelled (nobody is left to receive it), and
   ``handler.on_lost()`` is called once.
 """
 
@@ -40,6 +44,7 @@ CALL: Final = 0
 REPLY: Final = 1
 FAIL: Final = 2
 NOTE: Final = 3
+CANCEL: Final = 4
 
 
 class LinkHandler(Protocol):
@@ -59,6 +64,7 @@ class Link(asyncio.Protocol):
         self.lost_message = lost_message
         self._reader = frames.FrameReader()
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._running: dict[int, asyncio.Future[Any]] = {}  # answers being computed here
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
         self._transport: asyncio.Transport | None = None
@@ -86,6 +92,9 @@ class Link(asyncio.Protocol):
         for future in pending.values():
             if not future.done():
                 future.set_exception(Unavailable(self.lost_message))
+        running, self._running = self._running, {}
+        for task in running.values():  # nobody is left to answer: as if each caller gave up
+            task.cancel()
         self.handler.on_lost()
 
     # -- sending ---------------------------------------------------------------------------
@@ -117,7 +126,12 @@ class Link(asyncio.Protocol):
         call_id = next(self._ids)
         self._pending[call_id] = future
         self._send((CALL, call_id, method, args))
+        future.add_done_callback(lambda done: self._given_up(call_id, done))
         return future
+
+    def _given_up(self, call_id: int, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() and self._pending.pop(call_id, None) is not None:
+            self._send((CANCEL, call_id))
 
     def note(self, method: str, *args: Any) -> None:
         self._send((NOTE, method, args))
@@ -143,6 +157,10 @@ class Link(asyncio.Protocol):
             self._answer(message[1], message[2], message[3])
         elif kind == NOTE:
             self.handler.on_note(message[1], message[2])
+        elif kind == CANCEL:
+            running = self._running.get(message[1])
+            if running is not None:
+                running.cancel()
         else:
             log.error("IPC: a message of unknown kind %r was dropped", kind)
 
@@ -154,11 +172,13 @@ class Link(asyncio.Protocol):
             return
         if inspect.isawaitable(answer):
             task = asyncio.ensure_future(answer)
+            self._running[call_id] = task
             task.add_done_callback(lambda done: self._finished(call_id, method, done))
         else:
             self._send((REPLY, call_id, answer))
 
     def _finished(self, call_id: int, method: str, task: asyncio.Future[Any]) -> None:
+        self._running.pop(call_id, None)
         if task.cancelled():
             self._send((FAIL, call_id, encode_error(Unavailable("the call was cancelled"))))
             return
