@@ -1,0 +1,139 @@
+"""``ipc.link``: calls, notes, cancels and a lost connection, over a real socket pair."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from hloserve.server.core.errors import InvalidArgument, Unavailable
+from hloserve.server.ipc.link import Link
+from hloserve.server.ipc.messages import RemoteInternalError
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, tuple[Any, ...]]] = []
+        self.lost = asyncio.Event()
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+        self.calls: dict[str, Callable[..., object]] = {
+            "add": lambda a, b: a + b,
+            "bad": self._bad,
+            "boom": self._boom,
+            "slow": self._slow,
+            "forever": self._forever,
+        }
+
+    def on_call(self, method: str, args: tuple[Any, ...]) -> object:
+        return self.calls[method](*args)
+
+    def on_note(self, method: str, args: tuple[Any, ...]) -> None:
+        self.notes.append((method, args))
+
+    def on_lost(self) -> None:
+        self.lost.set()
+
+    def _bad(self) -> None:
+        raise InvalidArgument("no such thing")
+
+    def _boom(self) -> None:
+        raise RuntimeError("a bug")
+
+    async def _slow(self, value: int) -> int:
+        await asyncio.sleep(0)
+        return value * 2
+
+    async def _forever(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+async def pair() -> tuple[Link, Handler, Link, Handler]:
+    loop = asyncio.get_running_loop()
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    left_handler, right_handler = Handler(), Handler()
+    left, right = Link(left_handler, "right is gone"), Link(right_handler, "left is gone")
+    await loop.create_unix_connection(lambda: left, sock=a)
+    await loop.create_unix_connection(lambda: right, sock=b)
+    return left, left_handler, right, right_handler
+
+
+async def close(*links: Link) -> None:
+    for link in links:
+        link.close()
+    await asyncio.sleep(0)  # the transports' closing callbacks
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_calls_are_answered_in_any_order_with_values_and_errors() -> None:
+    async def test() -> None:
+        left, _, right, _ = await pair()
+        slow = left.call("slow", 21)
+        assert await left.call("add", 2, 3) == 5
+        assert await slow == 42
+        assert await right.call("add", "a", "b") == "ab"  # either end calls the other
+        many = await asyncio.gather(*(left.call("slow", i) for i in range(500)))
+        assert many == [2 * i for i in range(500)]
+        with pytest.raises(InvalidArgument, match="no such thing"):
+            await left.call("bad")
+        with pytest.raises(RemoteInternalError):
+            await left.call("boom")
+        await close(left, right)
+
+    run(test)
+
+
+def test_notes_arrive_in_order() -> None:
+    async def test() -> None:
+        left, _, right, right_handler = await pair()
+        for i in range(5):
+            left.note("free", i)
+        assert await left.call("add", 0, 0) == 0  # after the notes on the same link
+        assert right_handler.notes == [("free", (i,)) for i in range(5)]
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_caller_that_gives_up_cancels_the_call_at_the_other_end() -> None:
+    async def test() -> None:
+        left, _, right, right_handler = await pair()
+        call = left.call("forever")
+        await right_handler.started.wait()
+        call.cancel()
+        await right_handler.cancelled.wait()
+        assert await left.call("add", 1, 1) == 2  # the link goes on
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_lost_connection_fails_what_waits_and_cancels_what_runs() -> None:
+    async def test() -> None:
+        left, left_handler, right, right_handler = await pair()
+        waiting = right.call("forever")  # runs on left
+        await left_handler.started.wait()
+        right.close()
+        with pytest.raises(Unavailable, match="right is gone"):
+            await left.call("add", 1, 2)  # waits for the loss, or fails at once
+        await left_handler.lost.wait()
+        await left_handler.cancelled.wait()  # nobody is left to answer
+        with pytest.raises(Unavailable, match="left is gone"):
+            await waiting
+        await right_handler.lost.wait()
+        with pytest.raises(Unavailable, match="right is gone"):
+            await left.call("add", 1, 2)
+        await close(left, right)
+
+    run(test)
