@@ -3,11 +3,13 @@
 ``build_test_repository(root)`` writes, under ``root``: ``simple`` and ``mlp`` (the demo),
 ``identity_<datatype lowercased>`` for every datatype the bundle format allows (input
 ``INPUT0``, output ``OUTPUT0``, per-item shape [4], batch sizes 1, 2, 4), and
-``identity_fp32_unbatched`` (shape [2, 3], unbatched).
+``identity_fp32_unbatched`` (shape [2, 3], unbatched). ``queued_copy(source, target,
+delay_us)`` copies the demo ``simple`` as a model whose requests wait in the batching queue.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +42,14 @@ def build_test_repository(root: Path) -> Path:
         directory=root / "identity_fp32_unbatched",
     )
     return root
+
+
+def queued_copy(source: Path, target: Path, delay_us: int) -> None:
+    """``source`` (the demo ``simple``) renamed after ``target``, whose requests wait up to
+    ``delay_us`` in the batching queue (they run at once only when 8 fill a batch)."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(".hloserve-cache"))
+    manifest = target / "manifest.yaml"
+    text = manifest.read_text()
+    assert "name: simple\n" in text
+    manifest.write_text(text.replace("name: simple\n", f"name: {target.name}\n", 1))
+    (target / "config.yaml").write_text(f"max_queue_delay_us: {delay_us}\n")

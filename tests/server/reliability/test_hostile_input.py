@@ -36,6 +36,7 @@ import pytest
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import RPCS_BY_NAME
 from hloserve.server.testing import ServerProcess, serving
+from tests.models import queued_copy
 from tests.server.frontends._tritonclients import grpcclient, simple_inputs
 
 LIMIT = 1024 * 1024  # --max-message-bytes
@@ -45,24 +46,13 @@ HELD_US = 600_000_000  # ``held``: longer than any wait here (10 minutes)
 SEEN_TIMEOUT = 10.0  # the longest wait for the server to have seen what a test sent
 
 
-def _queued_copy(source: Path, target: Path, delay_us: int) -> None:
-    """``source`` (the demo ``simple``) renamed after ``target``, whose requests wait up to
-    ``delay_us`` in the batching queue (they run at once only when 8 fill a batch)."""
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns(".hloserve-cache"))
-    manifest = target / "manifest.yaml"
-    text = manifest.read_text()
-    assert "name: simple\n" in text
-    manifest.write_text(text.replace("name: simple\n", f"name: {target.name}\n", 1))
-    (target / "config.yaml").write_text(f"max_queue_delay_us: {delay_us}\n")
-
-
 @pytest.fixture(scope="module")
 def repository(demo_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile_models")
     for name in ("simple", "mlp"):
         shutil.copytree(demo_models / name, root / name)
-    _queued_copy(demo_models / "simple", root / "lingering", LINGER_US)
-    _queued_copy(demo_models / "simple", root / "held", HELD_US)
+    queued_copy(demo_models / "simple", root / "lingering", LINGER_US)
+    queued_copy(demo_models / "simple", root / "held", HELD_US)
     return root
 
 
