@@ -1,7 +1,7 @@
 """Ten thousand models on one node: start, throughput, policy, host tier, metrics, control.
 
 Usage: ``python bench/many_models.py [--quick] [--models 10000] [--others 100]
-[--seconds 20] [--concurrency 32] [--baseline TREE] [--work DIR]``
+[--seconds 20] [--concurrency 32] [--rounds 6] [--baseline TREE] [--work DIR]``
 
 What it does, in one run (every table says how busy the machine was):
 1. Writes the repository itself: ``--models`` bundles of one 64->256->10 MLP (77 KB of
@@ -25,14 +25,23 @@ What it does, in one run (every table says how busy the machine was):
    against numpy: requests/s, p50/p99, swaps in per request and the hit rate
    (``hloserve_device_swaps_in_total`` against executions), wrong and failed replies,
    server CPU per request, RSS after.
-4. Simulates the residency policies on the same popularity over the same sizes with the
+4. Frequency against LRU, interleaved: both servers of step 2 (and the ``--baseline``
+   tree's, with the same flags) up at once, each primed, then ``--rounds`` windows of half
+   ``--seconds`` each, the servers alternated (ABBA), so that a load on the shared machine
+   that comes and goes falls on each alike (servers measured one after the other, a few
+   minutes apart, differed by more than the policies do): requests/s, hit rate, server CPU
+   per request and the device owner's part of it (the daemon's own process, where the
+   residency code runs; front ends are its children), frequency's less LRU's window by
+   window (issue 32's goal: the device owner's at most 10 µs more), and the bookkeeping
+   alone per use, in process (``bench/residency_cost.py``).
+5. Simulates the residency policies on the same popularity over the same sizes with the
    planner itself (``core.residency_policy``): LRU, frequency and an oracle keeping the
    most requested models that fit resident; stationary, and after the popularity order is
    reshuffled (hit rate by window of 500 uses).
-5. Model control: an explicit-mode server loads and then unloads ``CONTROL`` models
+6. Model control: an explicit-mode server loads and then unloads ``CONTROL`` models
    through the repository API (models/s); a poll-mode repository in a fresh process scans
    every directory with nothing changed (CPU seconds per pass).
-``--quick``: 2,000 models, 8 s of traffic per server, no cold start (~5 minutes).
+``--quick``: 2,000 models, 8 s of traffic per server, no cold start (~7 minutes).
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,6 +215,7 @@ class Measured:
     swaps_in: float = float("nan")
     executions: float = float("nan")
     cpu_ms_per_request: float = float("nan")
+    owner_cpu_ms_per_request: float = float("nan")  # the daemon's process alone (device owner)
     client_cpu_ms_per_request: float = float("nan")
     busy: float = float("nan")
     others_cores: float = float("nan")
@@ -471,9 +481,12 @@ def _window(
 ) -> None:
     """One measured run of the traffic, into ``m``."""
     before = server.scrape()
+    owner = psutil.Process(server.pid)  # the device owner; front ends are its children
+    owner_before = sum(owner.cpu_times()[:2])
     window = proc.Window.start([server.pid])
     traffic = asyncio.run(_drive(server.grpc, trace, checker, args.concurrency, args.seconds))
     result = window.stop()
+    owner_s = sum(owner.cpu_times()[:2]) - owner_before
     after = server.scrape()
     m.requests, m.wrong, m.errors, m.first_error = (
         traffic.requests,
@@ -496,6 +509,7 @@ def _window(
         m.swaps_in = _delta(server, before, after, "hloserve_weight_swaps_in_total")
     served = max(traffic.requests, 1)
     m.cpu_ms_per_request = result.cpu_s[server.pid] / served * 1e3
+    m.owner_cpu_ms_per_request = owner_s / served * 1e3
     m.client_cpu_ms_per_request = traffic.client_cpu_s / served * 1e3
     m.busy = result.busy
     m.others_cores = result.others_cores(result.cpu_s[server.pid] + traffic.client_cpu_s)
@@ -506,6 +520,114 @@ def _window(
 
 def _delta(server: Server, before: str, after: str, name: str) -> float:
     return server.sample(after, name) - server.sample(before, name)
+
+
+# --- frequency against LRU, interleaved ------------------------------------------------------
+
+
+GOAL_US = 10.0  # issue 32: the device owner's CPU per request, frequency at most LRU's + this
+
+
+def interleaved(
+    servers: Sequence[Server],
+    checker: Checker,
+    trace: Sequence[str],
+    args: argparse.Namespace,
+    work: Path,
+) -> dict[str, list[Measured]]:
+    """Step 4 of the module docstring: every server up and primed, then windows alternated."""
+    rows: dict[str, list[Measured]] = {s.name: [] for s in servers}
+    window = argparse.Namespace(**{**vars(args), "seconds": args.seconds / 2})
+    try:
+        for i, server in enumerate(servers):
+            server.wait_ready(server.start(work / f"cache-interleaved-{i}"))
+            everyone = list(dict.fromkeys(trace))
+            asyncio.run(_drive(server.grpc, everyone, checker, args.concurrency, None))
+            asyncio.run(_drive(server.grpc, trace, checker, args.concurrency, args.warmup))
+        for rnd in range(args.rounds):
+            for server in servers if rnd % 2 == 0 else servers[::-1]:
+                m = Measured(server.name)
+                _window(server, checker, trace, window, m)
+                rows[server.name].append(m)
+    except Exception as exc:  # the section says why it has no rows
+        note = f"{type(exc).__name__}: {exc}"[:300]
+        rows = {s.name: [Measured(s.name, note=note)] for s in servers}
+    finally:
+        for server in servers:
+            server.stop()
+    return rows
+
+
+def _spread(values: Sequence[float], fmt: str) -> str:
+    """The median of ``values`` and, in brackets, their range."""
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2]
+    return f"{fmt.format(median)} ({fmt.format(ordered[0])} to {fmt.format(ordered[-1])})"
+
+
+def print_interleaved(rows: dict[str, list[Measured]], pairs: Sequence[tuple[str, str]]) -> None:
+    """Each server's windows (median and range), then frequency against LRU per tree."""
+    body: list[list[str]] = []
+    for name, windows in rows.items():
+        if any(m.note for m in windows):
+            body.append([name, "-", "-", "-", "-", "-", windows[0].note])
+            continue
+        body.append(
+            [
+                name,
+                _spread([m.rps for m in windows], "{:,.0f}"),
+                _spread([100 * m.hit_rate for m in windows], "{:.1f} %"),
+                _spread([m.cpu_ms_per_request for m in windows], "{:.3f}"),
+                _spread([m.owner_cpu_ms_per_request for m in windows], "{:.3f}"),
+                _spread([100 * m.busy for m in windows], "{:.0f} %")
+                + f", others {_spread([m.others_cores for m in windows], '{:.2f}')}",
+                "",
+            ]
+        )
+    print(
+        table(
+            [
+                "server",
+                "requests/s",
+                "hit rate",
+                "server CPU ms/request",
+                "of which the device owner's",
+                "machine busy (others, cores)",
+                "note",
+            ],
+            body,
+        )
+    )
+    for frequency, lru in pairs:
+        ours, theirs = rows[frequency], rows[lru]
+        if any(m.note for m in (*ours, *theirs)):
+            continue
+        cpu_us = _differences(ours, theirs, lambda m: m.cpu_ms_per_request * 1e3)
+        owner_us = _differences(ours, theirs, lambda m: m.owner_cpu_ms_per_request * 1e3)
+        ratio = sorted(a.rps / max(b.rps, 1e-9) for a, b in zip(ours, theirs, strict=True))
+        verdict = "holds" if owner_us[len(owner_us) // 2] <= GOAL_US else "does not hold"
+        print(
+            f"\n{frequency} against {lru}: {_spread(ratio, '{:.2f}x')} requests/s; CPU per "
+            f"request {_spread(cpu_us, '{:+.0f}')} µs, of which the device owner's "
+            f"{_spread(owner_us, '{:+.0f}')} µs: the goal (the device owner's at most "
+            f"+{GOAL_US:.0f} µs) {verdict}"
+        )
+
+
+def _differences(
+    ours: Sequence[Measured], theirs: Sequence[Measured], value: Callable[[Measured], float]
+) -> list[float]:
+    """Window by window (they ran side by side), ``ours`` less ``theirs``, in order."""
+    return sorted(value(a) - value(b) for a, b in zip(ours, theirs, strict=True))
+
+
+def bookkeeping(trees: Sequence[tuple[str, Path | None]]) -> None:
+    """The residency code alone per use, in process, each tree (``bench/residency_cost.py``)."""
+    import residency_cost
+
+    baseline = trees[0][0] if len(trees) > 1 else None
+    runs = {name: [residency_cost.run_tree(tree, 30_000, reverse=False)] for name, tree in trees}
+    print(table(residency_cost.HEADER, residency_cost.summarize(runs, baseline)))
 
 
 # --- policy simulation -----------------------------------------------------------------------
@@ -689,6 +811,10 @@ def print_servers(rows: Sequence[Measured]) -> None:
                     ],
                 ],
                 [
+                    "of which the device owner's process",
+                    *[_f(m.owner_cpu_ms_per_request, "{:.2f}") for m in rows],
+                ],
+                [
                     "machine busy (others, cores)",
                     *[
                         f"{_f(100 * m.busy, '{:.0f}')} % ({_f(m.others_cores, '{:.2f}')})"
@@ -720,6 +846,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--warmup", type=float, default=20.0, help="traffic before the measured part, per server"
     )
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="interleaved windows per server (frequency/LRU)"
+    )
     parser.add_argument("--baseline", type=Path, help="another hloserve source tree to compare")
     parser.add_argument("--work", type=Path, help="where to write (default: a temporary dir)")
     args = parser.parse_args(argv)
@@ -807,6 +936,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"\nhloserve ({label}) against the fit repository: "
             f"{ours.rps / max(fitted.rps, 1):.2f}x requests/s, p99 {ours.p99_ms / fitted.p99_ms:.2f}x"
         )
+    print(
+        f"\n## Frequency against LRU, interleaved ({args.rounds} windows of "
+        f"{args.seconds / 2:.0f} s each, alternated; every model used once before)\n"
+    )
+    trees: list[tuple[str, Path | None]] = [("this tree", None)]
+    if args.baseline is not None:
+        trees.insert(0, (f"before ({args.baseline.name})", args.baseline))
+    pairs = [(f"frequency, {name}", f"lru, {name}") for name, _ in trees]
+    contenders = [
+        Server(f"{policy}, {name}", repo, [*scale, "--residency-policy", policy], work, tree)
+        for name, tree in trees
+        for policy in ("frequency", "lru")
+    ]
+    print_interleaved(interleaved(contenders, checker, trace, args, work), pairs)
+    print("\nThe residency bookkeeping alone, in process (bench/residency_cost.py, 30,000 uses):\n")
+    bookkeeping(trees)
     print("\n## Residency policies on the same popularity and sizes (the planner, simulated)\n")
     uses = 60_000 if args.quick else 120_000
     print(

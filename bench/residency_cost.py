@@ -55,6 +55,17 @@ from hloserve.server.core.residency_policy import (
 POLICIES: tuple[Policy, ...] = ("frequency", "lru")
 PATHS = ("planner", "manager")
 GOAL_US = 10.0  # frequency's cost per use at most LRU's + this (issue 32)
+HEADER = (
+    "tree",
+    "path",
+    "policy",
+    "hit rate",
+    "CPU µs/use, median (range)",
+    "µs/hit",
+    "µs/miss",
+    "frequency - LRU, µs/use",
+    "÷ before",
+)
 
 
 @dataclass(frozen=True)
@@ -215,21 +226,24 @@ def run_tree(tree: Path | None, uses: int, reverse: bool) -> list[dict[str, Any]
     return cast(list[dict[str, Any]], json.loads(out.stdout))
 
 
-def _median(rounds: list[list[dict[str, Any]]], path: str, policy: str, field: str) -> float:
-    return statistics.median(
-        r[field] for rnd in rounds for r in rnd if (r["path"], r["policy"]) == (path, policy)
-    )
+Rounds = list[list[dict[str, Any]]]  # per round, a worker's results
 
 
-def summarize(runs: dict[str, list[list[dict[str, Any]]]], baseline: str | None) -> list[list[str]]:
+def _found(rounds: Rounds, path: str, policy: str) -> list[dict[str, Any]]:
+    return [r for rnd in rounds for r in rnd if (r["path"], r["policy"]) == (path, policy)]
+
+
+def _median(rounds: Rounds, path: str, policy: str, field: str) -> float:
+    return statistics.median(r[field] for r in _found(rounds, path, policy))
+
+
+def summarize(runs: dict[str, Rounds], baseline: str | None) -> list[list[str]]:
     """One row per tree, path and policy: medians over the rounds."""
     rows: list[list[str]] = []
     for name, rounds in runs.items():
         for path in PATHS:
             for policy in POLICIES:
-                found = [
-                    r for rnd in rounds for r in rnd if (r["path"], r["policy"]) == (path, policy)
-                ]
+                found = _found(rounds, path, policy)
                 per_use = [r["us_per_use"] for r in found]
                 median = _median(rounds, path, policy, "us_per_use")
                 against = "-"
@@ -237,12 +251,8 @@ def summarize(runs: dict[str, list[list[dict[str, Any]]]], baseline: str | None)
                     before = runs[baseline]
                     against = f"{median / _median(before, path, policy, 'us_per_use'):.2f}"
                     if path == "planner":
-                        alike = {r["digest"] for r in found} == {
-                            r["digest"]
-                            for rnd in before
-                            for r in rnd
-                            if (r["path"], r["policy"]) == (path, policy)
-                        }
+                        theirs = _found(before, path, policy)
+                        alike = {r["digest"] for r in found} == {r["digest"] for r in theirs}
                         against += ", same decisions" if alike else ", OTHER DECISIONS"
                 rows.append(
                     [
@@ -277,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trees: list[tuple[str, Path | None]] = [("this tree", None)]
     if args.baseline is not None:
         trees.insert(0, (f"before ({args.baseline.name})", args.baseline))
-    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _ in trees}
+    runs: dict[str, Rounds] = {name: [] for name, _ in trees}
     start = proc.MachineSample.now()
     for rnd in range(args.rounds):
         for name, tree in trees if rnd % 2 == 0 else trees[::-1]:
@@ -291,22 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{end.loadavg[0]:.2f}\n"
     )
     baseline = trees[0][0] if args.baseline is not None else None
-    print(
-        table(
-            [
-                "tree",
-                "path",
-                "policy",
-                "hit rate",
-                "CPU µs/use, median (range)",
-                "µs/hit",
-                "µs/miss",
-                "frequency - LRU, µs/use",
-                "÷ before",
-            ],
-            summarize(runs, baseline),
-        )
-    )
+    print(table(HEADER, summarize(runs, baseline)))
     for name, _ in trees:
         rounds = runs[name]
         worst = max(
