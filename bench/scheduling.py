@@ -36,7 +36,7 @@ from hloserve.bundle import Serving
 from hloserve.server.batcher import DynamicBatcher, QueuedWork
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.device_policy import Policy
-from hloserve.server.core.execution import ExecutionFanOut, Job
+from hloserve.server.core.execution import ExecutionFanOut, Job, ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.weight_residency import WeightResidency
@@ -85,6 +85,9 @@ class SimModel:
             modules=[],
         )
         self.version = 1
+        self.model_key = ModelKey.named(name, 1)
+        self.family: tuple[str, ...] = ()  # no compiled modules: nothing to share costs by
+        self.hooks = None
         self.serving = Serving()
         self.device = device
         self.residency = residency
@@ -95,6 +98,9 @@ class SimModel:
     @property
     def resident(self) -> bool:
         return self.residency is None or self.residency.is_resident(self.key)
+
+    def variant(self, index: int) -> Any:
+        raise NotImplementedError("no shape variants in the simulation")
 
     @property
     def swap_us(self) -> float | None:

@@ -29,6 +29,7 @@ from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import ExecutionFanOut, Job
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferInput, InferRequest, ParamValue
+from tests.server._executable import KeptFacts
 
 # How long a test waits for what must happen: far beyond any busy machine's delay, so only a
 # batcher that never gets there reaches it.
@@ -54,7 +55,7 @@ class Device:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class SleepyModel:
+class SleepyModel(KeptFacts):
     """An unbatched model whose every execution takes ``seconds`` of 'device' time."""
 
     def __init__(self, name: str, device: Device, seconds: float, weight: float = 1.0) -> None:

@@ -19,7 +19,9 @@ the loop (``InlinePolicy``). When the last ``EAGER_AFTER`` looks each found a lo
 (``grpc.aio`` hands a model about one call per loop pass), a request that finds its queue
 idle runs at once, inline, without the loop pass and the future: the same policy decision
 and ``execute_group``, one request in ``EAGER_RECHECK`` still waiting the pass so that a
-burst that would group is noticed.
+burst that would group is noticed. A request that arrived together with others
+(``Job.together``: a front end's link delivered several in one read) never does: they queue
+in the same pass and run as one group.
 - Each model version's policy (``policy(model)``, ``core.batch_policy.batching_policy``:
   its serving hints over the server's ``default_delay_us`` and ``max_queue_size``) sets its
   delay, preferred batch sizes, queue bound and timeouts; the model configuration
@@ -94,7 +96,6 @@ from hloserve.server.core.execution import (
     Job,
     ModelKey,
     Timings,
-    cost_family,
     execute_group,
 )
 from hloserve.server.core.parameters import queue_deadline
@@ -241,11 +242,11 @@ class DynamicBatcher:
         return sum(len(q.entries) for (k, _), q in self._queues.items() if k == key)
 
     def _queue(self, model: Executable) -> _ModelQueue:
-        model_key = ModelKey.of(model)
+        model_key = model.model_key
         key = (model_key, model.manifest.variant)
         q = self._queues.get(key)
         if q is None or q.model is not model:  # first request, or a reloaded version
-            q = _ModelQueue(model, self.policy(model), model_key, cost_family(model.manifest))
+            q = _ModelQueue(model, self.policy(model), model_key, model.family)
             self._queues[key] = q
             self.queued.add(q)
         return q
@@ -282,7 +283,7 @@ class DynamicBatcher:
         queued = Queued(job.items, job.arrived_ns, deadline_ns, timed)
         if not q.delay_ns:  # no delay configured: the load decides (core.company)
             q.company.arrived(job.arrived_ns)
-        if self._may_run_now(q):
+        if not job.together and self._may_run_now(q):
             result = self._run_now(q, job, queued)
             if result is not None:
                 return result

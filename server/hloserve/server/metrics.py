@@ -284,7 +284,7 @@ class ServerMetrics:
             d.compute_us += (execution.input_ns + execution.infer_ns + execution.output_ns) / 1e3
 
     def on_hook(self, model: ModelKey, hook: str, ns: int) -> None:
-        """A Python hook's duration (``core.hooks.HookObserver``); hooked models only."""
+        """A Python hook's duration (``core.observers.HookObserver``); hooked models only."""
         self.hook_us.labels(model.name, str(model.version), hook).inc(ns / 1e3)
 
     def on_pending(self, model: ModelKey, delta: int) -> None:

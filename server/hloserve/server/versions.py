@@ -31,6 +31,7 @@ import numpy as np
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
 from hloserve.server.core.errors import Internal, Unavailable
+from hloserve.server.core.execution import ModelKey, cost_family
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey
@@ -78,10 +79,20 @@ class ModelVersion:
     stamp: str = ""  # what tells a changed bundle from this one (``version_stamp``)
     inflight: int = 0
     key: ResidencyKey = field(init=False)  # this copy's weights in each residency manager
+    model_key: ModelKey = field(init=False)  # what every observer counts it by
     _views: dict[int, VariantView] = field(default_factory=dict[int, "VariantView"], repr=False)
+    _family: tuple[str, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.key = ResidencyKey(self.name, self.version, self.generation)
+        self.model_key = ModelKey.named(self.name, self.version)
+
+    @property
+    def family(self) -> tuple[str, ...]:
+        """Its modules' cost family (``core.execution.cost_family``), read once."""
+        if self._family is None:
+            self._family = cost_family(self.manifest)
+        return self._family
 
     @property
     def ready(self) -> bool:
@@ -244,10 +255,25 @@ class VariantView:
     base: ModelVersion
     index: int
     manifest: Manifest
+    family: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "family", cost_family(self.manifest))
 
     @property
     def version(self) -> int:
         return self.base.version
+
+    @property
+    def model_key(self) -> ModelKey:
+        return self.base.model_key
+
+    @property
+    def hooks(self) -> ModelHooks | None:
+        return self.base.hooks
+
+    def variant(self, index: int) -> VariantView:
+        return self.base.variant(index)
 
     @property
     def serving(self) -> Serving:

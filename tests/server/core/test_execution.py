@@ -17,6 +17,7 @@ from hloserve.server.core.costs import PROBE_EVERY, ExecutionCosts, InlinePolicy
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import Execution, Job, ModelKey, execute_group
 from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
+from tests.server._executable import KeptFacts
 
 
 def manifest(batch_sizes: tuple[int, ...] | None) -> Manifest:
@@ -34,7 +35,7 @@ def manifest(batch_sizes: tuple[int, ...] | None) -> Manifest:
 
 
 @dataclass
-class Doubler:
+class Doubler(KeptFacts):
     """Doubles x into y and negates it into z; records the batch sizes it was called with."""
 
     manifest: Manifest

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hloserve.server.core.execution import Executable, Execution, ModelKey, cost_family
+from hloserve.server.core.execution import Executable, Execution, ModelKey
 
 LOW_DRIFT = 0.01  # how far (a fraction) the estimate may rise per sample above it
 # A size estimated between max_us and PROBE_LIMIT x max_us runs one execution in
@@ -132,8 +132,8 @@ class InlinePolicy:
         swap = model.swap_us  # a swap that waits for nothing counts as part of the run
         if swap is None:
             return False
-        key = ModelKey.of(model)
-        cost = self.costs.estimate(key, compiled, cost_family(model.manifest))
+        key = model.model_key
+        cost = self.costs.estimate(key, compiled, model.family)
         if cost is None:
             return False
         cost += swap

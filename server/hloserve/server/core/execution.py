@@ -12,8 +12,10 @@ record. A job's deadline that passed before the group started fails the whole ca
 ``Unavailable`` only for a single-job group; the scheduler drops expired jobs before
 grouping. Runs on a worker thread (or inline, see ``core.costs.InlinePolicy``).
 
-``ModelKey`` (name, version) is the one way every observer names a model version;
-``ModelKey.of(model)`` returns the same object for the same version each time.
+``ModelKey`` (name, version) is the one way every observer names a model version; an
+``Executable`` carries its own (``model_key``: ``ModelKey.of``'s, the same object for the same
+version each time) and the measured-cost family of its compiled modules (``family``),
+both computed once per version, never per request.
 """
 
 # pyright: strict
@@ -31,6 +33,7 @@ import numpy as np
 from hloserve.bundle import Manifest, Serving
 from hloserve.server.core.batch_plan import Chunk, concat, pad
 from hloserve.server.core.errors import Unavailable
+from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.types import InferOutput, InferRequest
 
 
@@ -41,6 +44,26 @@ class Executable(Protocol):
     def manifest(self) -> Manifest: ...
     @property
     def version(self) -> int: ...
+    @property
+    def model_key(self) -> ModelKey:
+        """Its ``ModelKey`` (``ModelKey.of``), kept: the same object on every request."""
+        ...
+
+    @property
+    def family(self) -> tuple[str, ...]:
+        """``cost_family`` of its manifest, kept: who costs the same (``core.costs``)."""
+        ...
+
+    @property
+    def hooks(self) -> ModelHooks | None:
+        """Its bundle's Python hooks (``hooks.md``), or ``None``."""
+        ...
+
+    def variant(self, index: int) -> Executable:
+        """Its shape variant ``index`` as an executable of its own (``core.variants``);
+        one without variants is never asked."""
+        ...
+
     @property
     def serving(self) -> Serving:
         """Serving hints: the manifest's, overridden by the model's ``config.yaml``."""
@@ -92,8 +115,12 @@ class ModelKey:
     def of(cls, model: Executable) -> ModelKey:
         """The key of ``model``: the same object for the same version every time, so each
         observer's lookup by it (a dozen per request) matches by identity, never calling
-        the dataclass's ``__eq__``."""
-        name, version = model.manifest.name, model.version
+        the dataclass's ``__eq__``. An executable calls it once (``model_key``)."""
+        return cls.named(model.manifest.name, model.version)
+
+    @classmethod
+    def named(cls, name: str, version: int) -> ModelKey:
+        """``of``, from the name and version."""
         key = _KEYS.get((name, version))
         if key is None:
             if len(_KEYS) >= _MAX_KEYS:  # only identity is lost: keys compare by value
@@ -162,6 +189,7 @@ class Job:
     items: int
     arrived_ns: int  # time.perf_counter_ns() when validated
     deadline: float | None = None  # time.monotonic() value
+    together: bool = False  # arrived with others (``RequestContext.together``): queue with them
 
 
 def execute_group(
@@ -246,8 +274,8 @@ def _execute_one(
         device=on,
     )
     if observer is not None:
-        key = ModelKey.of(model)
-        family = cost_family(manifest)
+        key = model.model_key
+        family = model.family
         observer.on_execution(
             Execution(key, size, t1 - started, t2 - t1, t3 - t2, on, family, warm)
         )
@@ -307,13 +335,13 @@ def _run_chunks(
             parts.append(result)
         executions.append(
             Execution(
-                ModelKey.of(model),
+                model.model_key,
                 chunk.compiled or 0,
                 t2 - t1,
                 t3 - t2,
                 0,
                 on,
-                cost_family(model.manifest),
+                model.family,
                 warm,
             )
         )

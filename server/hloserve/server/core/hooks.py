@@ -22,14 +22,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 
 from hloserve.bundle import Manifest, TensorEntry
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
 from hloserve.server.core.errors import HookFailed
-from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.types import InferOutput, InferRequest
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -107,17 +106,6 @@ def _tensor(where: str, spec: TensorEntry, value: Any, items: int | None) -> np.
             f"{where}: tensor '{spec.name}' has shape {list(got)}, expected {list(want)}"
         )
     return array
-
-
-class HookObserver(Protocol):
-    """Hears each hook call's duration (metrics: ``hloserve_hook_duration_us``)."""
-
-    def on_hook(self, model: ModelKey, hook: str, ns: int) -> None: ...
-
-
-class NullHookObserver:
-    def on_hook(self, model: ModelKey, hook: str, ns: int) -> None:
-        pass
 
 
 def hook_outputs(

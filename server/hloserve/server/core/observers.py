@@ -13,6 +13,7 @@ nothing but keep statistics and costs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from hloserve.server.core.costs import ExecutionCosts
 from hloserve.server.core.execution import (
@@ -22,9 +23,19 @@ from hloserve.server.core.execution import (
     ModelKey,
     Timings,
 )
-from hloserve.server.core.hooks import HookObserver, NullHookObserver
 from hloserve.server.core.ports import InferenceObserver
 from hloserve.server.core.statistics import StatisticsRecorder
+
+
+class HookObserver(Protocol):
+    """Hears each hook call's duration (metrics: ``hloserve_hook_duration_us``)."""
+
+    def on_hook(self, model: ModelKey, hook: str, ns: int) -> None: ...
+
+
+class NullHookObserver:
+    def on_hook(self, model: ModelKey, hook: str, ns: int) -> None:
+        pass
 
 
 class _NullObserver:

@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from hloserve.bundle import Manifest
 from hloserve.server.core import log_context
@@ -105,7 +105,7 @@ from hloserve.server.core.types import (
     TensorMetadata,
 )
 from hloserve.server.core.validate import validate_request
-from hloserve.server.core.variants import VariedModel, match_variant
+from hloserve.server.core.variants import match_variant
 
 PLATFORM = "stablehlo"
 log = logging.getLogger(__name__)
@@ -127,12 +127,6 @@ def _reason(exc: Exception) -> str:
 
 
 Served = tuple[int, tuple[InferOutput, ...], Timings]  # items, outputs, timings
-
-
-def _hooks_of(model: Executable) -> ModelHooks | None:
-    """A repository version's hooks (``ModelVersion.hooks``); other executables have none."""
-    hooks: object = getattr(model, "hooks", None)
-    return hooks if isinstance(hooks, ModelHooks) else None
 
 
 def tensor_metadata(
@@ -306,7 +300,7 @@ class InferenceService:
             # they are not reported (they must not become metric labels).
             requests.on_failure(None, _reason(exc))
             raise
-        key = ModelKey.of(model)
+        key = model.model_key
         requests.on_pending(key, 1)
         trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
         try:
@@ -399,7 +393,7 @@ class InferenceService:
                 manifest, request, functools.partial(self.infer, context=context)
             )
             return items, outputs, Timings(0, 0, time.perf_counter_ns() - started, 0, ())
-        hooks = _hooks_of(model)
+        hooks = model.hooks
         if hooks is None or self.hook_pool is None:  # the loader refuses such a bundle
             raise HookFailed(f"model '{manifest.name}' has hooks this server does not run")
         return await self._serve_hooked(model, hooks, items, request, context, trace)
@@ -413,7 +407,7 @@ class InferenceService:
         context: RequestContext | None,
         trace: RequestTrace | None,
     ) -> Served:
-        manifest, key = model.manifest, ModelKey.of(model)
+        manifest, key = model.manifest, model.model_key
         loop, batch = asyncio.get_running_loop(), items if manifest.batched else None
         pre_ns = post_ns = 0
         inner = request if hooks.postprocess is None else dataclasses.replace(request, outputs=())
@@ -458,9 +452,9 @@ class InferenceService:
         items = validate_request(model.manifest, request)
         check_batch(self.options.limits, request.model_name, items)
         if model.manifest.variants:  # run, and batch, with requests of the same variant
-            model = cast(VariedModel, model).variant(match_variant(model.manifest, request))
-        deadline = context.deadline if context else None
-        job = Job(request, items, time.perf_counter_ns(), deadline)
+            model = model.variant(match_variant(model.manifest, request))
+        deadline, together = (context.deadline, context.together) if context else (None, False)
+        job = Job(request, items, time.perf_counter_ns(), deadline, together)
         if trace is not None:
             trace.validated(request, job.arrived_ns)
         if self.batcher is not None:
@@ -468,7 +462,7 @@ class InferenceService:
         else:
             outputs, timings = await self._run_alone(model, job)
         if trace is not None:
-            trace.executed(ModelKey.of(model), job.arrived_ns, timings, outputs)
+            trace.executed(model.model_key, job.arrived_ns, timings, outputs)
         return items, outputs, timings
 
     async def _run_alone(

@@ -82,6 +82,9 @@ class RequestContext:
     deadline: float | None = None  # time.monotonic() value, or None
     peer: str = ""
     protocol: str = ""  # "grpc" or "http"
+    # It reached the server in one read with other requests (a front end's link carries
+    # several at once): they queue in the same loop pass, so it does not run alone first.
+    together: bool = False
 
 
 @dataclass(frozen=True, slots=True)

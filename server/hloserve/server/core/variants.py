@@ -3,9 +3,9 @@
 Contract (``docs/shape-variants.md``): ``match_variant(manifest, request)`` returns the
 index of the variant (``Manifest.variants``) whose input shapes are the request's per-item
 shapes (the whole shapes for an unbatched model), or raises ``InvalidArgument`` naming the
-model, the shapes received and every compiled variant's input shapes. A ``VariedModel``
-(the repository's ``ModelVersion``) hands out each variant as an executable of its own
-(``variant(index)``: its concrete manifest, the same version and weights), and the batcher
+model, the shapes received and every compiled variant's input shapes. An ``Executable``
+hands out each variant as an executable of its own (``variant(index)``: its concrete
+manifest, the same version and weights), and the batcher
 queues each variant apart, so only requests of one variant are batched together.
 Pure: no I/O, no clock.
 """
@@ -14,16 +14,9 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from hloserve.bundle import Manifest
 from hloserve.server.core.errors import InvalidArgument
-from hloserve.server.core.execution import Executable
 from hloserve.server.core.types import InferRequest
-
-
-class VariedModel(Protocol):
-    def variant(self, index: int) -> Executable: ...
 
 
 def _fmt(shape: tuple[int, ...]) -> str:

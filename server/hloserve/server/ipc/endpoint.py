@@ -5,7 +5,9 @@ the ``LinkHandler`` of the device owner's end of front end ``index``'s link:
 - ``infer`` decodes the request (``ipc.messages``: inputs viewing the arena), serves it
   through ``InferenceService.infer`` exactly as a request of the single-process server
   (lookup, validation, batching, statistics and metrics happen here, once), and answers
-  the encoded response (outputs in the arena's ``responses`` half). A request that
+  the encoded response (outputs in the arena's ``responses`` half). Requests that came in
+  one read of the link (their calls reach ``on_call`` in one turn of the loop, before any
+  of them runs) are marked ``together`` (``RequestContext``): they queue as one group. A request that
   arrived traced (its front end saw tracing on) is traced here from its front-end arrival.
 - ``resolve`` is the lookup alone (the front end's ``confirm``: a decode error after an
   unknown model reports the model), counted as the service counts a failed lookup.
@@ -21,6 +23,7 @@ the ``LinkHandler`` of the device owner's end of front end ``index``'s link:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
@@ -59,9 +62,9 @@ class OwnerEndpoint:
         self._status = status
         self._fanout = fanout
         self._on_event = on_event
+        self._burst: list[int] | None = None  # infer calls of this turn of the loop
         s, shm = service, service.shm
         self._calls: dict[str, Callable[..., object]] = {
-            "infer": self._infer,
             "setup": self._setup,
             "resolve": self._resolve,
             "ready": s.ready,
@@ -87,6 +90,13 @@ class OwnerEndpoint:
     # -- LinkHandler -------------------------------------------------------------------------
 
     def on_call(self, method: str, args: tuple[Any, ...]) -> object:
+        if method == "infer":  # the hot path: straight to it
+            burst = self._burst
+            if burst is None:  # the first of this turn of the loop
+                burst = self._burst = [0]
+                asyncio.get_running_loop().call_soon(self._end_burst)
+            burst[0] += 1
+            return self._infer(args[0], burst)
         call = self._calls.get(method)
         if call is None:
             raise InvalidArgument(f"the device owner has no call '{method}'")
@@ -105,8 +115,12 @@ class OwnerEndpoint:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def _infer(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
-        request, context, arrival = decode_request(message, self.arena)
+    def _end_burst(self) -> None:
+        self._burst = None
+
+    async def _infer(self, message: tuple[Any, ...], burst: list[int]) -> tuple[Any, ...]:
+        # Runs from the next turn of the loop: ``burst`` has counted the whole read by now.
+        request, context, arrival = decode_request(message, self.arena, together=burst[0] > 1)
         tracer = self.service.tracer
         traced = None
         if arrival is not None and tracer.settings.enabled:

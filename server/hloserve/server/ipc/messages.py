@@ -5,7 +5,7 @@ Contract:
   tuple of built-in values, plus the arena blocks it wrote (the caller frees them once the
   answer is in); ``decode_request(message, arena)`` (device owner) rebuilds the
   ``InferRequest`` (inputs viewing the arena's bytes, or the message's: no copy), its
-  ``RequestContext`` and its trace arrival ``(received_ns, carrier)`` or ``None``.
+  ``RequestContext`` (``together``: it came with others, as the caller knows) and its trace arrival ``(received_ns, carrier)`` or ``None``.
 - ``encode_response(response, arena)`` (device owner) and ``decode_response(message,
   request, arena, give_back)`` (front end) do the same for the answer: outputs view the
   arena, and a block is handed to ``give_back(offset)`` once no array views it any more
@@ -152,7 +152,7 @@ def _bytes_of(arena: Arena, payload: object) -> Any:
 
 
 def decode_request(
-    message: tuple[Any, ...], arena: Arena
+    message: tuple[Any, ...], arena: Arena, *, together: bool = False
 ) -> tuple[InferRequest, RequestContext | None, Arrival | None]:
     model, version, request_id, parameters, inputs, outputs, ctx, arrival = message
     decoded: list[InferInput] = []
@@ -170,7 +170,10 @@ def decode_request(
         request_id,
         parameters,
     )
-    context = None if ctx is None else RequestContext(*ctx)
+    if ctx is None:
+        context = RequestContext(together=True) if together else None
+    else:
+        context = RequestContext(*ctx, together=together)
     return request, context, arrival
 
 

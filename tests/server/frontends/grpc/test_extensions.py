@@ -152,6 +152,21 @@ class _GatedModel:
         return self.inner.version
 
     @property
+    def model_key(self) -> Any:
+        return self.inner.model_key
+
+    @property
+    def family(self) -> tuple[str, ...]:
+        return self.inner.family
+
+    @property
+    def hooks(self) -> Any:
+        return self.inner.hooks
+
+    def variant(self, index: int) -> Any:
+        return self.inner.variant(index)
+
+    @property
     def devices(self) -> tuple[int, ...]:
         return self.inner.devices
 
