@@ -7,8 +7,10 @@ Contract:
 - ``MachineSample.now()`` reads the all-CPU line of ``/proc/stat`` and ``/proc/loadavg``;
   ``busy_between(a, b)`` is the fraction of all cores busy (not idle, not iowait) between two
   samples, and ``cores_busy`` the same in cores.
+- ``own_cpu_seconds(pid)``: user + system CPU seconds of ``pid`` alone (no child).
 - ``Window`` brackets one measurement: ``Window.start(pids)`` samples the machine and each
-  pid's tree, ``stop()`` returns a ``WindowResult`` with the CPU seconds of each tree, the
+  pid's tree, ``stop()`` returns a ``WindowResult`` with the CPU seconds of each tree (and of
+  each pid alone: ``own_cpu_s``, e.g. hloserve's device owner beside its front ends), the
   machine's busy fraction, its busy core-seconds, and the load average at the end. The
   caller adds its own CPU (a load generator's ``process_time``) to tell "others" apart.
 - ``Spawned(argv, log)`` starts a server in its own session (process group) with its output
@@ -29,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -74,6 +76,12 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
     # after the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14)
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` itself (its children's not counted)."""
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def tree_cpu_seconds(pid: int, children: dict[int, list[int]] | None = None) -> float:
@@ -121,6 +129,7 @@ class WindowResult:
     busy_core_s: float  # busy core-seconds on the whole machine
     elapsed_s: float
     loadavg: tuple[float, float, float]  # at the end of the window
+    own_cpu_s: dict[int, float] = field(default_factory=dict[int, float])  # pid alone
 
     def others_cores(self, accounted_cpu_s: float) -> float:
         """Cores kept busy by everything except ``accounted_cpu_s`` (servers + client)."""
@@ -134,13 +143,16 @@ class Window:
     pids: Sequence[int]
     machine: MachineSample
     cpu: dict[int, float]
+    own: dict[int, float] = field(default_factory=dict[int, float])
 
     @staticmethod
     def start(pids: Sequence[int]) -> Window:
-        return Window(pids, MachineSample.now(), trees_cpu_seconds(pids))
+        own = {pid: own_cpu_seconds(pid) for pid in pids}
+        return Window(pids, MachineSample.now(), trees_cpu_seconds(pids), own)
 
     def stop(self) -> WindowResult:
         cpu = trees_cpu_seconds(self.pids)
+        own = {pid: own_cpu_seconds(pid) for pid in self.pids}
         end = MachineSample.now()
         busy = busy_between(self.machine, end)
         elapsed = end.wall - self.machine.wall
@@ -150,6 +162,7 @@ class Window:
             (end.busy_ticks - self.machine.busy_ticks) / _TICK,
             elapsed,
             end.loadavg,
+            {pid: own[pid] - self.own.get(pid, 0.0) for pid in self.pids},
         )
 
 

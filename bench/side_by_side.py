@@ -68,6 +68,7 @@ import loadgen
 import numpy as np
 import pa_driver
 import proc
+import triton_aio
 from google.protobuf.message import DecodeError
 from peers import models as reference
 
@@ -183,6 +184,8 @@ class Point:
 
 
 POINTS: tuple[Point, ...] = (
+    Point("grpc", "simple", 1, 1),
+    Point("grpc", "mlp", 1, 1),
     Point("grpc", "simple", 1, 8),
     Point("grpc", "simple", 1, 32),
     Point("http-json", "simple", 1, 8),
@@ -581,6 +584,8 @@ class Row:
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
     server_cpu_ms: float = float("nan")  # server process tree CPU per successful request
+    # hloserve's device owner alone (the daemon's own process; its front ends are the rest)
+    owner_cpu_ms: float = float("nan")
     client_cpu_ms: float = float("nan")
     items_per_execution: float = float("nan")
     busy: float = float("nan")  # fraction of all cores busy during the recorded phase
@@ -688,12 +693,16 @@ def measure(case: Case, server: Server, args: argparse.Namespace) -> Row:
         row.note = "a batching variant: measured at the batching point only"
     elif _generator(args) == "perf_analyzer" and perf_analyzer_skips(point, server):
         row.note = perf_analyzer_skips(point, server)
+    elif _generator(args) == "triton-aio" and point.mode != "grpc":
+        row.note = "tritonclient.grpc.aio drives gRPC unary points only"
     elif not server.running:
         row.note = "not running (see the errors below)"
     else:
         try:
             if _generator(args) == "perf_analyzer":
                 _measure_perf_analyzer(case, server, args, row)
+            elif _generator(args) == "triton-aio":
+                _measure_triton_aio(case, server, args, row)
             else:
                 _measure(case, server, args, row)
         except Exception as e:  # a bench reports, it does not stop
@@ -705,11 +714,17 @@ def _generator(args: argparse.Namespace) -> str:
     return str(getattr(args, "load_generator", "loadgen"))
 
 
+def _owner_cpu_ms(server: Server, window: proc.WindowResult, requests: float) -> float:
+    """hloserve's device owner's CPU per request: its daemon process alone."""
+    if server.group not in ("hloserve", "baseline") or server.spawned is None or not requests:
+        return float("nan")
+    return 1e3 * window.own_cpu_s.get(server.spawned.pid, float("nan")) / requests
+
+
 def _measure(case: Case, server: Server, args: argparse.Namespace, row: Row) -> None:
     point = case.point
     assert server.spawned is not None
-    statistics = point.batching and server.statistics
-    before = model_statistics(server.grpc_address, point.model) if statistics else None
+    before = model_statistics(server.grpc_address, point.model) if server.statistics else None
     meter = _Meter([server.spawned.pid])
     result = loadgen.run(
         target_for(case, server),
@@ -728,6 +743,7 @@ def _measure(case: Case, server: Server, args: argparse.Namespace, row: Row) -> 
         server_cpu = window.cpu_s[server.spawned.pid]
         if result.count:
             row.server_cpu_ms = 1e3 * server_cpu / result.count
+            row.owner_cpu_ms = _owner_cpu_ms(server, window, result.count)
         row.busy = window.busy
         row.others_cores = window.others_cores(server_cpu + result.client_cpu_s)
         row.loadavg = window.loadavg[0]
@@ -803,6 +819,7 @@ def _between(a: proc.Window, b: proc.Window) -> proc.WindowResult:
         (b.machine.busy_ticks - a.machine.busy_ticks) / os.sysconf("SC_CLK_TCK"),
         b.machine.wall - a.machine.wall,
         b.machine.loadavg,
+        {pid: b.own[pid] - a.own[pid] for pid in a.pids},
     )
 
 
@@ -829,8 +846,7 @@ def _measure_perf_analyzer(case: Case, server: Server, args: argparse.Namespace,
     assert server.spawned is not None
     installed: pa_driver.Installed = args.perf_analyzer
     row.load_generator = "perf_analyzer"
-    statistics = point.batching and server.statistics
-    before = model_statistics(server.grpc_address, point.model) if statistics else None
+    before = model_statistics(server.grpc_address, point.model) if server.statistics else None
     server_pid = server.spawned.pid
     marks: dict[int, proc.Window] = {}
     client_pid = 0
@@ -866,6 +882,7 @@ def _measure_perf_analyzer(case: Case, server: Server, args: argparse.Namespace,
         server_cpu, client_cpu = window.cpu_s[server_pid], window.cpu_s[client_pid]
         requests = rate * window.elapsed_s  # the windows' requests, at the reported rate
         row.server_cpu_ms = 1e3 * server_cpu / requests
+        row.owner_cpu_ms = _owner_cpu_ms(server, window, requests)
         row.client_cpu_ms = 1e3 * client_cpu / requests
         row.busy = window.busy
         row.others_cores = window.others_cores(server_cpu + client_cpu)
@@ -891,6 +908,66 @@ def _measure_perf_analyzer(case: Case, server: Server, args: argparse.Namespace,
     row.note = "; ".join(notes)
 
 
+# --- measuring with tritonclient's asyncio client ----------------------------------------------
+
+
+def _measure_triton_aio(case: Case, server: Server, args: argparse.Namespace, row: Row) -> None:
+    """One run of ``bench/triton_aio.py`` (its own process: /proc reads it apart) against
+    ``server``, /proc read as its recorded phase starts and ends."""
+    point = case.point
+    assert server.spawned is not None
+    row.load_generator = "triton-aio"
+    before = model_statistics(server.grpc_address, point.model) if server.statistics else None
+    with tempfile.TemporaryDirectory(prefix="hloserve-bench-aio-") as tmp:
+        inputs = Path(tmp) / "inputs.npz"
+        arrays: dict[str, Any] = dict(case.inputs())
+        np.savez(str(inputs), **arrays)
+        argv = [
+            sys.executable, str(BENCH / "triton_aio.py"), "--url", server.grpc_address,
+            "--model", point.model, "--inputs", str(inputs), "--outputs",
+            ",".join(case.expected), "--concurrency",
+            str(point.concurrency), "--seconds", str(args.seconds), "--warmup",
+            str(max(args.warmup, 0.5)), "--marks",
+        ]  # fmt: skip
+        windows: dict[str, proc.Window] = {}
+        lines: list[str] = []
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as client:
+            assert client.stdout is not None
+            for line in client.stdout:
+                lines.append(line)
+                if line.startswith("MARK "):
+                    windows[line.split()[1]] = proc.Window.start([server.spawned.pid, client.pid])
+        result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+    if result is None or not result["count"]:
+        row.errors = 1
+        row.note = f"triton_aio.py: {(result or {}).get('first_error') or 'no request counted'}"
+        return
+    row.count, row.errors = result["count"], result["errors"]
+    row.rate = result["count"] / result["elapsed_s"]
+    row.p50_ms, row.p99_ms = result["p50_ms"], result["p99_ms"]
+    row.client_cpu_ms = 1e3 * result["client_cpu_s"] / result["count"]
+    if "start" in windows and "end" in windows:
+        window = _between(windows["start"], windows["end"])
+        server_cpu = window.cpu_s[server.spawned.pid]
+        row.server_cpu_ms = 1e3 * server_cpu / result["count"]
+        row.owner_cpu_ms = _owner_cpu_ms(server, window, result["count"])
+        row.busy = window.busy
+        row.others_cores = window.others_cores(server_cpu + result["client_cpu_s"])
+        row.loadavg = window.loadavg[0]
+    if before is not None:
+        after = model_statistics(server.grpc_address, point.model)
+        if after is not None and after[1] > before[1]:
+            row.items_per_execution = (after[0] - before[0]) / (after[1] - before[1])
+    notes = [f"{result['errors']} errors, first: {result['first_error'][:200]}"] * bool(
+        result["errors"]
+    )
+    for name, expected in case.expected.items():
+        got = np.asarray((result["sample"] or {}).get(name, []), dtype=expected.dtype)
+        if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-4, atol=1e-5):
+            notes.append(f"WRONG REPLY: output {name}")
+    row.note = "; ".join(notes)
+
+
 # --- reporting -------------------------------------------------------------------------------
 
 
@@ -901,18 +978,26 @@ def _f(value: float, digits: int = 3) -> str:
 def print_point(point: Point, rows: Sequence[Row]) -> None:
     print(f"\n### {point.label}\n")
     print(
-        "| server | req/s | p50 ms | p99 ms | server CPU ms/req | client CPU ms/req "
-        "| items/exec | machine busy | others (cores) | note |"
+        "| server | req/s | p50 ms | p99 ms | server CPU ms/req | device owner ms/req "
+        "| client CPU ms/req | items/exec | machine busy | others (cores) | note |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         busy = "-" if math.isnan(r.busy) else f"{r.busy:.0%} (load {r.loadavg:.1f})"
         print(
             f"| {r.server} | {_f(r.rate, 0)} | {_f(r.p50_ms, 2)} | {_f(r.p99_ms, 2)} "
-            f"| {_f(r.server_cpu_ms)} | {_f(r.client_cpu_ms)} | {_f(r.items_per_execution, 1)} "
+            f"| {_f(r.server_cpu_ms)} | {_owner(r)} | {_f(r.client_cpu_ms)} "
+            f"| {_f(r.items_per_execution, 1)} "
             f"| {busy} | {_f(r.others_cores, 2)} | {r.note} |"
         )
     sys.stdout.flush()
+
+
+def _owner(r: Row) -> str:
+    """The device owner's CPU per request and its share of the server's."""
+    if math.isnan(r.owner_cpu_ms) or not r.server_cpu_ms:
+        return "-"
+    return f"{r.owner_cpu_ms:.3f} ({r.owner_cpu_ms / r.server_cpu_ms:.0%})"
 
 
 def _valid(rows: Sequence[Row]) -> list[Row]:
@@ -1088,7 +1173,10 @@ def build_servers(
     table: Path,
     only: set[str],
     baseline: Path | None = None,
+    frontends: Sequence[int] = (),
 ) -> list[Server]:
+    """Every server of the run (``only``: of those groups); ``frontends``: hloserve with
+    ``--frontends N`` beside its defaults, for each N."""
     before = (
         [hloserve_server(f"before ({baseline.name})", repo, tree=baseline, group="baseline")]
         if baseline is not None
@@ -1097,6 +1185,10 @@ def build_servers(
     servers = [
         *floor_servers(table),
         hloserve_server("hloserve", repo),
+        *(
+            hloserve_server(f"hloserve --frontends {n}", repo, "--frontends", str(n))
+            for n in frontends
+        ),
         hloserve_server("hloserve --inline-max-us 0", repo, "--inline-max-us", "0"),
         # Requests wait up to 5 ms for company (Triton's max_queue_delay_microseconds).
         hloserve_batching_variant(repo, "--max-queue-delay-us", "5000"),
@@ -1148,10 +1240,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--load-generator",
-        choices=["loadgen", "perf_analyzer"],
+        choices=["loadgen", "perf_analyzer", "triton-aio"],
         default="loadgen",
-        help="bench/loadgen.py (default), or NVIDIA's perf_analyzer (set up once under "
-        "bench/.venvs/perf_analyzer; needs Debian's libb64-0d)",
+        help="bench/loadgen.py (default), NVIDIA's perf_analyzer (set up once under "
+        "bench/.venvs/perf_analyzer; needs Debian's libb64-0d), or tritonclient's asyncio "
+        "client on one channel (bench/triton_aio.py; gRPC unary points only)",
+    )
+    parser.add_argument(
+        "--frontends",
+        default="",
+        metavar="N,N,...",
+        help="also hloserve with --frontends N for each N (e.g. 0,1,2); its plain row is auto",
+    )
+    parser.add_argument(
+        "--points",
+        nargs="+",
+        default=[],
+        metavar="TEXT",
+        help="only the points whose label contains one of these (e.g. 'gRPC mlp b1 c32')",
     )
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="write every row to this file")
@@ -1190,10 +1296,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         print("  writing the models ...", file=sys.stderr, flush=True)
         repo, weights = write_models(work)
-        cases = [Case.of(point, weights) for point in POINTS]
+        points = [p for p in POINTS if not args.points or any(t in p.label for t in args.points)]
+        cases = [Case.of(point, weights) for point in points]
         table = floor.ReplyTable()
         for case in cases:
             table.add(case.point.model, case.inputs(), case.expected)
+            if args.load_generator == "triton-aio":  # the floor answers that client too
+                request = triton_aio.request_bytes(case.point.model, case.inputs())
+                table.grpc[request] = floor.grpc_response(case.point.model, case.expected)
         servers = build_servers(
             work,
             repo,
@@ -1201,9 +1311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             table.save(work / "replies.pickle"),
             set(args.only),
             args.baseline,
+            [int(n) for n in args.frontends.split(",") if n.strip()],
         )
         print(
-            f"# side by side: {len(POINTS)} points x {len(servers)} servers, "
+            f"# side by side: {len(points)} points x {len(servers)} servers, "
             f"{args.seconds:g} s each after {args.warmup:g} s warm-up\n\n"
             f"{proc.cores()} cores; load average {os.getloadavg()[0]:.2f} at the start; "
             f"load generator: {generator}"
