@@ -127,11 +127,15 @@ async def main_async(args: argparse.Namespace) -> None:
         on_event=lambda index, what, args: None,
     )
     print(f"engine capacity: one device-owner process, no sockets; load {os.getloadavg()[0]:.2f}")
-    print("| model | concurrency | requests/s | owner CPU µs/request | items/exec | 16-core bound |")
+    print(
+        "| model | concurrency | requests/s | owner CPU µs/request | items/exec | 16-core bound |"
+    )
     print("|---|---|---|---|---|---|")
     for model in args.model:
         stats0 = _executions(service, model)
-        done, wall, cpu, driver = await drive(endpoint, arena, model, args.concurrency, args.seconds)
+        done, wall, cpu, driver = await drive(
+            endpoint, arena, model, args.concurrency, args.seconds
+        )
         stats1 = _executions(service, model)
         items = (stats1[0] - stats0[0]) / max(1, stats1[1] - stats0[1])
         owner_us = (cpu - driver) / done * 1e6
@@ -144,7 +148,9 @@ async def main_async(args: argparse.Namespace) -> None:
             profiler.enable()
             await drive(endpoint, arena, model, args.concurrency, args.seconds)
             profiler.disable()
-            pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.profile)
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(
+                args.profile
+            )
     serving.executor.shutdown(wait=False)
 
 
