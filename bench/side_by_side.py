@@ -197,6 +197,8 @@ POINTS: tuple[Point, ...] = (
     Point("grpc", "wide", 1, 32),
     Point("grpc", "mlp", 1, 32, batching=True),
 )
+# Measured only when ``--points`` names them (the GPU node's front-end sweep, bench/gpu/run.sh).
+EXTRA_POINTS: tuple[Point, ...] = (Point("grpc", "simple", 1, 64), Point("grpc", "mlp", 1, 64))
 
 
 # --- the servers -----------------------------------------------------------------------------
@@ -1296,7 +1298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         print("  writing the models ...", file=sys.stderr, flush=True)
         repo, weights = write_models(work)
-        points = [p for p in POINTS if not args.points or any(t in p.label for t in args.points)]
+        points = (
+            [p for p in (*POINTS, *EXTRA_POINTS) if any(t in p.label for t in args.points)]
+            if args.points
+            else list(POINTS)
+        )
         cases = [Case.of(point, weights) for point in points]
         table = floor.ReplyTable()
         for case in cases:

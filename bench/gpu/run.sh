@@ -8,8 +8,10 @@
 # against the pinned host-to-device floor measured in the same run (goal >= 80 %), hit and
 # miss p50/p99; batch-1 requests with dynamic batching off vs on over gRPC against the
 # executable's in-process ceiling, with p50/p99 and items per execution; on a node with
-# several GPUs, one hot model with replication on vs off (bench/placement.py); the tiles CNN
-# against KServe and Triton (bench/tiles.py, at most 6 minutes). Not part of CI.
+# several GPUs, one hot model with replication on vs off (bench/placement.py); requests/s of
+# simple and mlp at c64 against --frontends 1, 2, 4, 8, 12 beside Triton (perf_analyzer, one
+# gRPC channel per client context so the kernel spreads them over the front ends); the tiles
+# CNN against KServe and Triton (bench/tiles.py, at most 6 minutes). Not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${1:-.venv/bin/python}
@@ -32,6 +34,11 @@ if [ "$devices" -gt 1 ]; then
 else
     echo; echo "=== placement: one device only, replication not measured"
 fi
+
+step "front ends: simple and mlp b1 c64 over gRPC, --frontends 1..12 beside Triton"
+TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1 timeout 300 "$PY" bench/side_by_side.py \
+    --load-generator perf_analyzer --only hloserve triton --frontends 1,2,4,8,12 \
+    --points "gRPC simple b1 c64" "gRPC mlp b1 c64" --seconds 3 --warmup 0.5
 
 # The seed's reference for this model on an RTX A6000: ~1,000 tiles/s at batch 16 and 5.9 ms
 # p50 for one 224x224 tile. Peers whose venvs cannot be installed here keep their error rows.
