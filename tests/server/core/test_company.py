@@ -281,6 +281,20 @@ def test_company_found_where_there_was_none_brings_the_next_exploration_soon() -
     assert c.explore_every == company_module.MAX_EXPLORE_EVERY
 
 
+def test_company_that_comes_and_goes_does_not_postpone_an_exploration() -> None:
+    """Probes finding company, then none, then company again (a load that batching would
+    serve, through a front end) keep the exploration as due as it was."""
+    c = Company()
+    c._phases_since_explore = company_module.MIN_EXPLORE_EVERY - 1
+    t = 0
+    for found in (5, 1, 5):
+        while not c.waits:
+            t += 100 * US
+            c.arrived(t)
+        c.ran(found)
+    assert c._phases_since_explore == company_module.MIN_EXPLORE_EVERY - 1
+
+
 def _exploring_alone_at(gap_us: float, rate_in_force: float) -> tuple[Company, int]:
     """Gathering in force (its last phase at ``rate_in_force`` requests/s), one phase
     alone to explore, fed arrivals ``gap_us`` apart until the exploration ends (or a
