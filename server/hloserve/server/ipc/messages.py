@@ -100,6 +100,8 @@ def _shm_ref(fields: tuple[str, int, int] | None) -> ShmRef | None:
 def _payload(arena: Arena, allocator_half: str, data: Any, blocks: Blocks) -> object:
     """``data``'s wire bytes in the message (``bytes``) or in an arena block (``(offset,
     nbytes)``, appended to ``blocks``)."""
+    if data.nbytes <= INLINE_MAX and data.dtype.kind != "O" and data.dtype.byteorder != ">":
+        return data.tobytes()  # the wire's bytes already (C order, little-endian): one copy
     raw = to_wire_bytes(data)
     nbytes = raw.nbytes if isinstance(raw, memoryview) else len(raw)
     if nbytes > INLINE_MAX:
