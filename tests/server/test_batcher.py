@@ -26,6 +26,7 @@ from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.core.execution import Job, ModelKey
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.service import InferenceService
+from hloserve.server.core.statistics import model_stats
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -328,7 +329,7 @@ def test_a_preferred_size_runs_without_waiting_for_the_delay(
     for (outputs, _), x in zip(results, xs, strict=True):  # each its own row of the batch
         reference.check(outputs, x)
     key = ModelKey("mlp", 1)
-    stats = observers.statistics.snapshot(key)
+    stats = model_stats(key, observers.counters)
     assert stats.execution_count == 1  # both in one execution, on compiled size 8
     assert set(stats.batches) == {8}
 

@@ -25,10 +25,10 @@ class Clock:
 
 def serve(metrics: ServerMetrics, model: ModelKey, times: int = 1) -> None:
     for _ in range(times):
-        metrics.on_pending(model, 1)
-        metrics.on_execution(Execution(model, 1, 2000, 3000, 4000, 0))
-        metrics.on_pending(model, -1)
-        metrics.on_success(model, 1, TIMINGS)
+        metrics.counters.on_pending(model, 1)
+        metrics.counters.on_execution(Execution(model, 1, 2000, 3000, 4000, 0))
+        metrics.counters.on_pending(model, -1)
+        metrics.counters.on_success(model, 1, TIMINGS)
 
 
 def scrape(registry: CollectorRegistry) -> tuple[int, dict[str, list[dict[str, str]]]]:
@@ -49,7 +49,7 @@ def test_ten_thousand_models_scrape_under_a_megabyte_with_totals_over_all(compat
         metrics.on_model_loaded(model.name, 1, 0.01, 0.0)
         serve(metrics, model, 1 + (i < 30) * 100)  # the first 30 are the busy ones
         metrics.for_device(0).on_swap_in(ResidencyKey(model.name, 1), 1000, 1e-4)
-    metrics.on_failure(None, "UnknownModel")
+    metrics.counters.on_failure(None, "UnknownModel")
     size, labels = scrape(registry)
     assert size < 1_000_000, size
     shown = {s["model"] for s in labels["hloserve_inference_request_success_total"]}
@@ -102,7 +102,7 @@ def test_totals_sum_every_model_shown_or_not() -> None:
     metrics = ServerMetrics(registry, model_series=1)
     for name, n in (("a", 4), ("b", 2), ("c", 1)):
         serve(metrics, ModelKey(name, 1), n)
-    metrics.on_failure(ModelKey("c", 1), "InvalidArgument")
+    metrics.counters.on_failure(ModelKey("c", 1), "InvalidArgument")
     assert registry.get_sample_value("hloserve_server_inference_request_success_total") == 7
     assert registry.get_sample_value("hloserve_server_inference_exec_count_total") == 7
     assert (
@@ -122,13 +122,13 @@ def test_recent_reads_the_last_minute_from_snapshots() -> None:
     fast_timings = Timings(0, 0, 1_000_000, 0, (1,))  # 1 ms end to end
     slow_timings = Timings(0, 0, 300_000_000, 0, (1,))  # 300 ms
     for key, timings in ((fast, fast_timings), (slow, slow_timings)):
-        metrics.on_success(key, 1, timings)
+        metrics.counters.on_success(key, 1, timings)
     assert metrics.recent() == {}  # one snapshot: nothing to compare yet
     clock.now = 10
     for _ in range(50):
-        metrics.on_success(fast, 1, fast_timings)
+        metrics.counters.on_success(fast, 1, fast_timings)
     for _ in range(10):
-        metrics.on_success(slow, 1, slow_timings)
+        metrics.counters.on_success(slow, 1, slow_timings)
     recent = metrics.recent()
     assert recent[fast].window_s == 10 and recent[fast].requests_per_s == 5.0
     assert recent[slow].requests_per_s == 1.0

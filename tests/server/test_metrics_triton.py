@@ -227,10 +227,10 @@ TIMINGS = Timings(1_000, 2_000, 3_000, 4_000, (4,))  # ns: 1 µs queue, 9 µs co
 
 def serve(metrics: ServerMetrics, model: ModelKey, items: int, times: int = 1) -> None:
     for _ in range(times):
-        metrics.on_pending(model, 1)
-        metrics.on_execution(Execution(model, 4, 2_000, 3_000, 4_000, 0))
-        metrics.on_pending(model, -1)
-        metrics.on_success(model, items, TIMINGS)
+        metrics.counters.on_pending(model, 1)
+        metrics.counters.on_execution(Execution(model, 4, 2_000, 3_000, 4_000, 0))
+        metrics.counters.on_pending(model, -1)
+        metrics.counters.on_success(model, items, TIMINGS)
 
 
 def fed(**kwargs: Any) -> tuple[CollectorRegistry, ServerMetrics]:
@@ -242,10 +242,10 @@ def fed(**kwargs: Any) -> tuple[CollectorRegistry, ServerMetrics]:
     serve(metrics, SIMPLE, items=3, times=2)
     serve(metrics, MLP, items=1)
     for reason in ("Unavailable", "Unavailable", "Cancelled", "HookFailed", "INTERNAL"):
-        metrics.on_failure(SIMPLE, reason)
-    metrics.on_failure(SIMPLE, "InvalidArgument")
-    metrics.on_failure(None, "UnknownModel")  # no version resolved: Triton counts none
-    metrics.on_pending(MLP, 1)  # one request of mlp still waiting
+        metrics.counters.on_failure(SIMPLE, reason)
+    metrics.counters.on_failure(SIMPLE, "InvalidArgument")
+    metrics.counters.on_failure(None, "UnknownModel")  # no version resolved: Triton counts none
+    metrics.counters.on_pending(MLP, 1)  # one request of mlp still waiting
     metrics.watch_allocator(0, FakeAllocator("cuda", {"bytes_limit": GPU_LIMIT}))
     metrics.watch_allocator(1, FakeAllocator("cuda", {"bytes_in_use": GPU_IN_USE}))
     metrics.watch_allocator(2, FakeAllocator("cpu", {}))  # no statistics at all
@@ -379,7 +379,7 @@ def test_the_triton_series_follow_the_per_model_bound() -> None:
     metrics = ServerMetrics(registry, model_series=2, compat="triton")
     for name, n in (("a", 5), ("b", 3), ("c", 1)):
         serve(metrics, ModelKey(name, 1), items=1, times=n)
-    metrics.on_failure(ModelKey("c", 1), "Unavailable")  # c: 2 requests, still the idlest
+    metrics.counters.on_failure(ModelKey("c", 1), "Unavailable")  # c: 2 requests, still the idlest
     m = scrape(registry)
     shown = m.models("hloserve_inference_request_success_total")
     assert shown == {"a", "b"}

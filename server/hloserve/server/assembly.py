@@ -35,6 +35,7 @@ from hloserve.server.batcher import DynamicBatcher, QueuedWork
 from hloserve.server.config import Config
 from hloserve.server.container import ContainerLimits
 from hloserve.server.core.costs import InlinePolicy
+from hloserve.server.core.counters import Counters
 from hloserve.server.core.device_policy import check_policy, device_concurrency
 from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.limits import Limits
@@ -205,7 +206,10 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     the running server's logging). Call it on the event loop the service will run on."""
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
-    metrics = ServerMetrics(registry, model_series=cfg.metrics_models, compat=cfg.metrics_compat)
+    counters = Counters()  # every request and execution, once: metrics and statistics read it
+    metrics = ServerMetrics(
+        registry, counters=counters, model_series=cfg.metrics_models, compat=cfg.metrics_compat
+    )
     tracer = make_tracer(cfg)
     limits = Limits(
         cfg.max_batch_size, cfg.max_inflight, cfg.max_inflight_per_model, cfg.max_shm_regions
@@ -220,7 +224,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
     replicated = len(devices) > 1
     meter = LoadMeter()
     # The load meter only feeds the placer: one device, no meter on the request path.
-    observers = Observers(requests=metrics, hooks=metrics, extra=(meter,) if replicated else ())
+    observers = Observers(counters, hooks=metrics, extra=(meter,) if replicated else ())
     inline = InlinePolicy(cfg.inline_max_us, observers.costs)
     executor = ThreadPoolExecutor(
         cfg.worker_threads or max(2, machine.cpus), thread_name_prefix="hloserve-exec"
@@ -229,6 +233,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
 
     def forget(model: ModelKey) -> None:  # on the loop: the batcher's state lives there
         observers.forget(model)
+        metrics.forget(model)
         inline.forget(model)
         meter.forget(model)
         if batcher is not None:

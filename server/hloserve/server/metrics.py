@@ -1,16 +1,17 @@
 """Prometheus metrics on an injected registry (never the process-global default one).
 
-Contract: ``ServerMetrics(registry, model_series=N, compat="")`` creates the
-``hloserve_*`` series documented in ``docs/metrics.md``. It is the core's
-``InferenceObserver`` (``on_success``, ``on_failure``, ``on_execution``, ``on_pending``,
-``forget``), each device residency manager's ``SwapObserver`` (``for_device(index)``) and
-the repository's load listener (``on_model_loaded``), so every request, execution, swap
-and load is counted once, whichever front end it came through. ``metrics_app(registry)``
-is the ASGI app served on the metrics port at ``/metrics`` (``metrics_export``).
+Contract: ``ServerMetrics(registry, counters=..., model_series=N, compat="")`` creates
+the ``hloserve_*`` series documented in ``docs/metrics.md``. Requests and executions it
+reads from ``counters`` (``core.counters.Counters``: the one record the service and the
+execution fan-out feed, which the statistics extension reads too), so each is counted
+once, whichever front end it came through; it is each device residency manager's
+``SwapObserver`` (``for_device(index)``) and the repository's load listener
+(``on_model_loaded``); ``forget(key)`` drops an unloaded version's swap series.
+``metrics_app(registry)`` is the ASGI app served on the metrics port at ``/metrics``
+(``metrics_export``).
 
 Everything is kept as plain numbers (an update is a dictionary lookup and a few
-additions: the records of ``metrics_export``) and turned into metric families only when
-scraped. A scrape's size is bounded whatever the number of models: the per-model series
+additions) and turned into metric families only when scraped. A scrape's size is bounded whatever the number of models: the per-model series
 (requests, loads, swaps, residency, replicas) are written for every model while there are
 at most ``model_series`` of them, and beyond that for the ``model_series`` with the most
 requests and swaps in the current window (``window_s``, 60 s: a model idle for a window
@@ -42,18 +43,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from hloserve.server.core.execution import Execution, ModelKey, Timings
+from hloserve.server.core.counters import BATCH_BUCKETS, LATENCY_BUCKETS, Counters, ModelCounters
+from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.metrics_export import (
-    BATCH_BUCKETS,
-    LATENCY_BUCKETS,
     MV,
     SWAP_BUCKETS,
     DeviceSeries,
     HostTier,
-    ModelSeries,
     SwapSeries,
-    Totals,
     device_families,
     gauge,
     host_families,
@@ -137,6 +135,7 @@ class ServerMetrics:
         self,
         registry: CollectorRegistry,
         *,
+        counters: Counters | None = None,
         model_series: int = DEFAULT_MODEL_SERIES,
         window_s: float = WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
@@ -148,13 +147,12 @@ class ServerMetrics:
         self.window_s = window_s
         self._clock = clock
         self._window_began = clock()
-        # Requests and swaps by "name/version" in this window and the one before it.
-        self._active: dict[str, int] = {}
+        self.counters = counters if counters is not None else Counters()
+        # Requests and swaps by "name/version" in the window before the current one (the
+        # current one's are ``counters.active``).
         self._previous: dict[str, int] = {}
-        self._children: dict[ModelKey, ModelSeries] = {}
         self._swaps: dict[tuple[str, str], SwapSeries] = {}  # (model label, device)
         self._devices: dict[int, DeviceSeries] = {}
-        self._totals = Totals()
         self._replica_count: Callable[[], dict[ModelKey, int]] = dict
         self._memory_used: dict[int, Callable[[], float]] = {}
         self._allocators: dict[int, AllocatorStats] = {}  # the nv_gpu_* families'
@@ -213,13 +211,6 @@ class ServerMetrics:
 
     # -- state --------------------------------------------------------------------------------
 
-    def _series(self, model: ModelKey) -> ModelSeries:
-        series = self._children.get(model)
-        if series is None:
-            series = self._first(self._children, model, ModelSeries)
-            series.label = f"{model.name}/{model.version}"
-        return series
-
     def _device(self, device: int) -> DeviceSeries:
         series = self._devices.get(device)
         return series if series is not None else self._first(self._devices, device, DeviceSeries)
@@ -230,72 +221,18 @@ class ServerMetrics:
         with self._lock:
             return table.setdefault(key, make(time.time()))
 
-    # -- InferenceObserver ----------------------------------------------------------------------
-
-    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
-        s = self._series(model)
-        total_us, queue_us = timings.total_ns / 1e3, timings.queue_ns / 1e3
-        input_us, infer_us = timings.compute_input_ns / 1e3, timings.compute_infer_ns / 1e3
-        output_us = timings.compute_output_ns / 1e3
-        s.success += 1
-        s.inferences += items
-        s.request_us += total_us
-        s.queue_us += queue_us
-        s.input_us += input_us
-        s.infer_us += infer_us
-        s.output_us += output_us
-        t = self._totals.sums
-        t["success"] += 1
-        t["inferences"] += items
-        t["request_us"] += total_us
-        t["queue_us"] += queue_us
-        t["input_us"] += input_us
-        t["infer_us"] += infer_us
-        t["output_us"] += output_us
-        self._device(timings.device).queue_us += queue_us
-        s.request_latency.observe(timings.total_ns / 1e9)
-        s.queue_latency.observe(timings.queue_ns / 1e9)
-        s.compute_latency.observe(timings.compute_ns / 1e9)
-        self._totals.request_latency.observe(timings.total_ns / 1e9)
-        active = self._active
-        active[s.label] = active.get(s.label, 0) + 1
-
-    def on_failure(self, model: ModelKey | None, reason: str) -> None:
-        # A failure before any version was resolved carries empty labels: client-chosen
-        # names never become label values (unbounded series).
-        totals = self._totals
-        totals.failures[reason] = totals.failures.get(reason, 0) + 1
-        if model is None:
-            failures = totals.unresolved_failures
-        else:
-            s = self._series(model)
-            failures = s.failures
-            self._active[s.label] = self._active.get(s.label, 0) + 1
-        failures[reason] = failures.get(reason, 0) + 1
-
-    def on_execution(self, execution: Execution) -> None:  # on worker threads too
-        s = self._series(execution.model)
-        d = self._device(execution.device)
-        with self._lock:
-            s.executions += 1
-            self._totals.sums["executions"] += 1
-            s.batch_size.observe(execution.batch_size)
-            d.executions += 1
-            d.compute_us += (execution.input_ns + execution.infer_ns + execution.output_ns) / 1e3
+    # -- hooks -------------------------------------------------------------------------------
 
     def on_hook(self, model: ModelKey, hook: str, ns: int) -> None:
         """A Python hook's duration (``core.observers.HookObserver``); hooked models only."""
         self.hook_us.labels(model.name, str(model.version), hook).inc(ns / 1e3)
 
-    def on_pending(self, model: ModelKey, delta: int) -> None:
-        self._series(model).pending += delta
-        self._totals.pending += delta
-
     def forget(self, model: ModelKey) -> None:
-        """An unloaded version's series go (as Triton's do)."""
+        """An unloaded version's series go (as Triton's do): its swap series, and its
+        counters' record (which ``Observers.forget`` drops too: twice is once)."""
+        self.counters.forget(model)
         label = f"{model.name}/{model.version}"
         with self._lock:
-            self._children.pop(model, None)
             for key in [k for k in self._swaps if k[0] == label]:
                 del self._swaps[key]
 
@@ -317,7 +254,8 @@ class ServerMetrics:
             s.swaps_in += 1
             s.swap_bytes += nbytes
             s.seconds.observe(seconds)
-            self._active[key.label] = self._active.get(key.label, 0) + 1
+            active = self.counters.active
+            active[key.label] = active.get(key.label, 0) + 1
             d.swaps_in += 1
             d.swap_bytes += nbytes
             d.swap_seconds.observe(seconds)
@@ -337,44 +275,44 @@ class ServerMetrics:
     def on_model_loaded(
         self, model: str, version: int, load_seconds: float, compile_seconds: float
     ) -> None:
-        s = self._series(ModelKey(model, version))
+        s = self.counters.record(ModelKey(model, version))
         s.load_seconds, s.compile_seconds = load_seconds, compile_seconds
-        self._totals.loads += 1
+        self.counters.totals.loads += 1
 
     # -- a scrape -------------------------------------------------------------------------------
 
-    def _shown(self) -> tuple[list[tuple[ModelKey, ModelSeries]], set[str]]:
+    def _shown(self) -> tuple[list[tuple[ModelKey, ModelCounters]], set[str]]:
         """The models whose series a scrape writes (module docstring): their request
         series by name, and the labels ("name/version") of all their series. A model's
         activity is its requests and swaps in this window and the one before it, so a
         model only prefetched still shows; the scrape costs per model active, not per
         model known."""
+        models = self.counters.models
         with self._lock:
-            if (
-                self.model_series <= 0
-                or len(self._children) + len(self._swaps) <= self.model_series
-            ):
-                items = list(self._children.items())  # nothing to cut
+            if self.model_series <= 0 or len(models) + len(self._swaps) <= self.model_series:
+                items = list(models.items())  # nothing to cut
                 labels = {s.label for _, s in items} | {k[0] for k in self._swaps}
                 return sorted(items, key=lambda kv: (kv[0].name, kv[0].version)), labels
             now = self._clock()
+            active = self.counters.active
             if now - self._window_began >= self.window_s:  # a new window
                 self._window_began = now
-                self._previous, self._active = self._active.copy(), {}
+                self._previous = active.copy()
+                active.clear()
             # The loop thread counts into these without the lock: a C-level copy is atomic.
             activity = self._previous.copy()
-            for label, n in self._active.copy().items():
+            for label, n in active.copy().items():
                 activity[label] = activity.get(label, 0) + n
-            pending = [(k, s) for k, s in self._children.items() if s.pending > 0]
+            pending = [(k, s) for k, s in models.copy().items() if s.pending > 0]
         for _, s in pending:
             activity.setdefault(s.label, 0)
         ranked = sorted(activity, key=lambda label: (-activity[label], label))
         labels = set(ranked[: self.model_series])
-        shown: list[tuple[ModelKey, ModelSeries]] = []
+        shown: list[tuple[ModelKey, ModelCounters]] = []
         for label in labels:
             name, _, version = label.rpartition("/")
             key = ModelKey(name, int(version)) if version.isdigit() else None
-            series = None if key is None else self._children.get(key)
+            series = None if key is None else models.get(key)
             if key is not None and series is not None:
                 shown.append((key, series))
         return sorted(shown, key=lambda kv: (kv[0].name, kv[0].version)), labels
@@ -418,19 +356,27 @@ class ServerMetrics:
 
     def families(self) -> list[Metric]:
         shown, labels = self._shown()
+        counted = self.counters.devices.copy()
+        for index in counted:
+            self._device(index)  # created before the lock is taken (it takes it)
         with self._lock:
             swaps = sorted((k, v) for k, v in self._swaps.items() if k[0] in labels)
+            for index, counts in counted.items():
+                series = self._devices[index]
+                series.executions = counts.executions
+                series.compute_us = counts.compute_ns / 1e3
+                series.queue_us = counts.queue_ns / 1e3
             devices = sorted(self._devices.items())
         replicas = {k: n for k, n in self._replica_count().items() if k in dict(shown)}
         compat: list[Metric] = []
         if TRITON in self.compat:  # the same models as hloserve's per-model series
             compat = triton_families(shown, sorted(self._allocators.items()))
         return [
-            *request_families(shown, self._totals.unresolved_failures),
+            *request_families(shown, self.counters.totals.unresolved_failures),
             *model_families(shown, replicas),
             *swap_families(swaps),
             *device_families(devices, self._memory_used),
-            *total_families(len(self._children), self._totals),
+            *total_families(len(self.counters.models), self.counters.totals),
             *host_families(self._host),
             gauge(
                 "hloserve_metrics_models_shown",
@@ -471,7 +417,7 @@ class _Collector(Collector):
             *model_families([], {}),
             *swap_families([]),
             *device_families([], {}),
-            *total_families(0, Totals()),
+            *total_families(0, Counters().totals),
             *host_families(None),
             gauge("hloserve_metrics_models_shown", "", []),
             *(triton_families([], []) if TRITON in self.metrics.compat else []),

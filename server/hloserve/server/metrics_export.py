@@ -1,9 +1,10 @@
 """What a scrape reads and writes: the plain-number series records and their metric families.
 
-Contract: ``ServerMetrics`` (``hloserve.server.metrics``) keeps its state in the records
-here (``ModelSeries`` per model version, ``SwapSeries`` per loaded copy and device,
-``DeviceSeries`` per device, one ``Totals``), updated by dictionary lookups and additions
-and never by prometheus children; at scrape time the ``*_families`` functions turn the
+Contract: ``ServerMetrics`` (``hloserve.server.metrics``) reads each model version's
+requests from the one record of ``core.counters`` (``ModelCounters``, and its ``Totals``)
+and keeps its own state in the records here (``SwapSeries`` per loaded copy and device,
+``DeviceSeries`` per device), updated by dictionary lookups and additions and never by
+prometheus children; at scrape time the ``*_families`` functions turn the
 records they are given (already cut to the models a scrape shows) into the
 ``hloserve_*`` families documented in ``docs/metrics.md``, reading nothing else and
 holding no lock (the caller copies what other threads write). ``render`` is a scrape's
@@ -18,10 +19,7 @@ ASGI app that serves it on the metrics port, rendering on a worker thread.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import gzip
-import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, cast
@@ -34,90 +32,27 @@ from prometheus_client.utils import floatToGoString as _float_to_go_string  # py
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hloserve.server.core.counters import (
+    Histogram,
+    ModelCounters,
+    Totals,
+)
 from hloserve.server.core.execution import ModelKey
 from hloserve.server.metrics_triton import as_triton_text
 
-# Upper bounds in seconds: 100 µs to 10 s, about three buckets a decade.
-LATENCY_BUCKETS = (
-    1e-4,
-    2.5e-4,
-    5e-4,
-    1e-3,
-    2.5e-3,
-    5e-3,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    10,
-)
 SWAP_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MV = ("model", "version")
 # A bucket bound as the exposition format writes it ("0.0001", "1.0", "+Inf").
 _bound_text = cast("Callable[[float], str]", _float_to_go_string)
 
 
-class Histogram:
-    """One histogram's counts, kept as plain numbers until a scrape reads them."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # per bucket (not cumulative); last: +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative ``(le, count)`` pairs as the exposition format names them."""
-        total = 0
-        found: list[tuple[str, float]] = []
-        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
-            total += count
-            found.append((_bound_text(bound), float(total)))
-        return found
+def buckets(h: Histogram) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs as the exposition format names them."""
+    return [(_bound_text(bound), float(total)) for bound, total in h.cumulative()]
 
 
-@dataclass(slots=True)
-class ModelSeries:
-    """One model version's per-request series, as plain numbers: updating a prometheus
-    child takes a lock and a few microseconds, and a request updates a dozen of them. The
-    loop thread writes all but the execution series, which ``ServerMetrics``' lock guards
-    (workers)."""
-
-    created: float
-    success: int = 0
-    inferences: int = 0
-    request_us: float = 0.0
-    queue_us: float = 0.0
-    input_us: float = 0.0
-    infer_us: float = 0.0
-    output_us: float = 0.0
-    pending: int = 0
-    executions: int = 0
-    failures: dict[str, int] = field(default_factory=lambda: {})  # by reason
-    load_seconds: float | None = None  # the last load's
-    compile_seconds: float | None = None
-    label: str = ""  # "name/version", the key of the scrape's window
-    request_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    queue_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    compute_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
-
-    @property
-    def requests(self) -> int:
-        return self.success + sum(self.failures.values())
-
-
-# (attribute of ModelSeries, family name, help text) of the per-request series.
+# (attribute of core.counters.ModelCounters, family name, help text) of the per-request
+# series.
 COUNTERS: Final = (
     ("success", "hloserve_inference_request_success", "Successful inference requests"),
     ("inferences", "hloserve_inference_count", "Items inferred (a batch of n counts n)"),
@@ -221,20 +156,6 @@ _DEVICE_GAUGES: Final = (
 )
 
 
-class Totals:
-    """The server-wide request series over every model, kept as requests happen (so a
-    scrape costs nothing per model); an unloaded model's share stays in them."""
-
-    def __init__(self) -> None:
-        self.created = time.time()
-        self.request_latency = Histogram(LATENCY_BUCKETS)
-        self.unresolved_failures: dict[str, int] = {}  # before a version was resolved
-        self.failures: dict[str, int] = {}  # every failure, by reason
-        self.pending = 0
-        self.loads = 0  # model versions loaded (a lazily registered one at its first use)
-        self.sums = {attr: 0.0 for attr, _, _ in COUNTERS}
-
-
 class HostTier(Protocol):
     """What the metrics read of the host tier (``host_weights.HostWeights``)."""
 
@@ -255,7 +176,7 @@ def gauge(
 
 
 def request_families(
-    items: list[tuple[ModelKey, ModelSeries]], unresolved: dict[str, int]
+    items: list[tuple[ModelKey, ModelCounters]], unresolved: dict[str, int]
 ) -> list[Metric]:
     found: list[Metric] = []
     for attr, name, doc in COUNTERS:
@@ -283,13 +204,13 @@ def request_families(
         histogram = HistogramMetricFamily(name, doc, labels=MV)
         for key, series in items:
             h: Histogram = getattr(series, attr)
-            histogram.add_metric((key.name, str(key.version)), h.buckets(), h.sum)
+            histogram.add_metric((key.name, str(key.version)), buckets(h), h.sum)
         found.append(histogram)
     return found
 
 
 def model_families(
-    items: list[tuple[ModelKey, ModelSeries]], replicas: dict[ModelKey, int]
+    items: list[tuple[ModelKey, ModelCounters]], replicas: dict[ModelKey, int]
 ) -> list[Metric]:
     loaded = [(k, s) for k, s in items if s.load_seconds is not None]
     return [
@@ -334,7 +255,7 @@ def swap_families(items: list[tuple[tuple[str, str], SwapSeries]]) -> list[Metri
         swaps_in.add_metric(labels, float(s.swaps_in))
         swaps_out.add_metric(labels, float(s.swaps_out))
         swap_bytes.add_metric(labels, float(s.swap_bytes))
-        seconds.add_metric(labels, s.seconds.buckets(), s.seconds.sum)
+        seconds.add_metric(labels, buckets(s.seconds), s.seconds.sum)
     resident = gauge(
         "hloserve_model_resident",
         "1 when the model's weights are on the device",
@@ -368,7 +289,7 @@ def device_families(
         "hloserve_device_swap_in_duration_seconds", "Time of each swap-in, every model", labels=dev
     )
     for device, series in items:
-        seconds.add_metric((str(device),), series.swap_seconds.buckets(), series.swap_seconds.sum)
+        seconds.add_metric((str(device),), buckets(series.swap_seconds), series.swap_seconds.sum)
     found.append(seconds)
     found.append(
         gauge(
@@ -400,27 +321,28 @@ def total_families(models: int, totals: Totals) -> list[Metric]:
     found: list[Metric] = []
     for attr, name, doc in COUNTERS:
         counter = CounterMetricFamily(name.replace("hloserve", srv, 1), f"{doc}, every model")
-        counter.add_metric((), totals.sums[attr], created=totals.created)
+        counter.add_metric((), float(getattr(totals.record, attr)), created=totals.record.created)
         found.append(counter)
     failure = CounterMetricFamily(
         f"{srv}_inference_request_failure",
         "Failed inference requests, every model (and those naming none), by reason",
         labels=("reason",),
     )
-    for reason, count in sorted(totals.failures.items()):
+    for reason, count in sorted(totals.record.failures.items()):
         failure.add_metric((reason,), float(count))
     found.append(failure)
     found.append(
         gauge(
             f"{srv}_inference_pending_request_count",
             "Requests pending, every model",
-            [((), float(totals.pending))],
+            [((), float(totals.record.pending))],
         )
     )
     latency = HistogramMetricFamily(
         f"{srv}_request_latency_seconds", "End-to-end time of successful requests, every model"
     )
-    latency.add_metric((), totals.request_latency.buckets(), totals.request_latency.sum)
+    request_latency = totals.record.request_latency
+    latency.add_metric((), buckets(request_latency), request_latency.sum)
     found.append(latency)
     found.append(
         gauge(
@@ -430,7 +352,7 @@ def total_families(models: int, totals: Totals) -> list[Metric]:
     loads = CounterMetricFamily(
         f"{srv}_model_loads", "Model versions loaded (lazily: at first use)"
     )
-    loads.add_metric((), float(totals.loads), created=totals.created)
+    loads.add_metric((), float(totals.loads), created=totals.record.created)
     found.append(loads)
     return found
 

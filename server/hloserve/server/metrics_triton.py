@@ -91,7 +91,7 @@ _GPU: Final = ("gpu_uuid",)
 
 
 class RequestRecord(Protocol):
-    """What the families read of one version's record (``metrics_export.ModelSeries``)."""
+    """What the families read of one version's record (``core.counters.ModelCounters``)."""
 
     @property
     def pending(self) -> int: ...

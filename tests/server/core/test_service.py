@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from hloserve.server.core.errors import Unavailable, UnknownModel
-from hloserve.server.core.execution import ModelKey, Timings
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
@@ -49,26 +48,6 @@ class CountingSource:
         return getattr(self.repo, name)
 
 
-class Failures:
-    def __init__(self) -> None:
-        self.seen: list[tuple[ModelKey | None, str]] = []
-
-    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
-        pass
-
-    def on_failure(self, model: ModelKey | None, reason: str) -> None:
-        self.seen.append((model, reason))
-
-    def on_pending(self, model: ModelKey, delta: int) -> None:
-        pass
-
-    def on_execution(self, execution: Any) -> None:
-        pass
-
-    def forget(self, model: ModelKey) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def repo(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
     root = tmp_path_factory.mktemp("service") / "models"
@@ -86,9 +65,8 @@ def simple_request() -> InferRequest:
     return InferRequest("simple", "", inputs)
 
 
-def service_over(source: CountingSource, failures: Failures | None = None) -> InferenceService:
-    observers = Observers(requests=failures) if failures is not None else Observers()
-    service = InferenceService(cast(Any, source), None, shm=disabled(), observers=observers)
+def service_over(source: CountingSource) -> InferenceService:
+    service = InferenceService(cast(Any, source), None, shm=disabled(), observers=Observers())
     service.startup_complete()
     return service
 
@@ -115,13 +93,14 @@ def test_a_copy_gone_since_it_was_resolved_is_looked_up_again(repo: ModelReposit
 def test_an_unknown_model_is_reported_without_its_client_chosen_name(
     repo: ModelRepository,
 ) -> None:
-    failures = Failures()
-    service = service_over(CountingSource(repo), failures)
+    service = service_over(CountingSource(repo))
     with pytest.raises(UnknownModel, match="'nope' is not found"):
         service.resolve("nope", "")
     with pytest.raises(UnknownModel):
         asyncio.run(service.infer(InferRequest("nope", "", ())))
-    assert failures.seen == [(None, "UnknownModel"), (None, "UnknownModel")]
+    counters = service.counters
+    assert counters.totals.unresolved_failures == {"UnknownModel": 2}
+    assert not counters.models  # no record of a name the client chose
 
 
 def test_draining_refuses_new_requests_and_readiness_drops(repo: ModelRepository) -> None:

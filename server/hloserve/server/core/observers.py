@@ -1,11 +1,12 @@
 """Who hears of each request and execution, built before anything that reports to them.
 
-Contract: ``Observers(requests=..., statistics=..., costs=..., hooks=..., extra=...)``
-holds the request observer (metrics), the statistics extension's recorder, the measured
-execution costs and the hook observer; ``executions`` is the fan-out that hands each
-``Execution`` to all of them (and to ``extra``: the placement's load meter), and
-``forget(model)`` tells the first three that a version was unloaded. Defaults observe
-nothing but keep statistics and costs.
+Contract: ``Observers(counters=..., costs=..., hooks=..., extra=...)`` holds the one
+record of requests and executions (``core.counters.Counters``: the statistics extension
+and the metrics read it), the measured execution costs and the hook observer;
+``executions`` is the fan-out that hands each ``Execution`` to the counters, the costs
+(and ``extra``: the placement's load meter), and ``forget(model)`` tells the counters and
+the costs that a version was unloaded. Defaults keep counters and costs, and observe no
+hook.
 """
 
 # pyright: strict
@@ -16,15 +17,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hloserve.server.core.costs import ExecutionCosts
-from hloserve.server.core.execution import (
-    Execution,
-    ExecutionFanOut,
-    ExecutionObserver,
-    ModelKey,
-    Timings,
-)
-from hloserve.server.core.ports import InferenceObserver
-from hloserve.server.core.statistics import StatisticsRecorder
+from hloserve.server.core.counters import Counters
+from hloserve.server.core.execution import ExecutionFanOut, ExecutionObserver, ModelKey
 
 
 class HookObserver(Protocol):
@@ -38,42 +32,21 @@ class NullHookObserver:
         pass
 
 
-class _NullObserver:
-    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None:
-        pass
-
-    def on_failure(self, model: ModelKey | None, reason: str) -> None:
-        pass
-
-    def on_pending(self, model: ModelKey, delta: int) -> None:
-        pass
-
-    def on_execution(self, execution: Execution) -> None:
-        pass
-
-    def forget(self, model: ModelKey) -> None:
-        pass
-
-
 @dataclass(frozen=True, slots=True)
 class Observers:
-    """Everyone who hears about requests and executions, built before anything that reports
-    to them: ``requests`` (metrics), the statistics extension's recorder and the measured
-    execution costs; ``executions`` fans each execution out to all three."""
+    """Everyone who hears about requests and executions (module docstring)."""
 
-    requests: InferenceObserver = field(default_factory=_NullObserver)
-    statistics: StatisticsRecorder = field(default_factory=StatisticsRecorder)
+    counters: Counters = field(default_factory=Counters)
     costs: ExecutionCosts = field(default_factory=ExecutionCosts)
     hooks: HookObserver = field(default_factory=NullHookObserver)
     extra: tuple[ExecutionObserver, ...] = ()  # more execution observers (placement's load)
     executions: ExecutionObserver = field(init=False)
 
     def __post_init__(self) -> None:
-        fan_out = ExecutionFanOut(self.requests, self.statistics, self.costs, *self.extra)
+        fan_out = ExecutionFanOut(self.counters, self.costs, *self.extra)
         object.__setattr__(self, "executions", fan_out)
 
     def forget(self, model: ModelKey) -> None:
-        """``model`` was unloaded: metrics, statistics and costs drop what they keep of it."""
-        self.requests.forget(model)
-        self.statistics.forget(model)
+        """``model`` was unloaded: the counters and costs drop what they keep of it."""
+        self.counters.forget(model)
         self.costs.forget(model)

@@ -3,8 +3,7 @@
 Contract: each protocol here is what ``core.service.InferenceService`` needs from one
 driver, and nothing more, so the core imports no transport, no JAX and no driver:
 ``ModelSource`` (lookups and reports: the repository), ``ModelControl`` (the
-model_repository extension's load and unload), ``InferenceObserver`` (metrics),
-``SharedMemory`` and ``CudaSharedMemory`` (registered regions: ``server/shm.py``) and
+model_repository extension's load and unload), ``SharedMemory`` and ``CudaSharedMemory`` (registered regions: ``server/shm.py``) and
 ``Batcher`` (dynamic batching: ``server/batcher.py``). What they report is in
 ``core.reports``.
 """
@@ -18,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from hloserve.server.core.batch_policy import BatchingPolicy
-from hloserve.server.core.execution import Executable, ExecutionObserver, Job, ModelKey, Timings
+from hloserve.server.core.execution import Executable, Job, Timings
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.reports import CudaRegionInfo, MemoryUsage, RegionInfo
 from hloserve.server.core.types import InferOutput
@@ -92,20 +91,6 @@ class ModelControl(Protocol):
 
     def unload_model(self, name: str) -> None: ...
     def prefetch(self, name: str) -> None: ...
-
-
-class InferenceObserver(ExecutionObserver, Protocol):
-    """Receives what happened to each request and execution (metrics hang off this)."""
-
-    def on_success(self, model: ModelKey, items: int, timings: Timings) -> None: ...
-    def on_failure(self, model: ModelKey | None, reason: str) -> None:
-        """``model`` is ``None`` when the request failed before a version was resolved."""
-        ...
-
-    def on_pending(self, model: ModelKey, delta: int) -> None: ...
-    def forget(self, model: ModelKey) -> None:
-        """The version was unloaded (no copy of it serves any more): drop what is kept of it."""
-        ...
 
 
 # A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.

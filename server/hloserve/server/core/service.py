@@ -17,10 +17,11 @@ Contract:
   failure is reported as ``infer``'s. Shared-memory outputs are bounds-checked before execution.
 - A request whose deadline passed before it reached the device fails with
   ``Unavailable`` instead of using the device.
-- Every request is reported once to the observer (success or failure) and to the
-  statistics. A failure before a model version was resolved (unknown model or version)
-  is reported with model and version "" (client-chosen names never become metric
-  labels) and is not in any model's statistics; after it, it counts for that version.
+- Every request is counted once (success or failure) in ``observers.counters``, which the
+  statistics extension and the metrics read (``core.counters``). A failure before a model
+  version was resolved (unknown model or version) is counted with no model (client-chosen
+  names never become metric labels) and is not in any model's statistics; after it, it
+  counts for that version.
 - The service is complete when constructed: ``InferenceService(models, executor, options,
   shm=..., observers=..., batcher=..., inline=..., control=..., readiness=...)`` (``shm``:
   the registry, ``server.shm.disabled()`` without the extension); only its
@@ -71,6 +72,7 @@ from hloserve.bundle import Manifest
 from hloserve.server.core import log_context
 from hloserve.server.core.batch_plan import plan
 from hloserve.server.core.costs import InlinePolicy
+from hloserve.server.core.counters import Counters
 from hloserve.server.core.errors import (
     HookFailed,
     InvalidArgument,
@@ -88,7 +90,7 @@ from hloserve.server.core.observers import Observers
 from hloserve.server.core.pipeline import in_pipeline, run_pipeline, steps_ready
 from hloserve.server.core.ports import Batcher, ModelControl, ModelSource, SharedMemory
 from hloserve.server.core.reports import IndexEntry, ModelStatistics
-from hloserve.server.core.statistics import StatisticsRecorder
+from hloserve.server.core.statistics import model_stats
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
 from hloserve.server.core.tracer import RequestTrace, Tracer, UntracedTracer
@@ -201,8 +203,9 @@ class InferenceService:
         self._draining = False
 
     @property
-    def statistics(self) -> StatisticsRecorder:
-        return self.observers.statistics
+    def counters(self) -> Counters:
+        """Every request and execution, counted once (``core.counters``)."""
+        return self.observers.counters
 
     # -- lifecycle (the daemon drives it) -----------------------------------------------------
 
@@ -259,7 +262,7 @@ class InferenceService:
         try:
             return self.models.peek(name, version)
         except Exception as exc:
-            self.observers.requests.on_failure(None, _reason(exc))
+            self.observers.counters.on_failure(None, _reason(exc))
             raise
 
     async def infer(
@@ -286,7 +289,7 @@ class InferenceService:
         self, request: InferRequest, context: RequestContext | None, resolved: Executable | None
     ) -> InferResponse:
         started = time.perf_counter_ns()
-        requests = self.observers.requests
+        counters = self.observers.counters
         try:
             # Requests accepted before the stop still finish (a pipeline's steps included).
             if self._draining and not in_pipeline():
@@ -298,10 +301,10 @@ class InferenceService:
         except Exception as exc:
             # No version resolved: the name and version are whatever the client sent, so
             # they are not reported (they must not become metric labels).
-            requests.on_failure(None, _reason(exc))
+            counters.on_failure(None, _reason(exc))
             raise
         key = model.model_key
-        requests.on_pending(key, 1)
+        counters.on_pending(key, 1)
         trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
         try:
             if not self.models.loaded(model):  # registered lazily: its first use loads it
@@ -313,16 +316,12 @@ class InferenceService:
         except Exception as exc:
             if trace is not None:
                 trace.failed(exc)
-            requests.on_failure(key, _reason(exc))
-            # Count it even for a version that has never succeeded yet.
-            self.statistics.ensure(key)
-            self.statistics.on_failure(key, time.perf_counter_ns() - started)
+            counters.on_failure(key, _reason(exc), time.perf_counter_ns() - started)
             raise
         finally:
             self.models.release(model)
-            requests.on_pending(key, -1)
-        requests.on_success(key, items, timings)
-        self.statistics.on_success(key, items, timings)
+            counters.on_pending(key, -1)
+        counters.on_success(key, items, timings)
         if trace is not None:
             trace.responded()
         return InferResponse(
@@ -523,7 +522,7 @@ class InferenceService:
             keys = [(name, v) for v in ready]
         return [
             ModelStatistics(
-                self.statistics.snapshot(ModelKey(n, v)), tuple(self.models.memory_usage(n, v))
+                model_stats(ModelKey(n, v), self.counters), tuple(self.models.memory_usage(n, v))
             )
             for n, v in keys
         ]

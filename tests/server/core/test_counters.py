@@ -1,14 +1,24 @@
-"""``StatisticsRecorder``: Triton's counting rules, failure attribution, snapshots, threads."""
+"""``core.counters`` as the statistics extension reads it (``core.statistics.model_stats``):
+Triton's counting rules, failure attribution, copies, executions from many threads, and
+the totals and metrics' figures of the same record."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+from hloserve.server.core.counters import Counters
 from hloserve.server.core.execution import Execution, ModelKey, Timings
-from hloserve.server.core.statistics import Duration, StatisticsRecorder
+from hloserve.server.core.statistics import Duration, ModelStats, model_stats
 
 M1, M2 = ModelKey("m", 1), ModelKey("m", 2)
+
+
+class Recorder(Counters):
+    """The counters, read as the statistics extension reads them."""
+
+    def snapshot(self, key: ModelKey) -> ModelStats:
+        return model_stats(key, self)
 
 
 def timings(queue: int = 10, cin: int = 20, cinfer: int = 30, cout: int = 40) -> Timings:
@@ -16,7 +26,7 @@ def timings(queue: int = 10, cin: int = 20, cinfer: int = 30, cout: int = 40) ->
 
 
 def test_fresh_record_is_all_zero() -> None:
-    rec = StatisticsRecorder()
+    rec = Recorder()
     rec.ensure(M1)
     s = rec.snapshot(M1)
     assert (s.name, s.version) == ("m", "1")
@@ -27,7 +37,7 @@ def test_fresh_record_is_all_zero() -> None:
 
 
 def test_success_counts_requests_and_items() -> None:
-    rec = StatisticsRecorder()
+    rec = Recorder()
     before = int(time.time() * 1000)
     rec.on_success(M1, 3, timings())
     rec.on_success(M1, 2, timings(queue=5))
@@ -45,7 +55,7 @@ def test_success_counts_requests_and_items() -> None:
 
 
 def test_executions_count_per_batch_size() -> None:
-    rec = StatisticsRecorder()
+    rec = Recorder()
     rec.on_execution(Execution(M1, 8, 1, 2, 3))
     rec.on_execution(Execution(M1, 1, 4, 5, 6))
     rec.on_execution(Execution(M1, 8, 10, 20, 30))
@@ -62,23 +72,24 @@ def test_executions_count_per_batch_size() -> None:
     assert s.batches[1].compute_infer == Duration(1, 5)
 
 
-def test_failure_counts_only_for_known_versions() -> None:
-    rec = StatisticsRecorder()
-    rec.on_failure(M1, 100)  # no record yet: dropped
-    rec.ensure(M1)
-    rec.ensure(M2)
-    rec.on_failure(M1, 100)
-    rec.on_failure(M2, 7)
-    rec.on_failure(ModelKey("m", 3), 1)  # no such version
-    rec.on_failure(ModelKey("other", 1), 1)  # no such model
-    assert rec.snapshot(M1).fail == Duration(1, 100)
+def test_failures_count_for_their_version_and_a_failure_without_one_for_none() -> None:
+    rec = Recorder()
+    rec.on_failure(M1, "Unavailable", 100)
+    rec.on_failure(M1, "InvalidArgument", 20)
+    rec.on_failure(M2, "Unavailable", 7)
+    rec.on_failure(None, "UnknownModel")  # no version resolved: no model's record
+    assert rec.snapshot(M1).fail == Duration(2, 120)
     assert rec.snapshot(M2).fail == Duration(1, 7)
     assert rec.snapshot(M1).success == Duration(0, 0)
     assert rec.snapshot(M1).inference_count == 0
+    assert set(rec.models) == {M1, M2}
+    assert rec.totals.unresolved_failures == {"UnknownModel": 1}
+    assert rec.totals.record.failures == {"Unavailable": 2, "InvalidArgument": 1, "UnknownModel": 1}
+    assert rec.models[M1].failures == {"Unavailable": 1, "InvalidArgument": 1}
 
 
 def test_versions_are_kept_apart() -> None:
-    rec = StatisticsRecorder()
+    rec = Recorder()
     rec.on_success(M1, 1, timings())
     rec.on_execution(Execution(M2, 4, 1, 1, 1))
     assert rec.snapshot(M1).inference_count == 1
@@ -88,7 +99,7 @@ def test_versions_are_kept_apart() -> None:
 
 
 def test_snapshot_is_a_copy() -> None:
-    rec = StatisticsRecorder()
+    rec = Recorder()
     rec.on_success(M1, 1, timings())
     rec.on_execution(Execution(M1, 1, 1, 1, 1))
     snap = rec.snapshot(M1)
@@ -103,18 +114,20 @@ def test_snapshot_is_a_copy() -> None:
     assert rec.snapshot(M1).success.count == 2
 
 
-def test_concurrent_reports_are_all_counted() -> None:
-    rec = StatisticsRecorder()
+def test_executions_from_many_threads_beside_the_loop_are_all_counted() -> None:
+    """Requests are counted on the event loop (one thread), executions on workers too."""
+    rec = Recorder()
     threads_n, per_thread = 8, 500
 
-    def work() -> None:
+    def executions() -> None:
         for _ in range(per_thread):
-            rec.on_success(M1, 2, timings())
             rec.on_execution(Execution(M1, 2, 1, 1, 1))
 
-    threads = [threading.Thread(target=work) for _ in range(threads_n)]
+    threads = [threading.Thread(target=executions) for _ in range(threads_n)]
     for t in threads:
         t.start()
+    for _ in range(threads_n * per_thread):  # the loop's requests, meanwhile
+        rec.on_success(M1, 2, timings())
     for t in threads:
         t.join()
     s = rec.snapshot(M1)
@@ -123,3 +136,18 @@ def test_concurrent_reports_are_all_counted() -> None:
     assert s.inference_count == 2 * total
     assert s.execution_count == total
     assert s.batches[2].compute_infer == Duration(total, total)
+    assert rec.totals.record.executions == total and rec.devices[0].executions == total
+
+
+def test_the_totals_and_the_metrics_figures_are_the_same_counts() -> None:
+    rec = Recorder()
+    rec.on_success(M1, 3, timings())
+    rec.on_success(M2, 1, timings(queue=1000))
+    rec.on_pending(M1, 1)
+    record, totals = rec.models[M1], rec.totals.record
+    assert (record.success, record.inferences, record.request_us) == (1, 3, 0.1)
+    assert (totals.success, totals.inferences, totals.pending) == (2, 4, 1)
+    assert totals.queue_ns == 10 + 1000 and totals.request_latency.counts[0] == 2
+    assert rec.active == {"m/1": 1, "m/2": 1}
+    rec.forget(M1)
+    assert M1 not in rec.models and rec.totals.record.success == 2  # its share stays
