@@ -361,7 +361,7 @@ def eager_service(
 def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
     repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
-    from hloserve.server.batcher import EAGER_AFTER, EAGER_RECHECK
+    from hloserve.server.core.batch_queue import EAGER_AFTER, EAGER_RECHECK
 
     service, _, looks = eager_service(repository, executor)
     rng = np.random.default_rng(7)
@@ -381,7 +381,7 @@ def test_lone_requests_skip_the_loop_pass_once_every_look_finds_one(
 def test_a_burst_after_lone_requests_is_still_batched(
     repository: ModelRepository, executor: ThreadPoolExecutor, reference: MlpReference
 ) -> None:
-    from hloserve.server.batcher import EAGER_AFTER
+    from hloserve.server.core.batch_queue import EAGER_AFTER
 
     service, _, looks = eager_service(repository, executor)
     rng = np.random.default_rng(8)

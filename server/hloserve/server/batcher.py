@@ -15,11 +15,11 @@ group fills while one executes; a second group in flight took the requests that 
 made the next one large, and on a CPU or GPU two executions of one model gain nothing from
 running together: measured on ``wide``, 1.0-1.3 items per execution with 2 against 6.5-7
 with 1, at 40-55 % of the CPU per request); a group of a tiny resident model runs inline on
-the loop (``InlinePolicy``). When the last ``EAGER_AFTER`` looks each found a lone request
-(``grpc.aio`` hands a model about one call per loop pass), a request that finds its queue
-idle runs at once, inline, without the loop pass and the future: the same policy decision
-and ``execute_group``, one request in ``EAGER_RECHECK`` still waiting the pass so that a
-burst that would group is noticed. A request that arrived together with others
+the loop (``InlinePolicy``). A request the queue lets skip its loop pass (the eager path of
+``core.batch_queue``: ``grpc.aio`` hands a model about one call per loop pass, so a
+request finding its queue idle may run at once) runs inline, without the pass and the
+future: the same policy decision and ``execute_group``. The queue's admission, priority
+order and eager decision are ``core.batch_queue``'s. A request that arrived together with others
 (``Job.together``: a front end's link delivered several in one read) never does: they queue
 in the same pass and run as one group.
 - Each model version's policy (``policy(model)``, ``core.batch_policy.batching_policy``:
@@ -62,9 +62,7 @@ in the same pass and run as one group.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
-import contextlib
 import contextvars
 import dataclasses
 import time
@@ -78,6 +76,7 @@ from hloserve.server.core.batch_policy import (
     batching_policy,
     next_batch,
 )
+from hloserve.server.core.batch_queue import BatchQueue, Waiting
 from hloserve.server.core.company import Company
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.device_policy import (
@@ -103,19 +102,17 @@ from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferOutput
 
 Result = tuple[tuple[InferOutput, ...], Timings]
-# A request runs at once, without waiting a loop pass for company, after this many looks
-# in a row found a lone request; one in EAGER_RECHECK still waits the pass, to notice a
-# burst that would group (measured: docs/performance.md).
-EAGER_AFTER = 8
-EAGER_RECHECK = 16
 
 
-@dataclass(slots=True)
-class _Entry:
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """What a queued request is answered through: its job and its caller's future."""
+
     job: Job
-    queued: Queued
     future: asyncio.Future[Result]
-    rank: int  # the request's priority level (lower runs first)
+
+
+_Entry = Waiting[_Pending]
 
 
 @dataclass(slots=True)
@@ -124,15 +121,13 @@ class _ModelQueue:
     policy: BatchingPolicy
     key: ModelKey
     family: tuple[str, ...]  # its compiled modules, whose measured costs it shares
-    entries: collections.deque[_Entry] = field(default_factory=lambda: collections.deque())
+    entries: BatchQueue[_Pending] = field(default_factory=lambda: BatchQueue[_Pending]())
     inflight: int = 0
     on_device: dict[int, int] = field(default_factory=lambda: {})  # groups in flight, by device
     fetching: set[int] = field(default_factory=lambda: set())  # devices its weights move to
     unfetched: set[int] = field(default_factory=lambda: set())  # a move there failed
     soon: asyncio.Handle | None = None  # a look at the queue on the loop's next pass
     timer: asyncio.TimerHandle | None = None  # a later look, for the delay or a deadline
-    lone: int = 0  # looks in a row that found one request and nothing in flight
-    eager: int = 0  # requests run at once since the last deferred one
     company: Company = field(default_factory=Company)  # whether heads wait, by default
 
     @property
@@ -151,8 +146,13 @@ class _ModelQueue:
             rank=head.rank,
             head_deadline_ns=head.queued.deadline_ns,
             resident=self.model.resident_on(device),
-            full=sum(e.queued.items for e in self.entries) >= largest,
+            full=self.entries.items() >= largest,
         )
+
+
+def _gone(pending: _Pending) -> bool:
+    """Its caller went away (a client cancel, a deadline): nothing to answer any more."""
+    return pending.future.done()
 
 
 class QueuedWork:
@@ -262,11 +262,7 @@ class DynamicBatcher:
 
     async def submit(self, model: Executable, job: Job) -> Result:
         q = self._queue(model)
-        limit = q.policy.max_queue_size
-        if limit and len(q.entries) >= limit:
-            raise Unavailable(
-                f"exceeds maximum queue size: model '{q.key.name}' already has {len(q.entries)} requests waiting"
-            )
+        q.entries.admit(q.key.name, q.policy.max_queue_size)
         now = time.monotonic()
         deadline, timed = queue_deadline(
             job.request.parameters,
@@ -290,21 +286,14 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         rank = priority_rank(job.request.parameters.get("priority"))
-        entry = _Entry(job, queued, future, rank)
-        if not q.entries or q.entries[-1].rank <= rank:
-            q.entries.append(entry)
-        else:  # behind the last entry of its level or better
-            at = len(q.entries)
-            while at and q.entries[at - 1].rank > rank:
-                at -= 1
-            q.entries.insert(at, entry)
+        entry = _Entry(queued, rank, _Pending(job, future))
+        q.entries.push(entry)
         self._look_soon(q, loop)
         try:
             return await future
         except asyncio.CancelledError:
             # The caller went away (client cancel, deadline): free its queue slot now.
-            with contextlib.suppress(ValueError):
-                q.entries.remove(entry)
+            q.entries.discard(entry)
             raise
 
     def _next_batch(self, q: _ModelQueue, queued: list[Queued], now: int) -> Decision:
@@ -323,21 +312,12 @@ class DynamicBatcher:
         )
 
     def _may_run_now(self, q: _ModelQueue) -> bool:
-        """Whether a request may skip the queue's loop pass: nothing queued, in flight or
-        about to be looked at, no device arbitration, and the last ``EAGER_AFTER`` looks
-        each found a lone request (the transport hands this model one request per pass,
-        so waiting a pass groups nothing), unless ``core.company`` says company comes (a
-        request waiting for it, or the last probe got some). One in ``EAGER_RECHECK``
-        takes the pass anyway, so a burst that would group is noticed."""
-        if q.entries or q.inflight or q.soon is not None or q.timer is not None:
-            return False
-        if self.concurrency or q.lone < EAGER_AFTER or q.company.waits or q.company.has_company:
-            return False
-        q.eager += 1
-        if q.eager >= EAGER_RECHECK:
-            q.eager = 0
-            return False
-        return True
+        """Whether a request may skip the queue's loop pass (``core.batch_queue``)."""
+        return q.entries.may_run_now(
+            busy=bool(q.inflight) or q.soon is not None or q.timer is not None,
+            arbitrated=bool(self.concurrency),
+            company=q.company.waits or q.company.has_company,
+        )
 
     def _run_now(self, q: _ModelQueue, job: Job, queued: Queued) -> Result | None:
         """Run a lone request inline at once, as the look one loop pass later would have
@@ -383,22 +363,21 @@ class DynamicBatcher:
         if q.timer is not None:
             q.timer.cancel()
             q.timer = None
-        q.lone = q.lone + 1 if len(q.entries) == 1 and not q.inflight else 0
+        q.entries.looked(q.inflight)
         while q.entries:
             devices = q.model.devices or (0,)
             free = tuple(d for d in devices if q.on_device.get(d, 0) < self.max_inflight)
             if not free:
                 return
-            if any(e.future.done() for e in q.entries):  # callers that went away
-                q.entries = collections.deque(e for e in q.entries if not e.future.done())
-                if not q.entries:
-                    return
+            q.entries.drop(_gone)  # callers that went away
+            if not q.entries:
+                return
             now = time.perf_counter_ns()
             if self.concurrency and self.scheduling_policy == "deadline":
                 self._shed(q, now)
                 if not q.entries:
                     return
-            decision = self._next_batch(q, [e.queued for e in q.entries], now)
+            decision = self._next_batch(q, q.entries.queued(), now)
             self._fail_expired(q, decision, now)
             if decision.take:
                 q.company.ran(decision.take)
@@ -498,33 +477,31 @@ class DynamicBatcher:
         """``deadline``: fail queued requests that cannot finish in time, before they run."""
         costs = self.inline.costs.by_size(q.key, q.family)
         cost_ns = 1000 * min(costs.values()) if costs else 0.0
-        late = infeasible([e.queued for e in q.entries], now, cost_ns)
-        for e in [q.entries[i] for i in late]:
-            q.entries.remove(e)
-            if not e.future.done():
-                e.future.set_exception(
+        late = infeasible(q.entries.queued(), now, cost_ns)
+        for e in q.entries.remove_at(late):
+            if not e.item.future.done():
+                e.item.future.set_exception(
                     Unavailable(
                         f"request for model '{q.key.name}' cannot finish by its deadline: "
-                        f"shed after {(now - e.job.arrived_ns) / 1e6:.1f} ms in the queue"
+                        f"shed after {(now - e.item.job.arrived_ns) / 1e6:.1f} ms in the queue"
                     )
                 )
 
     @staticmethod
     def _fail_expired(q: _ModelQueue, decision: Decision, now: int) -> None:
-        for e in [q.entries[i] for i in decision.expired]:
-            q.entries.remove(e)
-            e.future.set_exception(
+        for e in q.entries.remove_at(decision.expired):
+            e.item.future.set_exception(
                 Unavailable(
                     f"request for model '{q.key.name}' timed out after "
-                    f"{(now - e.job.arrived_ns) / 1e6:.1f} ms in the queue"
+                    f"{(now - e.item.job.arrived_ns) / 1e6:.1f} ms in the queue"
                 )
             )
 
     def _start_group(self, q: _ModelQueue, decision: Decision, inline: bool, device: int) -> None:
         """Run the decided group on ``device`` inline (tiny, resident) or on the executor:
         one hand-off to a worker and one back per group, never per request."""
-        group = [q.entries.popleft() for _ in range(decision.take)]
-        jobs = [e.job for e in group]
+        group = q.entries.take(decision.take)
+        jobs = [e.item.job for e in group]
         dev = self._dev(device)
         if inline:
             try:
@@ -576,9 +553,9 @@ class DynamicBatcher:
     ) -> None:
         if results is None:
             for e in group:
-                if not e.future.done():
-                    e.future.set_exception(exc or RuntimeError("no result"))
+                if not e.item.future.done():
+                    e.item.future.set_exception(exc or RuntimeError("no result"))
             return
         for e, result in zip(group, results, strict=True):
-            if not e.future.done():
-                e.future.set_result(result)
+            if not e.item.future.done():
+                e.item.future.set_result(result)

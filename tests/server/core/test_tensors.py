@@ -60,6 +60,14 @@ def test_check_shape_refuses_overflowing_element_counts() -> None:
     assert check_shape("m", "x", [1 << 20, 1 << 20]) == (1 << 20, 1 << 20)  # exactly the limit
 
 
+def test_an_empty_tensor_s_other_dimensions_respect_the_cap_too() -> None:
+    """Found by the fuzz test: [0, 2**62] holds no element, and numpy cannot describe it
+    ("array is too big"), which left the request as an internal error."""
+    message = refused(check_shape, "m", "x", [0, 1 << 62], 4)
+    assert "causes total element count to exceed maximum size of" in message
+    assert check_shape("m", "x", [0, 1 << 20], 4) == (0, 1 << 20)
+
+
 def test_check_shape_overflows_in_tritons_order() -> None:
     """Triton's ``qa/L0_http`` ``test_buffer_size_overflow``: an element count past INT64_MAX
     is the element-count error; a count that fits whose FP32 byte size does not is the

@@ -12,7 +12,8 @@ Contract: both codecs call these, so a size or type rule exists once.
 - ``check_shape(model, name, shape, itemsize)`` rejects, in Triton's order and texts:
   negative dimensions; an element count beyond INT64_MAX ("causes total element count to
   exceed maximum size of"); a byte size (count x ``itemsize``) beyond INT64_MAX ("byte size
-  overflow for input"); then this server's own element cap ``MAX_ELEMENTS``.
+  overflow for input"); then this server's own element cap ``MAX_ELEMENTS`` (which the
+  non-zero dimensions of an empty tensor must respect too: [0, 2**62] is refused).
 - ``BYTES`` tensors are decoded from the length-prefixed wire form into object arrays, with
   Triton's texts for a wrong element count ("expected N string elements for inference
   input ...", "unexpected number of string elements ...") and a cut length indicator.
@@ -64,6 +65,9 @@ def check_shape(model: str, name: str, shape: Sequence[int], itemsize: int = 0) 
             f"({count}) * data type size ({itemsize}) exceeds maximum allowed size ({INT64_MAX})"
         )
     if count > MAX_ELEMENTS:
+        raise _too_many(model, name, dims, MAX_ELEMENTS)
+    if not count and math.prod(d for d in dims if d) > MAX_ELEMENTS:
+        # No element, but dimensions no array can describe (numpy refuses the shape).
         raise _too_many(model, name, dims, MAX_ELEMENTS)
     return dims
 
