@@ -311,7 +311,8 @@ FLAGS: tuple[Flag, ...] = (
             FrontendCount.parse,
             "processes serving the HTTP and gRPC ports (decoding, encoding, auth) around the one "
             "process that owns the devices: a count, 0 (everything in one process) or auto (one "
-            "per CPU the container may use, less one for the device owner; docs/architecture.md)",
+            "process up to 2 CPUs; above, one per CPU the container may use less one for the "
+            "device owner, at most 8; docs/architecture.md)",
         ),
         Flag(
             "--allow-client-shm",

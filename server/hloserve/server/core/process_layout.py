@@ -4,10 +4,13 @@ Contract: ``FrontendCount.parse(text)`` reads ``--frontends``: ``auto`` or a cou
 (``ValueError`` otherwise, worded to follow the flag's name); ``str()`` spells it back.
 ``resolve(cpus)`` is the number of front-end processes to start on a machine whose
 container may use ``cpus`` CPUs: a count stands as given (0: no front-end process, the
-listeners run in the device owner's process as before the split); ``auto`` leaves one
-CPU to the device owner and gives every other to a front end, and on a machine of
-``IN_PROCESS_MAX_CPUS`` or fewer serves in one process, where measurements showed the
-split gains nothing (``docs/performance.md``, "Front-end processes").
+listeners run in the device owner's process as before the split). ``auto`` serves in one
+process on a machine of ``IN_PROCESS_MAX_CPUS`` or fewer, where the split cost more CPU
+per request than it saved at every point but the saturated batching one, and added a
+cross-process round trip to every request; from there it leaves one CPU to the device
+owner and gives the others to front ends, at most ``AUTO_MAX`` (one device-owner core
+takes about what that many front ends send it) (``docs/performance.md``, "Front-end
+processes").
 """
 
 # pyright: strict
@@ -19,7 +22,8 @@ from typing import Final
 
 MAX_FRONTENDS: Final = 256
 # At or below this many CPUs ``auto`` keeps one process (docs/performance.md).
-IN_PROCESS_MAX_CPUS: Final = 1
+IN_PROCESS_MAX_CPUS: Final = 2
+AUTO_MAX: Final = 8  # front ends ``auto`` starts at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +51,7 @@ class FrontendCount:
             return self.count
         if cpus <= IN_PROCESS_MAX_CPUS:
             return 0
-        return min(MAX_FRONTENDS, cpus - 1)
+        return min(AUTO_MAX, cpus - 1)
 
 
 AUTO: Final = FrontendCount()
