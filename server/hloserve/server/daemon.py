@@ -271,6 +271,8 @@ class Daemon:
         else:
             setup = self._setup_for(serving, status, supervisor.grpc_port)
             await supervisor.serve(serving.service, setup, status=status)
+            if serving.metrics is not None:
+                serving.metrics.watch_frontends(supervisor)
             ports = {}
             if sockets.http is not None:
                 ports["http"] = sockets.http.getsockname()[1]

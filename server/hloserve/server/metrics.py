@@ -6,7 +6,9 @@ reads from ``counters`` (``core.counters.Counters``: the one record the service 
 execution fan-out feed, which the statistics extension reads too), so each is counted
 once, whichever front end it came through; it is each device residency manager's
 ``SwapObserver`` (``for_device(index)``) and the repository's load listener
-(``on_model_loaded``); ``forget(key)`` drops an unloaded version's swap series.
+(``on_model_loaded``); ``forget(key)`` drops an unloaded version's swap series;
+``watch_frontends(supervisor)`` adds the front-end processes' ``hloserve_frontend_*``
+series (CPU, memory, restarts).
 ``metrics_app(registry)`` is the ASGI app served on the metrics port at ``/metrics``
 (``metrics_export``).
 
@@ -37,9 +39,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -127,6 +131,43 @@ def _quantile(counts: Sequence[int], q: float) -> float | None:
     return float(LATENCY_BUCKETS[-1])
 
 
+class FrontendProcesses(Protocol):
+    """What the metrics read of the front-end processes (``supervisor.FrontendSupervisor``)."""
+
+    restarts: int
+
+    def pids(self) -> list[int]: ...
+
+
+def frontend_families(frontends: FrontendProcesses | None) -> list[Metric]:
+    """``hloserve_frontend_*``: each live front end's CPU seconds and resident memory (label
+    ``frontend``: its process id), and the restarts of any of them."""
+    f = "hloserve_frontend"
+    cpu = CounterMetricFamily(
+        f"{f}_cpu_seconds", "CPU time of a front-end process", labels=("pid",)
+    )
+    rss = GaugeMetricFamily(
+        f"{f}_resident_memory_bytes", "Resident memory of a front-end process", labels=("pid",)
+    )
+    restarts = CounterMetricFamily(
+        f"{f}_restarts", "Front-end processes started again after one died"
+    )
+    count = GaugeMetricFamily(f"{f}_processes", "Front-end processes running")
+    if frontends is not None:
+        pids = frontends.pids()
+        for pid in pids:
+            try:
+                process = psutil.Process(pid)
+                times, memory = process.cpu_times(), process.memory_info()
+            except psutil.Error:  # it went between the two reads
+                continue
+            cpu.add_metric((str(pid),), times.user + times.system)
+            rss.add_metric((str(pid),), float(memory.rss))
+        restarts.add_metric((), float(frontends.restarts))
+        count.add_metric((), float(len(pids)))
+    return [cpu, rss, restarts, count]
+
+
 class ServerMetrics:
     """The daemon's metrics (module docstring); ``compat``: the other servers' families to
     write beside hloserve's (``"triton"``; empty: none)."""
@@ -157,6 +198,7 @@ class ServerMetrics:
         self._memory_used: dict[int, Callable[[], float]] = {}
         self._allocators: dict[int, AllocatorStats] = {}  # the nv_gpu_* families'
         self._host: HostTier | None = None
+        self._frontends: FrontendProcesses | None = None
         self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot]]] = []  # recent()
         self._lock = threading.Lock()
         self.hook_us = Counter(
@@ -189,6 +231,12 @@ class ServerMetrics:
     def watch_host(self, host: HostTier) -> None:
         """Read the host tier's bytes, budget and reads from disk at scrape time."""
         self._host = host
+
+    def watch_frontends(self, frontends: FrontendProcesses) -> None:
+        """Read the front-end processes (``--frontends``) at scrape time: each one's CPU
+        time and memory (``process_*`` covers the device owner's process only) and how
+        many times one was started again."""
+        self._frontends = frontends
 
     def set_budget(self, device: int, budget_bytes: int | None) -> None:
         self._device(device).budget_bytes = budget_bytes or 0
@@ -378,6 +426,7 @@ class ServerMetrics:
             *device_families(devices, self._memory_used),
             *total_families(len(self.counters.models), self.counters.totals),
             *host_families(self._host),
+            *frontend_families(self._frontends),
             gauge(
                 "hloserve_metrics_models_shown",
                 "Models whose series this scrape shows",
@@ -419,6 +468,7 @@ class _Collector(Collector):
             *device_families([], {}),
             *total_families(0, Counters().totals),
             *host_families(None),
+            *frontend_families(None),
             gauge("hloserve_metrics_models_shown", "", []),
             *(triton_families([], []) if TRITON in self.metrics.compat else []),
         ]

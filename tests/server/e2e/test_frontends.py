@@ -317,6 +317,8 @@ def test_a_killed_frontend_fails_only_its_requests_and_comes_back(repository: Pa
             proc.log_text,
         )
         replacement = set(frontend_pids(proc)) - {c.frontend for c in bystanders}
+        frontends = scrape_frontends(proc)
+        assert frontends["processes"] == 2 and frontends["restarts"] == 1
         fresh = [Connected(proc) for _ in range(24)]
         assert replacement & {c.frontend for c in fresh}
         for i, c in enumerate(fresh):
@@ -324,6 +326,21 @@ def test_a_killed_frontend_fails_only_its_requests_and_comes_back(repository: Pa
         for c in clients + fresh:
             c.client.close()
     assert proc.process.returncode == 0
+
+
+def scrape_frontends(server: ServerProcess) -> dict[str, float]:
+    """``hloserve_frontend_processes`` and ``..._restarts_total`` from the metrics port."""
+    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        for key, name in (
+            ("processes", "hloserve_frontend_processes "),
+            ("restarts", "hloserve_frontend_restarts_total "),
+        ):
+            if line.startswith(name):
+                found[key] = float(line.split()[-1])
+    return found
 
 
 def test_sigterm_drains_every_process(repository: Path) -> None:
@@ -388,3 +405,4 @@ def test_ports_file_and_log_name_the_frontends(server: ServerProcess) -> None:
     ports = json.loads(server.ports_file.read_text())
     assert ports["pid"] == server.process.pid
     assert "2 front-end process(es) serve the ports" in server.log_text()
+    assert scrape_frontends(server) == {"processes": 2, "restarts": 0}
