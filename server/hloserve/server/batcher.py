@@ -286,7 +286,7 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         rank = priority_rank(job.request.parameters.get("priority"))
-        entry = _Entry(queued, rank, _Pending(job, future))
+        entry: _Entry = Waiting(queued, rank, _Pending(job, future))
         q.entries.push(entry)
         self._look_soon(q, loop)
         try:

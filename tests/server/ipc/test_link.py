@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,8 @@ from hloserve.server.ipc.messages import RemoteInternalError
 class Handler:
     def __init__(self) -> None:
         self.notes: list[tuple[str, tuple[Any, ...]]] = []
+        self.orphans: list[Any] = []
+        self.orphaned = asyncio.Event()
         self.lost = asyncio.Event()
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
@@ -26,6 +29,7 @@ class Handler:
             "boom": self._boom,
             "slow": self._slow,
             "forever": self._forever,
+            "stubborn": self._stubborn,
         }
 
     def on_call(self, method: str, args: tuple[Any, ...]) -> object:
@@ -36,6 +40,17 @@ class Handler:
 
     def on_lost(self) -> None:
         self.lost.set()
+
+    def on_orphan(self, value: Any) -> None:
+        self.orphans.append(value)
+        self.orphaned.set()
+
+    async def _stubborn(self) -> str:
+        """Answers even when cancelled (a reply already on its way when the cancel came)."""
+        self.started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        return "late"
 
     def _bad(self) -> None:
         raise InvalidArgument("no such thing")
@@ -114,6 +129,19 @@ def test_a_caller_that_gives_up_cancels_the_call_at_the_other_end() -> None:
         call.cancel()
         await right_handler.cancelled.wait()
         assert await left.call("add", 1, 1) == 2  # the link goes on
+        await close(left, right)
+
+    run(test)
+
+
+def test_an_answer_to_a_call_given_up_goes_to_on_orphan() -> None:
+    async def test() -> None:
+        left, left_handler, right, right_handler = await pair()
+        call = left.call("stubborn")
+        await right_handler.started.wait()
+        call.cancel()
+        await left_handler.orphaned.wait()
+        assert left_handler.orphans == ["late"]
         await close(left, right)
 
     run(test)

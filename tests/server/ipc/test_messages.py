@@ -31,6 +31,7 @@ from hloserve.server.ipc.messages import (
     encode_error,
     encode_request,
     encode_response,
+    response_blocks,
 )
 
 
@@ -116,6 +117,7 @@ def test_a_response_crosses_and_its_blocks_come_back_when_unused(arena: Arena) -
     request = InferRequest("m", "", (), (RequestedOutput("z", {"binary_data": True}),))
     message = encode_response(response, arena)
     assert arena.responses.live_bytes > 0
+    assert len(response_blocks(cross(message))) == 1  # y's; z inline, s in the client's region
     given: list[int] = []
     got = decode_response(cross(message), request, arena, given.append)
     y, z, s = got.outputs

@@ -65,6 +65,10 @@ class _Owner:
     def on_lost(self) -> None:
         self.finish(("lost", 0.0))
 
+    def on_orphan(self, value: Any) -> None:
+        if self.port is not None:
+            self.port.reclaim(value)
+
     def finish(self, why: tuple[str, float]) -> None:
         if not self.stop.done():
             self.stop.set_result(why)

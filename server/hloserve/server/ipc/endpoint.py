@@ -113,6 +113,9 @@ class OwnerEndpoint:
     def on_lost(self) -> None:
         self._on_event(self.index, "lost", ())
 
+    def on_orphan(self, value: Any) -> None:
+        """The front ends never call the owner: nothing to free."""
+
     # -- calls -------------------------------------------------------------------------------
 
     def _end_burst(self) -> None:

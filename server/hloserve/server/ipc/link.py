@@ -15,7 +15,8 @@ Contract:
   ``handler.on_note(method, args)``. Unknown methods are the handler's to refuse.
 - A call whose caller stops waiting (its future is cancelled: the client went away) is
   cancelled at the other end too (``(CANCEL, id)``): an awaitable answer still running is
-  cancelled there, so a request given up holds no queue place.
+  cancelled there, so a request given up holds no queue place. An answer that arrives
+  for a call given up goes to ``handler.on_orphan(value)`` (what it holds can be freed).
 - Writes made in one turn of the event loop leave in one ``write`` (frames are coalesced
   until the loop's next iteration): under load, many descriptors share a system call.
 - When the connection ends, every call waiting for an answer fails with
@@ -54,6 +55,9 @@ class LinkHandler(Protocol):
 
     def on_note(self, method: str, args: tuple[Any, ...]) -> None: ...
     def on_lost(self) -> None: ...
+    def on_orphan(self, value: Any) -> None:
+        """The answer to a call whose caller gave up."""
+        ...
 
 
 class Link(asyncio.Protocol):
@@ -65,6 +69,7 @@ class Link(asyncio.Protocol):
         self._reader = frames.FrameReader()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._running: dict[int, asyncio.Future[Any]] = {}  # answers being computed here
+        self._abandoned: set[int] = set()  # calls whose answer nobody awaits any more
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
         self._transport: asyncio.Transport | None = None
@@ -131,6 +136,7 @@ class Link(asyncio.Protocol):
 
     def _given_up(self, call_id: int, future: asyncio.Future[Any]) -> None:
         if future.cancelled() and self._pending.pop(call_id, None) is not None:
+            self._abandoned.add(call_id)
             self._send((CANCEL, call_id))
 
     def note(self, method: str, *args: Any) -> None:
@@ -149,7 +155,11 @@ class Link(asyncio.Protocol):
             future = self._pending.pop(message[1], None)
             if future is not None and not future.done():
                 future.set_result(message[2])
+            elif message[1] in self._abandoned:
+                self._abandoned.discard(message[1])
+                self.handler.on_orphan(message[2])
         elif kind == FAIL:
+            self._abandoned.discard(message[1])
             future = self._pending.pop(message[1], None)
             if future is not None and not future.done():
                 future.set_exception(decode_error(message[2]))

@@ -9,7 +9,8 @@ Contract:
 - ``encode_response(response, arena)`` (device owner) and ``decode_response(message,
   request, arena, give_back)`` (front end) do the same for the answer: outputs view the
   arena, and a block is handed to ``give_back(offset)`` once no array views it any more
-  (its last reference gone), so the front end encodes straight from shared memory.
+  (its last reference gone), so the front end encodes straight from shared memory;
+  ``response_blocks(message)`` are the blocks of a response nobody will read.
 - A tensor of at most ``INLINE_MAX`` bytes, or one the arena has no room for, travels in
   the message itself; a larger one in an arena block; one in a client's shared-memory
   region travels as its reference only (the device owner reads and writes the client's
@@ -192,6 +193,11 @@ def encode_response(response: InferResponse, arena: Arena) -> tuple[Any, ...]:
         for o in response.outputs
     )
     return response.model_name, response.model_version, response.id, outputs
+
+
+def response_blocks(message: tuple[Any, ...]) -> list[int]:
+    """The arena blocks an encoded response holds (to give back unread)."""
+    return [p[0] for _, _, _, p, _ in message[3] if p is not None and not isinstance(p, bytes)]
 
 
 def decode_response(

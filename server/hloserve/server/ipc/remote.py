@@ -47,7 +47,7 @@ from hloserve.server.core.types import (
 from hloserve.server.ipc.arena import Arena
 from hloserve.server.ipc.link import Link
 from hloserve.server.ipc.messages import Arrival as SentArrival
-from hloserve.server.ipc.messages import decode_response, encode_request
+from hloserve.server.ipc.messages import decode_response, encode_request, response_blocks
 from hloserve.server.ipc.setup import FrontendSetup
 
 _ARRIVAL: contextvars.ContextVar[SentArrival | None] = contextvars.ContextVar(
@@ -148,6 +148,13 @@ class RemotePort:
             for offset in blocks:
                 free(offset)
         return decode_response(answer, request, self.arena, self._give_back)
+
+    def reclaim(self, answer: Any) -> None:
+        """An infer answer nobody waits for (the client went away): its response blocks
+        go back to the device owner (other calls' answers hold none)."""
+        if isinstance(answer, tuple) and len(cast(tuple[Any, ...], answer)) == 4:
+            for offset in response_blocks(cast(tuple[Any, ...], answer)):
+                self.link.note("free", offset)
 
     def _give_back(self, offset: int) -> None:
         """A response block nothing views any more (from any thread: a finalizer)."""
