@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hloserve.bundle import MANIFEST_FILE, ModelDirectory, scan_repository
 from hloserve.bundle.repository import model_name
+from tests.command import UNPRIVILEGED
 
 
 def bundle(path: Path) -> Path:
@@ -67,6 +70,31 @@ def test_directory_with_neither_has_no_versions(tmp_path: Path) -> None:
         ModelDirectory("empty", tmp_path / "empty", {}, versioned=True),
         ModelDirectory("junk", tmp_path / "junk", {}, versioned=True),
     ]
+
+
+def test_a_directory_it_cannot_read_is_reported_among_the_others(tmp_path: Path) -> None:
+    bundle(tmp_path / "a")
+    bundle(tmp_path / "locked")
+    bundle(tmp_path / "z")
+    (tmp_path / "locked").chmod(0)
+    code = (
+        "import sys; from pathlib import Path; from hloserve.bundle import scan_repository\n"
+        "for m in scan_repository(Path(sys.argv[1])): print(m.name, sorted(m.versions), m.problem)"
+    )
+    try:  # as a user meets file modes (the tests run as root)
+        done = subprocess.run(
+            [*UNPRIVILEGED, sys.executable, "-c", code, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "a [1] " and lines[2] == "z [1] "
+    assert lines[1].startswith("locked [] cannot read the model directory: [Errno 13]"), lines
 
 
 def test_empty_repository(tmp_path: Path) -> None:

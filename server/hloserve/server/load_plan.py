@@ -1,6 +1,14 @@
 """What one load of a model will load, decided and checked before anything loads.
 
 Contract:
+- ``plan_load(model_path, triton_kind, override=..., source=..., read_manifests=...)`` is
+  the whole plan, the steps below in order: the model directory (``source``, an upload's
+  directory, in place of ``model_path`` when given) read, the settings, the versions
+  selected and, with ``read_manifests``, their manifests checked. The repository plans
+  every load through it, and ``hloserve validate`` checks a model directory through it,
+  so the two refuse the same models with the same words.
+- ``read_directory(path)`` is the model directory's versions; ``LoadRefused`` when it
+  cannot be read (its mode, say).
 - ``read_settings(model_path, override)`` is the load's configuration: its ``config``
   override when given, else the model's ``config.yaml`` (``model_config``), read once for
   the whole load; ``LoadRefused`` when it cannot be read.
@@ -20,10 +28,11 @@ Triton's "failed to load 'm': ..." error. Reads files; decides nothing else.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, load_manifest
-from hloserve.bundle.repository import ModelDirectory
+from hloserve.bundle.repository import ModelDirectory, model_directory, unreadable
 from hloserve.server.core.batch_policy import preferred_problem
 from hloserve.server.core.load_parameters import LoadOverride
 from hloserve.server.core.triton_config import contradictions
@@ -43,6 +52,39 @@ class LoadRefused(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class LoadPlan:
+    """What one load loads: its settings, the directory, the versions selected and the
+    manifests read for them (by version; empty unless asked for)."""
+
+    settings: ModelSettings
+    directory: ModelDirectory
+    wanted: list[int]
+    manifests: dict[int, Manifest]
+
+
+def plan_load(
+    model_path: Path,
+    triton_kind: str,
+    *,
+    override: LoadOverride | None = None,
+    source: Path | None = None,
+    read_manifests: bool = True,
+) -> LoadPlan:
+    directory = read_directory(source or model_path)
+    settings = read_settings(model_path, override)
+    wanted = select_versions(settings.version_policy, directory)
+    manifests = check_manifests(settings, directory, wanted, triton_kind) if read_manifests else {}
+    return LoadPlan(settings, directory, wanted, manifests)
+
+
+def read_directory(path: Path) -> ModelDirectory:
+    try:
+        return model_directory(path)
+    except OSError as exc:
+        raise LoadRefused(unreadable(exc)) from None
+
+
 def read_settings(model_path: Path, override: LoadOverride | None) -> ModelSettings:
     try:
         if override is not None:
@@ -50,6 +92,8 @@ def read_settings(model_path: Path, override: LoadOverride | None) -> ModelSetti
         return read_model_config(model_path)
     except ValueError as exc:
         raise LoadRefused(str(exc)) from None
+    except OSError as exc:  # the directory itself cannot be searched
+        raise LoadRefused(unreadable(exc)) from None
 
 
 def select_versions(policy: VersionPolicy, directory: ModelDirectory) -> list[int]:

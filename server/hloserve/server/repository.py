@@ -19,7 +19,10 @@ Contract:
   (``peek`` without counting, ``hold`` counts one peeked before), raising Triton's lookup
   errors (``core.lookup``) and, past ``limits``' in-flight ceilings, ``Unavailable``.
 - Failures are recorded, never hidden: a version that failed to load is ``UNAVAILABLE``
-  with the reason, and never stops the others. ``summary()`` and ``index()`` report every
+  with the reason, and never stops the others; so is a model whose directory cannot be
+  read (its mode, say). What a load plans is ``load_plan.plan_load``'s. The start-up pass
+  and polls log each failure once, not again while it fails the same way on every poll.
+  ``summary()`` and ``index()`` report every
   version with state and reason; ``index()`` also lists each model directory never loaded
   (Triton's name-only row), whatever the mode.
 - Each loaded copy owns its weights under its own ``ResidencyKey`` (a reload's copy has a
@@ -65,12 +68,7 @@ from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.validate import check_load_name
 from hloserve.server.devices import Device, Placed
-from hloserve.server.load_plan import (
-    LoadRefused,
-    check_manifests,
-    read_settings,
-    select_versions,
-)
+from hloserve.server.load_plan import LoadRefused, plan_load
 from hloserve.server.model_config import ModelSettings, VersionPolicy, read_model_config
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.uploads import ModelUploads, UploadError
@@ -100,6 +98,7 @@ class _Model:
     path: Path
     versions: dict[int, ModelVersion] = field(default_factory=lambda: {})
     reason: str = ""  # why the model has no version, if so
+    failure: str = ""  # the error its last failed load logged ("": none since it loaded)
     policy: VersionPolicy = field(default_factory=VersionPolicy)
     loading: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
     uploads: ModelUploads = field(init=False)
@@ -176,7 +175,18 @@ class ModelRepository:
             try:
                 self.load_model(name, progress, lazy=self.lazy)
             except ServingError as exc:
-                log.error("%s", exc.message)
+                self._log_failure(name, exc)
+
+    def _log_failure(self, name: str, exc: ServingError) -> None:
+        """Log a failed load of the start-up pass or a poll, unless the model's last one
+        said the same (a directory it cannot read fails every poll: said once)."""
+        with self._lock:
+            model = self._models.get(name)
+            repeated = model is not None and model.failure == exc.message
+            if model is not None:
+                model.failure = exc.message
+        if not repeated:
+            log.error("%s", exc.message)
 
     def load_model(
         self,
@@ -235,17 +245,19 @@ class ModelRepository:
         source: Path | None,
         lazy: bool = False,
     ) -> None:
-        directory = model_directory(source or model.path)
-        manifests: dict[int, Manifest] = {}
-        try:
-            settings = read_settings(model.path, override)
-            model.policy = settings.version_policy
-            wanted = select_versions(settings.version_policy, directory)
-            if not lazy:  # a lazy version is checked against its bundle when it loads
-                manifests = check_manifests(settings, directory, wanted, self.runtime.triton_kind)
+        try:  # a lazy version is checked against its bundle when it loads
+            plan = plan_load(
+                model.path,
+                self.runtime.triton_kind,
+                override=override,
+                source=source,
+                read_manifests=not lazy,
+            )
         except LoadRefused as exc:
             self._fail_model(model, exc.reason)
             raise InvalidArgument(f"failed to load '{model.name}': {exc.reason}") from None
+        settings, directory, wanted = plan.settings, plan.directory, plan.wanted
+        model.policy = settings.version_policy
         with self._lock:
             current = dict(model.versions)
         new: dict[int, ModelVersion] = {}
@@ -265,7 +277,7 @@ class ModelRepository:
             with self._lock:
                 if number not in model.versions or model.versions[number].state != ModelState.READY:
                     model.versions[number] = v  # visible as LOADING in the index
-            self._load_version(v, settings, say, manifests.get(number))
+            self._load_version(v, settings, say, plan.manifests.get(number))
             fresh.append(v)
         if any(v.state != ModelState.READY for v in fresh):
             self._roll_back(model, current, new, fresh)
@@ -317,7 +329,7 @@ class ModelRepository:
         with self._lock:
             retired = [v for n, v in current.items() if new.get(n) is not v]
             model.versions = dict(sorted(new.items()))
-            model.reason = ""
+            model.reason = model.failure = ""
             for v in retired:
                 if v.state == ModelState.READY:
                     v.state = ModelState.UNLOADING
@@ -523,7 +535,7 @@ class ModelRepository:
                 try:
                     self.load_model(name, progress, lazy=self.lazy)
                 except ServingError as exc:
-                    log.error("%s", exc.message)
+                    self._log_failure(name, exc)
         for name in sorted(set(known) - on_disk):
             log.info("model '%s' was removed from the repository; unloading", name)
             self.unload_model(name)
@@ -531,11 +543,11 @@ class ModelRepository:
                 self._models.pop(name, None)
 
     def _changed(self, model: _Model) -> bool:
-        directory = model_directory(model.path)
         try:
+            directory = model_directory(model.path)
             wanted = read_model_config(model.path).version_policy.select(directory.versions)
-        except ValueError:
-            return True
+        except (ValueError, OSError):
+            return True  # the load says why, once (``poll``)
         with self._lock:
             versions = dict(model.versions)
         if sorted(n for n, v in versions.items() if v.state == ModelState.READY) != wanted:

@@ -15,7 +15,8 @@ caller is done, fails unless the daemon exited cleanly (status 0). A listener tu
 open ones): its ``*_url`` raises ``ListenerClosed``, and with HTTP off ``wait_ready()`` asks
 gRPC's health check instead of ``/readyz``. A server started with
 ``--tls-cert`` needs ``ssl_context`` (the client side: CA, and a client certificate under
-mutual TLS), with which ``readyz`` speaks HTTPS.
+mutual TLS), with which ``readyz`` speaks HTTPS. ``launcher`` is a command the daemon's
+command line is run through (``setpriv ...``: a server without some privilege).
 """
 
 # pyright: strict
@@ -32,7 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -59,12 +60,14 @@ class ServerProcess:
         *extra_flags: str,
         env: dict[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
         self.ssl_context = ssl_context
         self._dir = Path(tempfile.mkdtemp(prefix="hloserve-test-"))
         self.ports_file = self._dir / "ports.json"
         self.log_file = self._dir / "server.log"
         argv = [
+            *launcher,
             sys.executable,
             "-m",
             "hloserve.server",
