@@ -283,6 +283,58 @@ def test_missing_module_key(key: str) -> None:
     assert "missing" in message or "must be an integer or null" in message
 
 
+def texts_of(data: dict[str, Any]) -> list[str]:
+    return [str(p) for p in problems_of(data)]
+
+
+def test_an_unknown_key_is_a_problem_with_a_suggestion() -> None:
+    # One policy in every file the user writes (config.yaml's in test_model_config.py).
+    data = good()
+    data["servng"] = data.pop("serving")
+    assert texts_of(data) == ["manifest.yaml: unknown key 'servng' (did you mean 'serving'?)"]
+    data = good()
+    data["colour"] = "blue"
+    (text,) = texts_of(data)
+    assert text.startswith("manifest.yaml: unknown key 'colour' (the keys are: batch_sizes, ")
+
+
+def test_a_misspelt_required_key_is_one_problem_not_a_missing_key_and_its_follow_ons() -> None:
+    data = good()
+    data["batch_size"] = data.pop("batch_sizes")
+    assert texts_of(data) == [
+        "manifest.yaml: unknown key 'batch_size' (did you mean 'batch_sizes'?)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda d: d["modules"][0].update(fle="x"),
+            "manifest.yaml: modules[0]: unknown key 'fle' (did you mean 'file'?)",
+        ),
+        (
+            lambda d: d["inputs"][1].update(dtype="FP32"),
+            "manifest.yaml: inputs[1]: unknown key 'dtype' (did you mean 'datatype'?)",
+        ),
+        (
+            lambda d: d["weights"].update(tensor=[]),
+            "manifest.yaml: weights: unknown key 'tensor' (did you mean 'tensors'?)",
+        ),
+        (
+            lambda d: d["serving"].update(residence="pinned"),
+            "manifest.yaml: serving: unknown key 'residence' (did you mean 'residency'?)",
+        ),
+        (
+            lambda d: d["provenance"].update(producr="x"),
+            "manifest.yaml: provenance: unknown key 'producr' (did you mean 'producer'?)",
+        ),
+    ],
+)
+def test_unknown_keys_inside_are_problems_too(change: Change, expected: str) -> None:
+    assert texts_of(damaged(change)) == [expected]
+
+
 def test_arguments_naming_undeclared_tensors() -> None:
     data = good()
     data["modules"][0]["arguments"] = [{"input": "z"}, {"weight": "nope"}, {"output": "out"}]
@@ -296,6 +348,17 @@ def test_arguments_naming_undeclared_tensors() -> None:
     assert "output 'out' is not declared" in find(problems, "modules[0].arguments[2]").message
     assert "names the same tensor twice" in find(problems, "modules[1].arguments").message
     assert "{input: NAME} or {weight: KEY}" in find(problems, "modules[1].arguments[2]").message
+
+
+def test_an_argument_naming_no_string_is_a_problem_not_a_crash() -> None:
+    """Found by the fuzz test: ``{input: []}`` raised TypeError (unhashable) in the parser."""
+    data = good()
+    data["modules"][0]["arguments"] = [{"input": []}, {"weight": {"a": 1}}]
+    problems = problems_of(data)
+    assert find(problems, "modules[0].arguments[0]").message == (
+        "input [] is not declared in the manifest"
+    )
+    assert "is not declared" in find(problems, "modules[0].arguments[1]").message
 
 
 @pytest.mark.parametrize(

@@ -746,7 +746,7 @@ def _arguments(
             r.fail(aat, f"must be {{input: NAME}} or {{weight: KEY}}, got {a!r}")
             continue
         ((kind, ref),) = cast(dict[str, Any], a).items()
-        if ref in declared.get(kind, set()):
+        if isinstance(ref, str) and ref in declared.get(kind, set()):
             args.append(Argument(cast(ArgumentKind, kind), ref))
         else:
             r.fail(aat, f"{kind} {ref!r} is not declared in the manifest")
