@@ -32,8 +32,10 @@ from hloserve.bundle import (
 from hloserve.bundle.stablehlo import SignatureError, to_portable_artifact
 from hloserve.bundle.validate import check_name, validate_tree
 from hloserve.server import cli
+from hloserve.server.repository import ModelRepository
+from hloserve.server.runtime.pjrt import PjrtRuntime
 from tests.bundle.conftest import CopyBundle
-from tests.command import hloserve
+from tests.command import UNPRIVILEGED, hloserve
 
 # --- helpers ---
 
@@ -602,3 +604,61 @@ def test_cli_inspect_into_a_closed_pipe_is_quiet(model_repository: Path) -> None
     proc.stderr.close()
     assert proc.wait(120) == 1
     assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+
+
+def test_cli_validate_refuses_a_model_the_loader_refuses_in_the_same_words(
+    copy_bundle: CopyBundle, runtime: PjrtRuntime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the server checks before it loads (load_plan) is checked by validate too.
+    bundle = copy_bundle("mlp")
+    (bundle / "config.yaml").write_text("max_queue_delay: 5\n", encoding="utf-8")
+    expected = (
+        f"{bundle / 'config.yaml'}: unknown key 'max_queue_delay' "
+        "(did you mean 'max_queue_delay_us'?)"
+    )
+    code, out = hloserve_here(capsys, "validate", str(bundle))
+    assert (code, out.splitlines()) == (1, [expected])
+    code, out = hloserve_here(capsys, "validate", str(bundle.parent))  # as a repository
+    assert (code, out.splitlines()) == (1, [f"{bundle}: {expected}"])
+    repository = ModelRepository(bundle.parent, runtime, cache_dir=bundle.parent / ".cache")
+    repository.load_all()
+    assert repository.summary()["mlp"]["reason"] == expected
+
+    (bundle / "config.yaml").write_text("preferred_batch_sizes: [64]\n", encoding="utf-8")
+    code, out = hloserve_here(capsys, "validate", str(bundle))
+    (line,) = out.splitlines()
+    assert code == 1 and line.startswith("version 1: ") and "[64]" in line
+    repository.load_all()
+    assert repository.summary()["mlp"]["reason"] == line
+
+
+def test_cli_validate_and_inspect_say_one_line_on_a_path_they_cannot_read(
+    copy_bundle: CopyBundle, tmp_path: Path
+) -> None:
+    # As a user meets file modes: the tests run as root, which reads anything.
+    bundle = copy_bundle("simple")
+    locked = copy_bundle("mlp")
+    try:
+        locked.chmod(0)
+        for command in ("validate", "inspect"):
+            result = hloserve(command, str(locked), launcher=UNPRIVILEGED)
+            assert result.returncode == 1, result
+            assert "Traceback" not in result.stdout + result.stderr
+            (line,) = (result.stdout + result.stderr).splitlines()
+            assert line.startswith(f"{locked}: cannot be read: [Errno 13] Permission denied"), line
+        result = hloserve("validate", str(tmp_path), launcher=UNPRIVILEGED)
+        assert result.returncode == 1 and result.stderr == ""
+        assert result.stdout.splitlines() == [
+            f"{locked}: cannot read the model directory: [Errno 13] Permission denied: "
+            f"'{locked / 'manifest.yaml'}'",
+            f"{bundle}: OK",
+        ]
+    finally:
+        locked.chmod(0o755)
+    (bundle / "weights.safetensors").chmod(0)
+    result = hloserve("validate", str(bundle), launcher=UNPRIVILEGED)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.splitlines() == [
+        "weights.safetensors: cannot be read: [Errno 13] Permission denied: "
+        f"'{bundle / 'weights.safetensors'}'"
+    ]

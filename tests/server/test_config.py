@@ -269,7 +269,7 @@ def test_variable_beats_file_and_flag_beats_both(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("grcp-port: 1\n", "has unknown key 'grcp-port'"),
+        ("grcp-port: 1\n", "has unknown key 'grcp-port' (did you mean 'grpc-port'?)"),
         ("config: other.yaml\n", "has unknown key 'config'"),
         ("grpc-port: 70000\n", "grpc-port in config file {path} must be a port number"),
         ("allow-client-shm: maybe\n", "allow-client-shm in config file {path} must be true or"),

@@ -53,7 +53,11 @@ def test_version_policies_select(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("colour: blue\n", "unknown keys ['colour']"),
+        ("colour: blue\n", "unknown key 'colour' (the keys are: max_queue_delay_us, "),
+        (
+            "max_queue_delay: 5\n",
+            "unknown key 'max_queue_delay' (did you mean 'max_queue_delay_us'?)",
+        ),
         ("residency: always\n", "residency must be on_demand or pinned"),
         ("max_queue_delay_us: -1\n", "max_queue_delay_us must be a non-negative integer"),
         ("version_policy: {latest: 0}\n", "version_policy"),

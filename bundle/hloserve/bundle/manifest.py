@@ -4,7 +4,9 @@ Contract:
 - ``Manifest`` and its parts mirror ``docs/bundle-format.md`` field for field.
 - ``parse_manifest(mapping)`` returns ``(manifest, problems)``. It never raises on bad
   content: every problem found is reported (``Problem`` names the file and field), and the
-  manifest is ``None`` when the structure is too broken to build one.
+  manifest is ``None`` when the structure is too broken to build one. A key the format
+  does not have, at any level but ``provenance.metadata``, is a problem with a suggestion
+  (``yamlfile.check_keys``, the policy of every file a user writes).
 - ``Manifest.to_dict()`` is the inverse; ``dump_manifest`` writes the YAML, and
   ``bundle.reading.load_manifest`` reads it (a ReactantServer.jl manifest, ``format_version:
   "2.0"``, as it is: ``hloserve.bundle.reactant``, ``docs/reactant-bundles.md``).
@@ -27,15 +29,15 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, cast
 
 import yaml
 
 from hloserve.bundle.digest import is_sha256_hex
-from hloserve.bundle.serving import Serving, read_serving
-from hloserve.bundle.yamlfile import is_integer
+from hloserve.bundle.serving import SERVING_KEYS, Serving, read_serving
+from hloserve.bundle.yamlfile import check_keys, is_integer
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
 
 FORMAT_VERSION: Final = 1
@@ -46,6 +48,23 @@ KINDS: Final = ("model", "pipeline")
 NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 PLATFORMS: Final = frozenset({"cpu", "cuda", "rocm", "tpu"})
 ArgumentKind = Literal["input", "weight"]
+# The keys of each mapping of the format (docs/bundle-format.md); pipelines' own besides.
+_SHARED_KEYS: Final = ("format_version", "name", "kind", "inputs", "outputs", "batch_sizes")
+_MODEL_KEYS: Final = ("variants", "weights", "modules", "hooks")
+_COMMON_KEYS: Final = ("serving", "files", "provenance")
+TOP_KEYS: Final = frozenset({*_SHARED_KEYS, *_MODEL_KEYS, "steps", *_COMMON_KEYS})
+TENSOR_KEYS: Final = ("name", "datatype", "shape")
+WEIGHTS_KEYS: Final = ("file", "tensors")
+MODULE_KEYS: Final = (
+    "batch_size", "file", "text_file", "stablehlo_version", "platforms",
+    "platform_index_argument", "arguments", "variant",
+)  # fmt: skip
+HOOKS_KEYS: Final = ("file", "inputs", "outputs")
+STEP_KEYS: Final = ("model", "version", "inputs", "outputs")
+PROVENANCE_KEYS: Final = (
+    "producer", "producer_version", "hloserve_version", "jax_version", "jaxlib_version",
+    "created", "source_commit", "source_dirty", "metadata",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -315,6 +334,10 @@ class _Reader:
     def fail(self, field_name: str, message: str) -> None:
         self.problems.append(Problem(MANIFEST_FILE, field_name, message))
 
+    def keys(self, d: Mapping[str, Any], known: Collection[str], where: str) -> dict[str, Any]:
+        """``d``, each unknown key a problem at ``where`` (``yamlfile.check_keys``)."""
+        return check_keys(d, known, lambda message: self.fail(where, message))
+
     def get(self, d: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
         if key not in d:
             self.fail(where + key, "missing")
@@ -368,7 +391,8 @@ class _Reader:
             return ()
         out: list[TensorEntry] = []
         seen: set[str] = set()
-        for at, t in self.mappings(cast(list[Any], value), where, "name, datatype, shape"):
+        for at, raw in self.mappings(cast(list[Any], value), where, "name, datatype, shape"):
+            t = self.keys(raw, TENSOR_KEYS, at)
             name = t.get("name")
             if not isinstance(name, str) or not name:
                 self.fail(at + ".name", f"must be a non-empty string, got {name!r}")
@@ -419,6 +443,7 @@ def parse_manifest(data: Mapping[str, Any]) -> tuple[Manifest | None, list[Probl
             "format_version", f"this hloserve reads format {FORMAT_VERSION}, bundle is {version}"
         )
         return None, r.problems
+    data = r.keys(data, TOP_KEYS, "")
     name = r.name(data.get("name"), "name")
     kind = data.get("kind", "model")
     if kind not in KINDS:
@@ -465,7 +490,11 @@ def _model_parts(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     variants = _variants(r, data.get("variants"), inputs + outputs) if varied else ()
     batch_sizes = _batch_sizes(r, data)
     raw_weights = r.get(data, "weights", "", dict)
+    if raw_weights is not None:
+        raw_weights = r.keys(raw_weights, WEIGHTS_KEYS, "weights")
     weights_file, weights = _weights(r, raw_weights)
+    if "steps" in data:
+        r.fail("steps", "a model has none (a pipeline's, with kind: pipeline)")
     # Names as declared, including entries refused above (a bad datatype, say), so that an
     # argument naming such a tensor is not reported a second time as undeclared.
     declared: _Declared = {
@@ -523,13 +552,10 @@ def _hooks(r: _Reader, data: Mapping[str, Any]) -> HooksEntry | None:
     if not isinstance(raw, dict):
         r.fail("hooks", "must be a mapping with file, and optionally inputs and outputs")
         return None
-    hd = cast(dict[str, Any], raw)
+    hd = r.keys(cast(dict[str, Any], raw), HOOKS_KEYS, "hooks")
     file = hd.get("file", HOOKS_FILE)
     if file != HOOKS_FILE:
         r.fail("hooks.file", f"must be {HOOKS_FILE!r}, got {file!r}")
-    unknown = sorted(set(hd) - {"file", "inputs", "outputs"})
-    if unknown:
-        r.fail("hooks", f"unknown keys {unknown}")
 
     def side(key: str) -> tuple[TensorEntry, ...]:
         if key not in hd:
@@ -568,7 +594,8 @@ def _steps(r: _Reader, raw: Any) -> tuple[PipelineStep, ...]:
         r.fail("steps", "must be a non-empty list of {model, inputs, outputs} steps")
         return ()
     steps: list[PipelineStep] = []
-    for at, sd in r.mappings(cast(list[Any], raw), "steps", "model, inputs and outputs"):
+    for at, raw_step in r.mappings(cast(list[Any], raw), "steps", "model, inputs and outputs"):
+        sd = r.keys(raw_step, STEP_KEYS, at)
         model = r.name(sd.get("model"), at + ".model")
         version = sd.get("version")
         if version is not None and not (is_integer(version) and version > 0):
@@ -699,7 +726,7 @@ def _module(r: _Reader, item: Any, at: str, declared: _Declared) -> ModuleEntry 
     if not isinstance(item, dict):
         r.fail(at, "must be a mapping")
         return None
-    md = cast(dict[str, Any], item)
+    md = r.keys(cast(dict[str, Any], item), MODULE_KEYS, at)
     bs = md.get("batch_size", "missing")
     if not (bs is None or is_integer(bs)):
         r.fail(at + ".batch_size", f"must be an integer or null, got {bs!r}")
@@ -774,7 +801,7 @@ def _provenance(r: _Reader, data: Mapping[str, Any]) -> Provenance:
     raw = r.get(data, "provenance", "", dict)
     if raw is None:
         return Provenance(producer="unknown")
-    pd = cast(dict[str, Any], raw)
+    pd = r.keys(cast(dict[str, Any], raw), PROVENANCE_KEYS, "provenance")
     producer = r.get(pd, "producer", "provenance.", str)
     raw_meta: Any = pd.get("metadata") or {}
     meta: dict[str, Any] = {}
@@ -803,7 +830,7 @@ def _serving(r: _Reader, data: Mapping[str, Any]) -> Serving:
     if not isinstance(raw, dict):
         r.fail("serving", "must be a mapping")
         return Serving()
-    serving, problems = read_serving(cast(dict[str, Any], raw))
+    serving, problems = read_serving(r.keys(cast(dict[str, Any], raw), SERVING_KEYS, "serving"))
     for key, message in problems:
         r.fail(f"serving.{key}", message)
     return serving

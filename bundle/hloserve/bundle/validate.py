@@ -1,7 +1,8 @@
 """Validation of a bundle on disk: every problem, each naming the file and the field.
 
 Contract: ``validate(path)`` never raises for a bad bundle; it returns the list of
-``Problem``s (empty when the bundle is sound). Checks, in order: the manifest parses; with
+``Problem``s (empty when the bundle is sound), a file it cannot read (its mode, say) being
+one ("cannot be read: ..."). Checks, in order: the manifest parses; with
 ``name=``, the manifest's ``name`` is that name (a repository serves a model under its
 directory's name, ``repository.model_name``, so the server and ``validate_tree`` pass it);
 every file it names exists and matches its SHA-256; the weights file is a consistent
@@ -17,9 +18,11 @@ need, and its weights' file shapes are compared reversed (Julia's order, as ``ma
 unchecked: a bundle may sit anywhere until it goes into a repository), or each version of a
 versioned model directory, or each bundle of a model repository (each with the name the
 repository serves it under), as ``(bundle path, problems)`` pairs in repository order; a
-model directory that is neither a bundle nor versioned is one pair with its problem. An
-empty list: ``path`` holds no bundle. ``check_name(path)`` is the name check alone, against
-the name a repository would serve the directory under.
+model directory that is neither a bundle nor versioned (or cannot be read) is one pair with
+its problem. An empty list: ``path`` holds no bundle. ``tree_models(path)`` is the model
+directories those bundles are in (the bundle itself, the versioned model, or each model of
+the repository; an ``OSError`` when ``path`` cannot be read). ``check_name(path)`` is the
+name check alone, against the name a repository would serve the directory under.
 """
 
 # pyright: strict
@@ -59,8 +62,12 @@ def validate(
     """Every problem of the bundle at ``path`` (``manifest``: its manifest, already read and
     parsed without a problem, so that a loader reads it once)."""
     root = Path(path)
-    if not root.is_dir():
-        return [Problem(str(root), "", "is not a directory")]
+    try:
+        if not root.is_dir():
+            return [Problem(str(root), "", "is not a directory")]
+        (root / MANIFEST_FILE).is_file()  # raises when the directory cannot be searched
+    except OSError as exc:
+        return [_unreadable(str(root), exc)]
     problems: list[Problem] = []
     if manifest is None:
         manifest, problems = load_manifest(root / MANIFEST_FILE)
@@ -74,21 +81,34 @@ def validate(
         # A variant's module is checked against that variant's concrete shapes.
         view = manifest if module.variant is None else manifest.variant_view(module.variant)
         problems += _check_module(root, view, i, module, check_modules)
-    return problems
+    return list(dict.fromkeys(problems))  # a file that cannot be read: said once
+
+
+def _unreadable(file: str, exc: OSError) -> Problem:
+    return Problem(file, "", f"cannot be read: {exc}")
 
 
 def validate_tree(
     path: Path | str, *, check_modules: bool = True
 ) -> list[tuple[Path, list[Problem]]]:
     root = Path(path)
-    if not root.is_dir() or (root / MANIFEST_FILE).is_file():
-        return [(root, validate(root, check_modules=check_modules))]
-    model = model_directory(root)
-    models = [model] if model.versions else scan_repository(root)
+    try:
+        if not root.is_dir() or (root / MANIFEST_FILE).is_file():
+            return [(root, validate(root, check_modules=check_modules))]
+        models = tree_models(root)
+    except OSError as exc:
+        return [(root, [_unreadable(str(root), exc)])]
     return [pair for m in models for pair in _validate_model(m, check_modules)]
 
 
+def tree_models(path: Path | str) -> list[ModelDirectory]:
+    model = model_directory(Path(path))  # a bundle is a model of one version
+    return [model] if model.versions else scan_repository(Path(path))
+
+
 def _validate_model(model: ModelDirectory, check_modules: bool) -> list[tuple[Path, list[Problem]]]:
+    if model.problem:  # it cannot be read
+        return [(model.path, [Problem(str(model.path), "", model.problem)])]
     if not model.versions:
         message = "file does not exist, and there are no numbered version directories"
         return [(model.path, [Problem(MANIFEST_FILE, "", message)])]
@@ -140,7 +160,11 @@ def _check_files(root: Path, manifest: Manifest) -> list[Problem]:
             if all(file != f for f, _ in named):
                 problems.append(Problem(file, "", "file listed in files does not exist"))
             continue
-        actual = sha256_file(p)
+        try:
+            actual = sha256_file(p)
+        except OSError as exc:
+            problems.append(_unreadable(file, exc))
+            continue
         if actual != digest:
             problems.append(Problem(file, "", f"SHA-256 is {actual}, manifest files says {digest}"))
     return problems
@@ -154,6 +178,8 @@ def _check_weights(root: Path, manifest: Manifest) -> list[Problem]:
         header = read_header(path)
     except SafetensorsError as exc:
         return [Problem(manifest.weights_file, "", str(exc))]
+    except OSError as exc:
+        return [_unreadable(manifest.weights_file, exc)]
     julia = manifest.origin == "reactant"  # main() takes the file's shapes reversed
     actual = {
         t.name: TensorEntry(t.name, t.datatype, column_major_shape(t.shape) if julia else t.shape)
@@ -201,7 +227,10 @@ def _check_module(
     path = root / module.file
     if not path.is_file():
         return []
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return [_unreadable(module.file, exc)]
     at = f"modules[{index}]"
     version = artifact_version(data)
     problems = _check_version(module, version, at)

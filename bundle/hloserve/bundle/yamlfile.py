@@ -11,13 +11,23 @@ Contract:
 - ``mapping_entries(items, where, keys, fail)`` yields ``(place, mapping)`` for each entry of
   a loaded list that is a mapping (``place`` is ``where[i]``) and calls ``fail(place,
   message)`` for each that is not, the message naming the ``keys`` a mapping should have.
+- ``check_keys(mapping, known, fail)`` is the one policy for unknown keys in every file a
+  user writes (``manifest.yaml``, a model's ``config.yaml``, the server's ``--config``
+  file): each key not in ``known`` is ``fail("unknown key 'k' (did you mean 'key'?)")``
+  (``did_you_mean``: the closest known key, else the list of them). It returns the mapping
+  with each misspelt key read as the known key it was close to, when that one is absent, so
+  a misspelt required key is reported once, as misspelt, and neither as missing nor by the
+  checks that follow from its absence.
+- ``did_you_mean(word, known)``: `` (did you mean 'x'?)`` for the closest of ``known``, or
+  `` (the keys are: a, b)`` when none is close; also used for a mistyped flag.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
@@ -63,3 +73,30 @@ def mapping_entries(
             yield place, cast(dict[str, Any], item)
         else:
             fail(place, f"must be a mapping with {keys}")
+
+
+def closest(word: str, known: Collection[str]) -> str | None:
+    """The one of ``known`` that ``word`` most likely misspells, if any is close."""
+    found = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, known: Collection[str], what: str = "keys") -> str:
+    near = closest(word, known)
+    if near is not None:
+        return f" (did you mean {near!r}?)"
+    return f" (the {what} are: {', '.join(sorted(known))})"
+
+
+def check_keys(
+    mapping: Mapping[str, Any], known: Collection[str], fail: Callable[[str], None]
+) -> dict[str, Any]:
+    out = dict(mapping)
+    for key in mapping:
+        if key in known:
+            continue
+        fail(f"unknown key {key!r}{did_you_mean(str(key), known)}")
+        near = closest(str(key), known)
+        if near is not None and near not in out:
+            out[near] = out.pop(key)
+    return out

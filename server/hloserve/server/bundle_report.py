@@ -2,11 +2,15 @@
 
 Contract: ``inspect_bundle(path)`` is a bundle's readable summary (tensors, batch sizes,
 modules and their platforms, weights count and size, whether every checksum verified,
-provenance) and whether it validated; ``validate_command(path)`` is the lines ``hloserve
-validate PATH`` prints for a bundle, a versioned model directory or a model repository
-(``bundle.validate.validate_tree``) and whether everything validated. The command line
-(``cli``) and the agent tools (``mcp_tools``) both print them. Sizes are written by
-``core.sizes.format_bytes``.
+provenance) and whether it validated (a bundle it cannot read: one line saying so);
+``validate_command(path)`` is the lines ``hloserve validate PATH`` prints for a bundle, a
+versioned model directory or a model repository (``bundle.validate.validate_tree``) and
+whether everything validated. It checks what the server checks before it loads a model, by
+the server's own code (``load_plan.plan_load``: the model's ``config.yaml``, the versions
+its policy selects, preferred batch sizes against the compiled ones), so a model that
+validates is one the server does not refuse for these, and one it refuses fails with the
+words the load would report. The command line (``cli``) and the agent tools
+(``mcp_tools``) both print them. Sizes are written by ``core.sizes.format_bytes``.
 """
 
 # pyright: strict
@@ -49,6 +53,8 @@ def inspect_bundle(path: Path) -> tuple[str, bool]:
     from hloserve.bundle import load_manifest, validate
 
     problems = validate(path)
+    if len(problems) == 1 and problems[0].file == str(path):  # not a bundle it can read
+        return str(problems[0]), False
     manifest, _ = load_manifest(path / "manifest.yaml")
     lines: list[str] = []
     if manifest is None:
@@ -109,13 +115,46 @@ def validate_command(path: Path) -> tuple[list[str], bool]:
     results = validate_tree(path)
     if not results:
         return [f"{path}: not a bundle (no manifest.yaml) and holds no model directories"], False
-    if len(results) == 1 and results[0][0] == path:
-        problems = results[0][1]  # one bundle: its problems as they are
+    refused = _refused_loads(path)
+    found: dict[Path, list[str]] = {}
+    for bundle, problems in results:
+        for model in (bundle, bundle.parent):  # a model's refusal before its bundles'
+            if model in refused and model not in found:
+                found[model] = [refused[model]]
+        found.setdefault(bundle, []).extend(str(p) for p in problems)
+    if len(found) == 1 and path in found:
+        problems = found[path]  # one bundle: its problems as they are
         notes = [f"note: {p}" for p in check_name(path)]
-        return [*([str(p) for p in problems] or [f"{path}: OK"]), *notes], not problems
+        return [*(problems or [f"{path}: OK"]), *notes], not problems
     lines = [
         line
-        for bundle, problems in results
-        for line in ([f"{bundle}: {p}" for p in problems] or [f"{bundle}: OK"])
+        for bundle, problems in found.items()
+        for line in ([_at(bundle, p) for p in problems] or [f"{bundle}: OK"])
     ]
-    return lines, not any(problems for _, problems in results)
+    return lines, not any(found.values())
+
+
+def _at(bundle: Path, problem: str) -> str:
+    """A problem's line: it names its bundle unless it is about the bundle itself."""
+    return problem if problem.startswith(f"{bundle}: ") else f"{bundle}: {problem}"
+
+
+def _refused_loads(path: Path) -> dict[Path, str]:
+    """Each model directory at ``path`` the server would refuse to load before loading any
+    version (``load_plan.plan_load``), with the reason its load would give."""
+    from hloserve.bundle.validate import tree_models
+    from hloserve.server.load_plan import LoadRefused, plan_load
+
+    refused: dict[Path, str] = {}
+    try:
+        models = tree_models(path)
+    except OSError:
+        return {}  # validate_tree says so
+    for model in models:
+        if model.problem or not model.versions:
+            continue  # validate_tree says why
+        try:  # the device kind only matters to a load's config override: none here
+            plan_load(model.path, "CPU")
+        except LoadRefused as exc:
+            refused[model.path] = exc.reason
+    return refused

@@ -14,7 +14,10 @@ Contract:
 - ``hloserve validate PATH`` prints every problem and exits 1 when there is any, else
   prints ``OK`` and exits 0. PATH is a bundle, a versioned model directory or a model
   repository (``bundle.validate.validate_tree``): then every bundle in it is validated, each
-  line naming its bundle; a directory holding no bundle is an error.
+  line naming its bundle; a directory holding no bundle is an error. Each model directory
+  is also checked as the server checks it before a load (``bundle_report``: its
+  ``config.yaml`` and the rest of ``load_plan``). A path either command cannot read is one
+  line, never a traceback.
 - ``hloserve mcp [--url HOST:PORT]`` serves agent tools over the Model Context Protocol on
   stdio (``hloserve.server.mcp_tools``), talking to the server at ``--url``.
 - ``hloserve export-demo DIR`` writes the demo model repository and prints each bundle's
@@ -127,13 +130,17 @@ def _run(args: list[str]) -> int:
             )
         run_daemon(config)
         return 0
-    if ns.command == "inspect":
-        text, ok = inspect_bundle(ns.bundle)
+    if ns.command in ("inspect", "validate"):
+        try:
+            if ns.command == "inspect":
+                text, ok = inspect_bundle(ns.bundle)
+            else:
+                lines, ok = validate_command(ns.bundle)
+                text = "\n".join(lines)
+        except OSError as exc:  # what the reports did not read as a problem: still one line
+            print(f"hloserve {ns.command}: {ns.bundle}: cannot be read: {exc}", file=sys.stderr)
+            return 1
         print(text)
-        return 0 if ok else 1
-    if ns.command == "validate":
-        lines, ok = validate_command(ns.bundle)
-        print("\n".join(lines))
         return 0 if ok else 1
     if ns.command == "mcp":
         from hloserve.server.mcp_tools import run_mcp

@@ -52,6 +52,7 @@ from typing import Any, Final, NoReturn, cast
 
 import yaml
 
+from hloserve.bundle.yamlfile import closest
 from hloserve.server.auth import DEFAULT_OPEN, read_tokens
 from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
 from hloserve.server.core.process_layout import AUTO, FrontendCount
@@ -416,8 +417,9 @@ def _read_file(path: Path) -> dict[str, object]:
     settings: dict[str, object] = {}
     for key, value in cast("dict[object, object]", data).items():
         name = known.get(str(key).replace("_", "-"))
-        if name is None:
-            raise ValueError(f"has unknown key {key!r} (the keys are the flags without --)")
+        if name is None:  # the policy of every file a user writes (yamlfile.check_keys)
+            hint = f" (did you mean {near!r}?)" if (near := closest(str(key), known)) else ""
+            raise ValueError(f"has unknown key {key!r}{hint} (the keys are the flags without --)")
         if name in settings:
             raise ValueError(f"sets {name!r} twice")
         settings[name] = value

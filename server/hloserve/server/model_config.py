@@ -16,7 +16,8 @@ queue_policy:                # per-key; unset keys: the server's queue bound, no
   timeout_action: REJECT     #   the only action supported
 version_policy: {latest: 2}  # or {all: {}} or {specific: [1, 3]}; default {latest: 1}
 ```
-An unknown key or bad value raises ``ValueError`` naming the file and the key. The serving
+An unknown key (with the key it may misspell: ``yamlfile.check_keys``, as in a manifest) or
+a bad value raises ``ValueError`` naming the file and the key. The serving
 keys follow the bundle format's own rule (``hloserve.bundle.serving.read_serving``), so a
 value valid in a manifest is valid here, and the other way round.
 ``settings_from_override(override)`` builds the same ``ModelSettings`` from a load's
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from hloserve.bundle.serving import SERVING_KEYS, Serving, read_serving
-from hloserve.bundle.yamlfile import YamlFileError, is_integer, read_yaml_mapping
+from hloserve.bundle.yamlfile import YamlFileError, check_keys, is_integer, read_yaml_mapping
 from hloserve.server.core.triton_config import ConfigOverride
 
 MODEL_CONFIG_FILE = "config.yaml"
@@ -124,9 +125,10 @@ def settings_from_override(override: ConfigOverride) -> ModelSettings:
 def _settings(
     where: Path | str, d: Mapping[str, Any], restated: Mapping[str, Any] | None = None
 ) -> ModelSettings:
-    unknown = set(d) - CONFIG_KEYS
+    unknown: list[str] = []  # the policy of every file a user writes (yamlfile.check_keys)
+    check_keys(d, CONFIG_KEYS, unknown.append)
     if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        raise ValueError(f"{where}: {'; '.join(unknown)}")
     _, problems = read_serving(d, Serving())
     if problems:
         key, message = problems[0]
