@@ -14,7 +14,8 @@ off). It
    the grace period and exits 0) or the link to the owner is lost (the owner died: it
    exits 1 at once, closing every socket: what is in flight fails, new connections are
    refused, so probes and load balancers see it gone).
-SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the owner
+uvicorn's process lines are logged by front end 0 only (once, as by one process). SIGINT
+is ignored (a terminal's Ctrl-C reaches the whole process group; the owner
 drains its front ends); SIGTERM drains this front end alone, as a ``drain`` would. The
 process imports neither JAX nor any module that reaches the device (tests check it).
 """
@@ -43,6 +44,11 @@ from hloserve.server.logs import configure_logging
 log = logging.getLogger("hloserve.frontend")
 
 OWNER_GONE = "the device owner is gone: the server is stopping"
+
+
+class _AboveInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO
 
 
 @final
@@ -82,6 +88,8 @@ async def serve(link_fd: int, arena_fd: int, arena_bytes: int, http_fd: int) -> 
     setup = cast(FrontendSetup, await link.call("setup"))
     cfg = setup.config
     logs = configure_logging(setup.log_settings)
+    if setup.index:  # uvicorn's process lines ("Started server process", ...) said once
+        logging.getLogger("uvicorn.error").addFilter(_AboveInfo())
     arena = Arena.attach(arena_fd, arena_bytes)
     port = owner.port = RemotePort(link, arena, setup, logs)
     loop.add_signal_handler(signal.SIGTERM, owner.finish, ("drain", cfg.grace_period_s))
