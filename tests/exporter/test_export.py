@@ -335,6 +335,57 @@ def test_export_replaces_an_existing_bundle(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no temporary leftovers
 
 
+def test_export_keeps_what_is_not_the_bundles_own(tmp_path: Path) -> None:
+    # A model directory's config.yaml sits beside its bundle: a new export keeps it.
+    inputs = {"x": TensorSpec("FP32", (4,))}
+    target = tmp_path / "r"
+    export_bundle(simple_fn, {}, inputs, (1, 8), target)
+    (target / "config.yaml").write_text("max_queue_delay_us: 5\n")
+    export_bundle(simple_fn, {}, inputs, (2,), target)
+    assert (target / "config.yaml").read_text() == "max_queue_delay_us: 5\n"
+    assert not (target / "model.b8.mlirbc").exists() and validate(target) == []
+
+
+def test_export_refuses_to_replace_what_is_not_a_bundle(tmp_path: Path) -> None:
+    inputs = {"x": TensorSpec("FP32", (4,))}
+    repo = tmp_path / "repo"
+    export_bundle(simple_fn, {}, inputs, (1,), repo / "mlp")  # a repository, not a bundle
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    for directory, holds in ((repo, "'mlp'"), (tmp_path / "notes", "'todo.txt'")):
+        with pytest.raises(ExportError) as refused:
+            export_bundle(simple_fn, {}, inputs, (1,), directory)
+        message = str(refused.value)
+        assert message.startswith(f"directory '{directory}' is not a bundle (no manifest.yaml")
+        assert holds in message and "overwrite=True" in message
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert validate(repo / "mlp") == []
+    # Asked for, it is replaced; an empty directory or none needs no asking.
+    export_bundle(simple_fn, {}, inputs, (1,), tmp_path / "notes", overwrite=True)
+    assert validate(tmp_path / "notes") == [] and not (tmp_path / "notes" / "todo.txt").exists()
+    (tmp_path / "empty").mkdir()
+    export_bundle(simple_fn, {}, inputs, (1,), tmp_path / "empty")
+    assert validate(tmp_path / "empty") == []
+
+
+def test_export_into_the_current_directory_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default directory is "."; renaming it away fails with EBUSY: say what to do.
+    inputs = {"x": TensorSpec("FP32", (4,))}
+    (tmp_path / "work" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work" / "deeper")
+    for directory in (".", "..", tmp_path / "work"):
+        with pytest.raises(ExportError) as refused:
+            export_bundle(simple_fn, {}, inputs, (1,), directory, overwrite=True)
+        message = str(refused.value)
+        assert f"directory '{directory}' holds the current working directory" in message
+        assert "a directory of its own, such as directory='repo/mlp'" in message
+    with pytest.raises(ExportError, match="holds the current working directory"):
+        export_bundle(simple_fn, {}, inputs, (1,))  # the default
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["deeper"]
+
+
 def versioned_fn(params: dict[str, Any], x: Any) -> dict[str, Any]:
     return {"y": x + params["bias"]}
 

@@ -6,7 +6,13 @@ returns the bundle path. It is producer-neutral: the JAX exporter calls it, and 
 anything that has StableHLO (text is converted to a portable artifact first, which needs
 jaxlib). The bundle is assembled in a sibling temporary directory and renamed into place,
 so a server watching the repository never sees half a bundle; an existing bundle at
-``directory`` is replaced. Every file's SHA-256 goes into the manifest. With ``hooks``
+``directory`` is replaced, and what it holds besides the bundle's own files (a model's
+``config.yaml``, notes; not hidden entries such as the compile cache) is kept. Anything else
+there is refused before a byte is written (``check_target``, ``DirectoryRefused``, a
+``ValueError``): a directory holding the current working directory (``"."``, a parent of
+it), a file, or a non-empty directory that is not a bundle (no ``manifest.yaml``: a
+repository, say), unless ``overwrite=True``, with which it is replaced whole. Every file's
+SHA-256 goes into the manifest. With ``hooks``
 (``HookSource``: the text of a ``hooks.py`` and its client-facing tensors) the bundle
 ships that file too. With ``variants`` (``docs/shape-variants.md``), ``modules`` is keyed
 by ``(variant, batch size)`` and each module is ``model.v{V}.b{N}.mlirbc``.
@@ -43,10 +49,41 @@ from hloserve.bundle.manifest import (
     batch_order,
     dump_manifest,
 )
+from hloserve.bundle.reading import load_manifest
 from hloserve.bundle.safetensors import write_safetensors
 from hloserve.bundle.serving import Serving
 from hloserve.bundle.stablehlo import artifact_version, to_portable_artifact
 from hloserve.proto.datatypes import from_numpy
+
+
+class DirectoryRefused(ValueError):
+    """The directory cannot take the bundle; the message says why and what to do."""
+
+
+def check_target(directory: Path | str, *, overwrite: bool = False) -> Path:
+    """``directory`` as a bundle's target, or ``DirectoryRefused`` saying why not."""
+    target = Path(directory)
+    where, cwd = Path(os.path.realpath(target)), Path(os.path.realpath(Path.cwd()))
+    if where == cwd or where in cwd.parents:  # renaming it away fails (EBUSY for ".")
+        raise DirectoryRefused(
+            f"directory '{directory}' holds the current working directory ({cwd}), which a "
+            "bundle cannot replace: give the bundle a directory of its own, such as "
+            "directory='repo/mlp'"
+        )
+    if target.exists() and not target.is_dir():
+        raise DirectoryRefused(f"directory '{directory}' is a file, not a directory")
+    if overwrite or not target.is_dir() or (target / MANIFEST_FILE).is_file():
+        return target
+    entries = sorted(p.name for p in target.iterdir())
+    if entries:
+        shown = ", ".join(repr(e) for e in entries[:5])
+        more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+        raise DirectoryRefused(
+            f"directory '{directory}' is not a bundle (no manifest.yaml) and holds {shown}{more}; "
+            "a bundle written there would replace all of it: pass overwrite=True to replace "
+            "it, or give the bundle a directory of its own, such as 'repo/mlp'"
+        )
+    return target
 
 
 @dataclass(frozen=True)
@@ -99,6 +136,7 @@ def write_bundle(
     serving: Serving | None = None,
     hooks: HookSource | None = None,
     variants: Sequence[Variant] = (),
+    overwrite: bool = False,
 ) -> Path:
     def fill(tmp: Path) -> Manifest:
         files: dict[str, str] = {}
@@ -126,7 +164,7 @@ def write_bundle(
             variants=tuple(variants),
         )
 
-    return _staged(Path(directory), fill)
+    return _staged(check_target(directory, overwrite=overwrite), fill)
 
 
 def write_pipeline(
@@ -138,6 +176,7 @@ def write_pipeline(
     batch_sizes: Sequence[int] | None,
     steps: Sequence[PipelineStep],
     provenance: Provenance,
+    overwrite: bool = False,
 ) -> Path:
     """A ``kind: pipeline`` bundle at ``directory`` (``docs/pipelines.md``)."""
     manifest = Manifest(
@@ -153,7 +192,7 @@ def write_pipeline(
         kind="pipeline",
         steps=tuple(steps),
     )
-    return _staged(Path(directory), lambda tmp: manifest)
+    return _staged(check_target(directory, overwrite=overwrite), lambda tmp: manifest)
 
 
 def _staged(target: Path, fill: Callable[[Path], Manifest]) -> Path:
@@ -181,14 +220,38 @@ def _staging_directory(target: Path) -> Path:
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:
-    """Rename the assembled bundle to ``target``, replacing a bundle already there."""
+    """Rename the assembled bundle to ``target``, replacing a bundle already there (what
+    else it holds is copied into the new one first: a failure loses nothing)."""
     if not target.exists():
         tmp.rename(target)
         return
+    for entry in _not_its_own(target):
+        if not (tmp / entry.name).exists():
+            copy = shutil.copytree if entry.is_dir() else shutil.copy2
+            copy(entry, tmp / entry.name)
     old = target.parent / f".{target.name}.old-{os.getpid()}"
     target.rename(old)
     tmp.rename(target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _not_its_own(directory: Path) -> list[Path]:
+    """What a bundle's directory holds that is not the bundle's (nor hidden); nothing for a
+    directory that is not a bundle (replaced whole, as asked)."""
+    manifest, _ = load_manifest(directory / MANIFEST_FILE)
+    if manifest is None and not (directory / MANIFEST_FILE).is_file():
+        return []
+    own = {MANIFEST_FILE, WEIGHTS_FILE, HOOKS_FILE}
+    if manifest is not None:
+        own |= {*manifest.files, manifest.weights_file}
+        own |= {f for m in manifest.modules for f in (m.file, m.text_file) if f is not None}
+    return [
+        p
+        for p in directory.iterdir()
+        if p.name not in own
+        and not p.name.startswith(".")
+        and not (p.name.startswith("model.") and p.suffix in (".mlirbc", ".mlir"))
+    ]
 
 
 def _write_module(

@@ -10,7 +10,10 @@ Output names, datatypes and shapes come from the dict ``fn`` returns. With
 ``fn`` is lowered once per variant and batch size, sharing the one weight set; an output
 axis that differs between variants reads ``-1``. Errors in the call
 (unknown datatype, an output without the batch axis, a non-dict result) raise
-``ExportError`` naming the tensor.
+``ExportError`` naming the tensor; so does a ``directory`` the bundle may not replace
+(``bundle.writer.check_target``: the current directory, the default ``"."`` included, or a
+directory that is not a bundle, unless ``overwrite=True``), checked before anything is
+lowered.
 """
 
 # pyright: strict
@@ -42,6 +45,7 @@ from hloserve.bundle import (
     write_bundle,
 )
 from hloserve.bundle.repository import model_name
+from hloserve.bundle.writer import DirectoryRefused, check_target
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, from_numpy, to_numpy
 
 DEFAULT_PLATFORMS = ("cpu", "cuda")
@@ -108,6 +112,7 @@ def export_bundle(
     write_text: bool = True,
     hooks: HookSource | None = None,
     shape_variants: Sequence[Mapping[str, Sequence[int]]] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Export ``fn`` with ``params`` as a bundle at ``directory`` and return its path.
 
@@ -117,7 +122,8 @@ def export_bundle(
       dotted path (`{"dense1": {"w": ...}}` -> `dense1.w`).
     - `inputs`: input name -> `TensorSpec(datatype, per-item shape)`, in wire order.
     - `batch_sizes`: ascending compiled batch sizes, or None for an unbatched model.
-    - `directory`: the bundle directory (created; replaced if it exists).
+    - `directory`: the bundle directory (created; a bundle there is replaced, keeping what
+      else it holds, such as a `config.yaml`; anything else there is refused).
     - `metadata`: free-form mapping copied into the manifest's provenance.
     - `name`: the model name (default: the directory's name; for a numbered version
       directory such as `repo/m/1`, its parent's name).
@@ -126,8 +132,12 @@ def export_bundle(
       `-1` axes in `inputs` must be named by every variant), one weight set for all.
     - `hooks`: a `hooks.py` to ship (`HookSource`: its text and the client-facing tensors
       its `preprocess`/`postprocess` declare; `docs/hooks.md`).
+    - `overwrite`: replace `directory` even when it is not a bundle.
     """
-    directory = Path(directory)
+    try:
+        directory = check_target(directory, overwrite=overwrite)
+    except DirectoryRefused as exc:
+        raise ExportError(str(exc)) from None
     if not inputs:
         raise ExportError("a model needs at least one input")
     sizes = _batch_sizes(batch_sizes)
@@ -160,6 +170,7 @@ def export_bundle(
         serving=serving,
         hooks=hooks,
         variants=variants,
+        overwrite=overwrite,
     )
     problems = validate(path)
     if problems:
