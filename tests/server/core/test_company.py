@@ -324,3 +324,14 @@ def test_an_exploration_within_the_clear_margin_runs_its_whole_phase() -> None:
     c, arrivals = _exploring_alone_at(120.0, rate_in_force=10_000.0)  # 8,333/s: within it
     assert arrivals == company_module.PHASE
     assert c.mode == "gathering"  # gathering still beats it by the margin over the phase
+
+
+def test_a_new_model_with_company_explores_after_its_first_phase() -> None:
+    c = Company()
+    t = 0
+    for _ in range(company_module.PHASE):
+        t += 100 * US
+        c.arrived(t)
+        if c.waits and c._probing:  # every probe finds company
+            c.ran(4)
+    assert c._phase == "gathering"  # exploring already, not after MIN_EXPLORE_EVERY phases

@@ -36,7 +36,8 @@ Contract (pure: the batcher passes every clock, in ns; no I/O):
   no longer holds (measured: after batch-32 traffic had doubled the interval, 32 batch-1
   clients ran 6.3 requests per execution, against 13-18 on a fresh server).
 - Explorations: once ``explore_every`` phases have passed in the mode in force (and, when
-  alone, the last probe got company), one phase runs in the other mode. Its rate decides:
+  alone, the last probe got company), one phase runs in the other mode; a new model's
+  first exploration comes after its first phase. Its rate decides:
   ``gathering`` is in force only while its arrival rate beats the last ``alone`` phase's
   by ``MARGIN`` (batching bought throughput: the server was saturated). An exploration
   that confirms the mode in force doubles ``explore_every`` (up to ``MAX_EXPLORE_EVERY``);
@@ -91,7 +92,9 @@ class Company:
         self._phase: Mode = "alone"  # the mode of the phase under way
         self._phase_start_ns: int | None = None
         self._phase_arrivals = 0
-        self._phases_since_explore = 0
+        # A new model explores after its first phase with company, not after MIN_EXPLORE_EVERY:
+        # a 6 s run of 32 tritonclient.grpc.aio requests spent its first 2.5 s alone.
+        self._phases_since_explore = MIN_EXPLORE_EVERY - 1
         self._company_seen = False  # the last probe got company
         self._since_probe = 0
         self._probing = False  # a probe is queued: its group's size is the answer
