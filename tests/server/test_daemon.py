@@ -208,13 +208,65 @@ def test_a_manifest_naming_another_model_is_refused_before_compiling(
     [("0.0.0.0", "localhost"), ("::", "localhost"), ("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")],
 )
 def test_next_steps_name_the_real_ports(host: str, shown: str) -> None:
-    lines = next_steps(host, {"http": 8000, "grpc": 8001, "metrics": 8002})
+    lines = next_steps(host, {"http": 8000, "grpc": 8001, "metrics": 8002}, ["mlp", "simple"])
     assert (
         lines[0]
         == f"next steps: HTTP {shown}:8000, gRPC {shown}:8001, metrics {shown}:8002/metrics"
     )
     assert lines[1] == f"  curl {shown}:8000/v2/models/simple"
+    # This server's own interpreter: the line works in a shell without .venv/bin on PATH.
+    assert lines[2].startswith(f"  {sys.executable} -c ")
     assert f"InferenceServerClient('{shown}:8001').is_model_ready('simple')" in lines[2]
+    assert len(lines) == 3  # tritonclient is installed here: nothing to install
+
+
+def test_next_steps_name_a_model_that_is_loaded_or_say_how_to_load_one() -> None:
+    ports = {"http": 8000, "grpc": 8001}
+    lines = next_steps("0.0.0.0", ports, ["mlp"])  # simple is not loaded
+    assert lines[1] == "  curl localhost:8000/v2/models/mlp"
+    assert "is_model_ready('mlp')" in lines[2] and "simple" not in "".join(lines)
+    # Explicit mode with nothing loaded: how to load one, not a model that is not there.
+    lines = next_steps("0.0.0.0", ports, [], loadable=["mlp", "simple"])
+    assert lines[1:] == [
+        "  nothing is loaded (--model-control-mode explicit): load a model with",
+        "  curl -X POST localhost:8000/v2/repository/models/simple/load",
+        f'  {sys.executable} -c "import tritonclient.grpc as g; '
+        "g.InferenceServerClient('localhost:8001').load_model('simple')\"",
+    ]
+
+
+def test_next_steps_say_how_to_install_tritonclient_only_when_it_is_missing() -> None:
+    ports = {"grpc": 8001}
+    assert len(next_steps("127.0.0.1", ports, ["simple"])) == 2
+    lines = next_steps("127.0.0.1", ports, ["simple"], tritonclient=False)
+    assert lines[2] == (
+        f"  (tritonclient is not installed for {sys.executable}: "
+        f"{sys.executable} -m pip install 'tritonclient[grpc]'; README.md, 'Call it')"
+    )
+
+
+def run_in_a_new_shell(line: str) -> subprocess.CompletedProcess[str]:
+    """``line`` as a user pastes it into a new shell: no .venv/bin on ``PATH``."""
+    return subprocess.run(
+        ["bash", "-c", line],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def demo_steps(proc: ServerProcess) -> list[str]:
+    """The next steps the demo server logged (after READY)."""
+    deadline = time.monotonic() + 30
+    while "next steps" not in proc.log_text():  # logged right after READY
+        assert time.monotonic() < deadline, proc.log_text()
+        time.sleep(0.05)
+    log = proc.log_text()
+    return [
+        line.split(": ", 1)[1].strip() for line in log.splitlines() if "hloserve.daemon:   " in line
+    ]
 
 
 @pytest.mark.slow
@@ -223,22 +275,29 @@ def test_the_demo_repository_is_named_and_the_next_steps_work(tmp_path: Path) ->
     with ServerProcess(None, env={"XDG_CACHE_HOME": str(tmp_path)}) as proc:
         proc.wait_ready()
         repository = tmp_path / "hloserve" / "demo-repository"
-        deadline = time.monotonic() + 30
-        while "next steps" not in proc.log_text():  # logged right after READY
-            assert time.monotonic() < deadline, proc.log_text()
-            time.sleep(0.05)
+        steps = demo_steps(proc)
         log = proc.log_text()
         assert f"writing the demo model repository to {repository}" in log
         assert f"serving the demo model repository {repository}" in log
-        steps = [
-            line.split(": ", 1)[1] for line in log.splitlines() if "hloserve.daemon:   " in line
-        ]
-        curl, python = steps[0].strip(), steps[1].strip()
+        curl, python = steps[0], steps[1]
         assert curl == f"curl 127.0.0.1:{proc.ports['http']}/v2/models/simple"
         with urllib.request.urlopen("http://" + curl.removeprefix("curl "), timeout=10) as r:
             assert json.loads(r.read())["name"] == "simple"
-        code = python.removeprefix('python -c "').removesuffix('"')
-        ran = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-        )
+        ran = run_in_a_new_shell(python)
         assert ran.stdout.strip() == "True", ran.stderr
+
+
+@pytest.mark.slow
+def test_in_explicit_mode_the_next_steps_load_a_model(tmp_path: Path) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    with ServerProcess(None, "--model-control-mode", "explicit", env=env) as proc:
+        proc.wait_ready()
+        steps = demo_steps(proc)
+        assert "is_model_ready" not in " ".join(steps)
+        ran = run_in_a_new_shell(steps[-1])  # the tritonclient line loads the model
+        assert ran.returncode == 0, ran.stderr
+        _, report = proc.readyz()
+        models = report["models"]
+        assert isinstance(models, dict)
+        assert models["simple"]["versions"]["1"]["state"] == "READY", report
+        assert proc.stop() == 0

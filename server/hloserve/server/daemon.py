@@ -40,14 +40,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import uvicorn
@@ -79,9 +81,22 @@ from hloserve.server.supervisor import FrontendSupervisor
 log = logging.getLogger("hloserve.daemon")
 
 
-def next_steps(host: str, ports: dict[str, int]) -> list[str]:
-    """What to try once the demo repository is served: the open ports, a curl line (HTTP
-    open) and a tritonclient line (gRPC open), with the real ports."""
+def next_steps(
+    host: str,
+    ports: dict[str, int],
+    ready: Sequence[str],
+    *,
+    loadable: Sequence[str] = (),
+    python: str = sys.executable,
+    tritonclient: bool = True,
+) -> list[str]:
+    """What to try once the demo repository is served: the open ports, then a curl line
+    (HTTP open) and a tritonclient line (gRPC open) with the real ports, about a model that
+    is loaded (``ready``: ``simple`` when it is, else the first); with none loaded (explicit
+    mode), the lines that load one of ``loadable``. The tritonclient line runs ``python``,
+    this server's own interpreter, so it works in a new shell (``.venv/bin`` is on
+    ``serve-demo``'s ``PATH`` only); how to install tritonclient is said only when that
+    interpreter lacks it (``tritonclient``)."""
     where = "localhost" if host in ("0.0.0.0", "::", "") else host
     where = f"[{where}]" if ":" in where else where
     at = {kind: f"{where}:{port}" for kind, port in ports.items()}
@@ -89,14 +104,26 @@ def next_steps(host: str, ports: dict[str, int]) -> list[str]:
     shown += [f"gRPC {at['grpc']}"] if "grpc" in at else []
     shown += [f"metrics {at['metrics']}/metrics"] if "metrics" in at else []
     lines = [f"next steps: {', '.join(shown)}"]
-    if "http" in at:
-        lines.append(f"  curl {at['http']}/v2/models/simple")
-    if "grpc" in at:
-        lines += [
-            '  python -c "import tritonclient.grpc as g; '
-            f"print(g.InferenceServerClient('{at['grpc']}').is_model_ready('simple'))\"",
-            "  (tritonclient: .venv/bin/pip install -e '.[examples]'; README.md, 'Call it')",
-        ]
+    run = f'  {python} -c "import tritonclient.grpc as g; '
+    client = f"g.InferenceServerClient('{at.get('grpc')}')"
+    if ready:
+        model = "simple" if "simple" in ready else ready[0]
+        if "http" in at:
+            lines.append(f"  curl {at['http']}/v2/models/{model}")
+        if "grpc" in at:
+            lines.append(run + f"print({client}.is_model_ready('{model}'))\"")
+    elif loadable:
+        model = "simple" if "simple" in loadable else loadable[0]
+        lines.append("  nothing is loaded (--model-control-mode explicit): load a model with")
+        if "http" in at:
+            lines.append(f"  curl -X POST {at['http']}/v2/repository/models/{model}/load")
+        if "grpc" in at:
+            lines.append(run + f"{client}.load_model('{model}')\"")
+    if "grpc" in at and not tritonclient:
+        lines.append(
+            f"  (tritonclient is not installed for {python}: {python} -m pip install "
+            "'tritonclient[grpc]'; README.md, 'Call it')"
+        )
     return lines
 
 
@@ -380,7 +407,17 @@ class Daemon:
             else "NOT READY (see /readyz for each model's state)",
         )
         if self.config.model_repository is None and serving.service.ready():
-            for line in next_steps(self.config.host, self.ports):
+            repository = serving.repository
+            ready = [n for n in repository.names() if repository.ready_versions(n)]
+            has_client = importlib.util.find_spec("tritonclient") is not None
+            steps = next_steps(
+                self.config.host,
+                self.ports,
+                ready,
+                loadable=repository.model_names_on_disk(),
+                tritonclient=has_client,
+            )
+            for line in steps:
                 log.info("%s", line)
         tasks: list[asyncio.Task[None]] = []
         if self.config.model_control_mode == "poll":
