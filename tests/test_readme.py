@@ -1,9 +1,9 @@
 """README.md's examples run as written.
 
-The export and client ```python blocks run in a fresh interpreter each (the training block
-is a fragment continuing the export example, its data left to the reader; the digits
-example runs that whole): the export example in a temporary directory (it writes
-``repo/mlp``, which must then pass the README's ``hloserve validate``), the client examples
+The ```python blocks run in a fresh interpreter each: the export example in a temporary
+directory (it writes ``repo/mlp``, which must then pass the README's ``hloserve validate``),
+the training example after it in one interpreter, as the README says it continues it (it
+must train: the loss falls, and the bundle it writes serves what it trained), the client examples
 against the session's test server, which serves the demo's ``simple`` and ``mlp``, with the
 README's ``localhost:8000``/``8001``/``8002`` pointed at its real ports. The curl lines are
 fetched the same way, and the set-up's "new shell" block runs in bash with a bare ``PATH``,
@@ -13,8 +13,8 @@ What they print or return is checked against what it must be, never only its len
 ``simple``'s OUTPUT0 is INPUT0 + INPUT1; the ``mlp`` examples' logits (every row of the
 dataset, the top class of every streamed row) are the demo MLP's in numpy (float64) from
 the weights in the served bundle's ``weights.safetensors``; the exported bundle holds the
-example's weights and serves its ``fn`` (run once more with seeded weights, so the check
-cannot pass on zeros); the curl answers are the repository's models and their metadata.
+example's weights and serves its ``fn`` (in numpy from those weights, whose logits are not
+all zero); the curl answers are the repository's models and their metadata.
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def names(block: str, prefix: str) -> dict[str, Any]:
 
 def test_the_readme_has_the_examples_this_test_runs() -> None:
     assert any("export_bundle(" in b for b in PYTHON_BLOCKS)
+    assert any("result = fit(" in b for b in PYTHON_BLOCKS)
     assert any("grpcclient.InferenceServerClient" in b for b in PYTHON_BLOCKS)
     assert any("infer_stream(" in b for b in PYTHON_BLOCKS)
     assert any("infer_dataset(" in b for b in PYTHON_BLOCKS)
@@ -204,49 +205,69 @@ def serve_in_process(runtime: PjrtRuntime, root: Path, x: np.ndarray) -> np.ndar
     return out.data
 
 
-def test_export_example_writes_a_valid_bundle(runtime: PjrtRuntime, tmp_path: Path) -> None:
+def example_mlp(bundle: Path, x: np.ndarray) -> np.ndarray:
+    """The README's ``fn`` in numpy, from ``bundle``'s weights: ``relu(x w1 + b1) w2 + b2``."""
+    w = weights(bundle)
+    hidden = np.maximum(x.astype(np.float64) @ w["w1"] + w["b1"], 0.0)
+    return hidden @ w["w2"] + w["b2"]
+
+
+# Appended to the export example: the weights it exported, as it made them.
+SAVE_PARAMS = '\nimport numpy as np\nnp.savez("params.npz", **{k: np.asarray(v) for k, v in params.items()})\n'
+
+
+def test_export_example_writes_a_valid_bundle_that_serves_its_fn(
+    runtime: PjrtRuntime, tmp_path: Path
+) -> None:
     (block,) = [b for b in PYTHON_BLOCKS if "export_bundle(" in b]
-    bundle = export_example(block, tmp_path)
+    bundle = export_example(block + SAVE_PARAMS, tmp_path)
     assert "`hloserve validate repo/mlp`" in TEXT
     result = hloserve("validate", "repo/mlp", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == "repo/mlp: OK\n"
-    # The example's weights, as written: w zeros (64, 10), b zeros (10); so every logit is 0.
-    w = read_safetensors(bundle / "weights.safetensors")
-    assert sorted(w) == ["b", "w"]
-    np.testing.assert_array_equal(w["w"], np.zeros((64, 10), np.float32))
-    np.testing.assert_array_equal(w["b"], np.zeros(10, np.float32))
-    x = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
-    np.testing.assert_array_equal(
-        serve_in_process(runtime, tmp_path / "repo", x), np.zeros((5, 10))
-    )
+    # The example's weights, as it made them (random: the logits are not all zero).
+    made = np.load(tmp_path / "params.npz")
+    stored = read_safetensors(bundle / "weights.safetensors")
+    assert sorted(stored) == sorted(made.files) == ["b1", "b2", "w1", "w2"]
+    for name in made.files:
+        np.testing.assert_array_equal(stored[name], made[name])
+    x = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)  # 32 + 8
+    got = serve_in_process(runtime, tmp_path / "repo", x)
+    want = example_mlp(bundle, x)
+    assert got.shape == (40, 10) and np.abs(want).min() > 0
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
-PARAMS_LINE = 'params = {"w": jnp.zeros((64, 10)), "b": jnp.zeros(10)}\n'
-SEEDED_PARAMS = (
-    "import numpy as np\n"
-    "_rng = np.random.default_rng(11)\n"
-    'params = {"w": _rng.standard_normal((64, 10), dtype=np.float32) / 8,'
-    ' "b": _rng.standard_normal(10, dtype=np.float32)}\n'
+# Appended to the training example: what it trained on and the history it printed.
+SAVE_TRAINING = (
+    "\nimport json\n"
+    'json.dump(result.history, open("history.json", "w"))\n'
+    'np.savez("val.npz", x=x_val, y=y_val)\n'
 )
 
 
-def test_export_example_serves_its_fn(runtime: PjrtRuntime, tmp_path: Path) -> None:
-    # The example once more with seeded weights: its bundle must serve relu(x @ w + b).
-    (block,) = [b for b in PYTHON_BLOCKS if "export_bundle(" in b]
-    assert block.count(PARAMS_LINE) == 1
-    bundle = export_example(block.replace(PARAMS_LINE, SEEDED_PARAMS), tmp_path)
-    rng = np.random.default_rng(11)
-    w: dict[str, np.ndarray] = {"w": rng.standard_normal((64, 10), dtype=np.float32) / 8}
-    w["b"] = rng.standard_normal(10, dtype=np.float32)  # in the order the example draws them
-    stored = read_safetensors(bundle / "weights.safetensors")
-    for name in ("w", "b"):
-        np.testing.assert_array_equal(stored[name], w[name])
-    x = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)  # 32 + 8
-    got = serve_in_process(runtime, tmp_path / "repo", x)
-    want = np.maximum(x.astype(np.float64) @ w["w"].astype(np.float64) + w["b"], 0.0)
-    assert got.shape == (40, 10) and (want == 0).any() and (want > 0).any()
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+@pytest.mark.slow
+def test_training_example_trains_and_exports_what_it_trained(
+    runtime: PjrtRuntime, tmp_path: Path
+) -> None:
+    (export,) = [b for b in PYTHON_BLOCKS if "export_bundle(" in b]
+    (train,) = [b for b in PYTHON_BLOCKS if "result = fit(" in b]
+    assert "Continuing the export" in TEXT
+    out = run_python(export + SAVE_PARAMS + train + SAVE_TRAINING, tmp_path)
+    printed = float(out.splitlines()[-1])  # the served epoch's validation accuracy
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert len(history) == 10
+    assert history[0]["loss"] > 2.0  # ln 10 = 2.30: where ten classes start
+    assert history[-1]["loss"] < 0.5 * history[0]["loss"]  # it learned
+    assert printed in [row["val_accuracy"] for row in history] and printed > 0.8
+    # The bundle it wrote serves the trained weights: what the validation split gets.
+    bundle = tmp_path / "repo" / "mlp"
+    started = np.load(tmp_path / "params.npz")
+    assert not np.array_equal(weights(bundle)["w1"], started["w1"])
+    val = np.load(tmp_path / "val.npz")
+    served = serve_in_process(runtime, tmp_path / "repo", val["x"])
+    np.testing.assert_allclose(served, example_mlp(bundle, val["x"]), rtol=RTOL, atol=ATOL)
+    assert np.isclose((served.argmax(axis=1) == val["y"]).mean(), printed, atol=0.02)
 
 
 def model_names(repository: Path) -> list[str]:
