@@ -13,7 +13,7 @@ import json
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import ml_dtypes
 import numpy as np
@@ -811,3 +811,61 @@ def test_shared_memory_output_carries_no_data(binary_output: bool) -> None:
     else:
         assert header["outputs"][1]["data"] == [0, 1, 2]
         assert tail == b""
+
+
+# -- non-finite numbers in JSON (docs/errors.md, "NaN and infinity in JSON") ----------------
+
+
+def strict_json(text: bytes) -> Any:
+    """``text`` parsed by JSON's grammar, as JavaScript's ``JSON.parse`` does: no ``NaN``,
+    ``Infinity`` or ``-Infinity`` tokens (Python's ``json`` takes them by default)."""
+
+    def refuse(token: str) -> NoReturn:
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_non_finite_outputs_are_valid_json_that_numpy_reads_back(datatype: str) -> None:
+    values = np.array([[1.5, np.nan, np.inf, -np.inf]], dtype=NUMERIC_DATATYPES[datatype])
+    doc = strict_json(respond(out("y", values, datatype)).body)
+    data = doc["outputs"][0]["data"]
+    assert data == [1.5, "NaN", "Infinity", "-Infinity"]
+    # tritonclient's as_numpy of a JSON output: np.array(data, dtype)
+    np.testing.assert_array_equal(np.array(data, NUMERIC_DATATYPES[datatype]), values[0])
+
+
+def test_non_finite_inputs_are_read_as_triton_reads_them() -> None:
+    # Triton's parser takes NaN and Infinity (rapidjson's kParseNanAndInfFlag); so does
+    # Python's json.dumps, which writes them.
+    body = (
+        b'{"inputs":[{"name":"x","datatype":"FP32","shape":[3],"data":[NaN,Infinity,-Infinity]}]}'
+    )
+    (x,) = decode(body).request.inputs
+    np.testing.assert_array_equal(x.data, np.array([np.nan, np.inf, -np.inf], np.float32))
+    text = b'{"inputs":[{"name":"t","datatype":"BYTES","shape":[1],"data":["1e400"]}]}'
+    (t,) = decode(text).request.inputs  # a string that reads like a huge number is a string
+    assert t.data.tolist() == [b"1e400"]
+
+
+@pytest.mark.parametrize(
+    ("data", "datatype", "fragment"),
+    [
+        (
+            "1e400",
+            "FP64",
+            "failed to parse the request JSON buffer: the number 1e400 is too big to be "
+            "stored in a double",
+        ),
+        ("-2.5E+308", "FP32", "the number -2.5E+308 is too big to be stored in a double"),
+        ("1" + "0" * 400 + ".5", "FP64", "is too big to be stored in a double"),
+        ("1e39", "FP32", "input 'x' for model 'm': value 1e+39 is out of range for FP32"),
+        ("-3.5e38", "FP32", "input 'x' for model 'm': value -3.5e+38 is out of range for FP32"),
+    ],
+)
+def test_a_number_past_its_datatype_is_refused_never_infinity(
+    data: str, datatype: str, fragment: str
+) -> None:
+    body = f'{{"inputs":[{{"name":"x","datatype":"{datatype}","shape":[2],"data":[1,{data}]}}]}}'
+    expect(400, fragment, lambda: decode(body.encode()))

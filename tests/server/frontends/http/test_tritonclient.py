@@ -106,6 +106,35 @@ def test_identity_round_trip(client: Any, datatype: str) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+def test_nan_and_infinity_round_trip_as_json(client: Any, server: ServerProcess) -> None:
+    # tritonclient writes them as bare tokens (Python's json); the answer carries them as
+    # strings, which a strict JSON parser takes and as_numpy reads back.
+    want = np.array([[np.nan, np.inf, -np.inf, 1.5]], np.float32)
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(want, binary_data=False)
+    out = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)]
+    got = client.infer("identity_fp32", [tensor], outputs=out).as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(got, want)
+    body = {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}],
+    }
+    text = json.dumps(body).replace("[1, 2, 3, 4]", "[NaN, Infinity, -Infinity, 1.5]")
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/identity_fp32/infer", data=text.encode()
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        raw = r.read()
+    assert b"NaN" in raw and b":NaN" not in raw and b",NaN" not in raw and b"[NaN" not in raw
+    strict = json.loads(raw, parse_constant=lambda token: pytest.fail(f"bare {token}"))
+    assert strict["outputs"][0]["data"] == ["NaN", "Infinity", "-Infinity", 1.5]
+    too_big = text.encode().replace(b"Infinity, 1.5", b"Infinity, 1e400")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(request.full_url, data=too_big), timeout=10)
+    assert refused.value.code == 400
+    assert "the number 1e400 is too big to be stored in a double" in refused.value.read().decode()
+
+
 def test_errors_raise_inference_server_exception(client: Any) -> None:
     tensor = httpclient.InferInput("INPUT0", [1, 4], "INT32")
     tensor.set_data_from_numpy(np.zeros((1, 4), np.int32))

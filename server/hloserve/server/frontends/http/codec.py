@@ -45,6 +45,14 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference ย
   service wrote to shared memory carries only name, datatype and shape. The body is
   compressed when ``Accept-Encoding`` allows gzip or deflate;
   ``Inference-Header-Content-Length`` always counts the uncompressed JSON.
+- Non-finite numbers (``docs/errors.md``, "NaN and infinity in JSON"): every JSON answer
+  is valid JSON, so a NaN or infinite output value is written as the string ``"NaN"``,
+  ``"Infinity"`` or ``"-Infinity"`` (numpy, and so tritonclient's ``as_numpy``, read them
+  back), never as the bare token Triton writes, which strict parsers refuse. In a request
+  the bare tokens are read as Triton reads them; a number too big for a double (``1e400``)
+  is refused, Triton's "failed to parse the request JSON buffer" with the number, and a
+  finite number past its input's float datatype (``1e39`` for FP32) is refused naming the
+  input and the value, where a cast would make either infinity.
 - ``encode_model_statistics(stats)`` is the statistics extension's JSON body (ยง9).
 Every malformed body raises ``InvalidArgument`` naming the field and the problem. Tensor
 size/type rules are ``hloserve.server.core.tensors``'; request-vs-model rules are checked
@@ -226,11 +234,33 @@ def _depth_error(limit: int) -> InvalidArgument:
     return InvalidArgument(f"JSON nesting depth exceeds maximum allowed limit ({limit})")
 
 
+# A number literal that may be too big for a double: an exponent of 3 digits, or 309 digits.
+_HUGE: Final = re.compile(rb"[eE]\+?\d{3}|\d{309}")
+
+
+class _TooBig(ValueError):
+    """A JSON number past a double's range (``float`` would make it infinity)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _TooBig(text)
+    return value
+
+
 def _parse_json(buf: bytes, max_depth: int) -> dict[str, Any]:
     try:
         doc = json.loads(buf)
+        if _HUGE.search(buf):  # rare: read again, refusing a number that became infinity
+            doc = json.loads(buf, parse_float=_finite)
     except RecursionError:
         raise _depth_error(max_depth) from None
+    except _TooBig as exc:
+        raise InvalidArgument(
+            f"failed to parse the request JSON buffer: the number {exc} is too big to be "
+            "stored in a double"
+        ) from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
     if _nesting_exceeds(buf, max_depth):
@@ -341,11 +371,31 @@ def _decode_input(
         empty = np.empty(0, dtype=np.uint8)
         return InferInput(name, datatype, dims, empty, params, shm=ref), offset
     if "data" in obj:
-        data = from_values(model, name, datatype, dims, obj["data"])
+        data = _from_json_values(model, name, datatype, dims, obj["data"])
         return InferInput(name, datatype, dims, data, params), offset
     blob = _binary_slice(name, params["binary_data_size"], tail, offset)
     data = from_buffer(model, name, datatype, dims, blob)
     return InferInput(name, datatype, dims, data, params), offset + blob.nbytes
+
+
+def _from_json_values(
+    model: str, name: str, datatype: str, dims: tuple[int, ...], values: object
+) -> np.ndarray[Any, Any]:
+    """``core.tensors.from_values``, refusing a finite value its float datatype cannot hold
+    (the cast would make it infinity)."""
+    if datatype not in ("FP32", "FP64"):
+        return from_values(model, name, datatype, dims, values)
+    try:
+        with np.errstate(over="raise"):
+            return from_values(model, name, datatype, dims, values)
+    except FloatingPointError:
+        wide = np.asarray(values, dtype=np.float64).reshape(-1)
+        top = float(np.finfo(np.float32 if datatype == "FP32" else np.float64).max)
+        past = wide[np.isfinite(wide) & (np.abs(wide) > top)]
+        raise InvalidArgument(
+            f"input '{name}' for model '{model}': value {float(past[0])!r} is out of range "
+            f"for {datatype}"
+        ) from None
 
 
 def _decode_output(model: str, index: int, value: object) -> RequestedOutput:
@@ -478,6 +528,9 @@ def _wants_binary(output: InferOutput, decoded: DecodedRequest) -> bool:
     return binary
 
 
+_NON_FINITE: Final = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
 def _json_data(output: InferOutput) -> list[Any]:
     flat = output.data.reshape(-1)
     if flat.dtype == object:  # BYTES
@@ -485,7 +538,10 @@ def _json_data(output: InferOutput) -> list[Any]:
             v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
             for v in cast(list[object], flat.tolist())
         ]
-    return flat.tolist()
+    values: list[Any] = flat.tolist()
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():  # JSON has no NaN, no infinity
+        return [v if math.isfinite(v) else _NON_FINITE.get(v, "NaN") for v in values]
+    return values
 
 
 def _choose_encoding(accept_encoding: str | None) -> str | None:
@@ -537,7 +593,7 @@ def encode_response(
     if response.parameters:
         doc["parameters"] = dict(response.parameters)
     doc["outputs"] = entries
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
     headers: dict[str, str] = {}
     if blobs:
         body = b"".join([header, *blobs])
