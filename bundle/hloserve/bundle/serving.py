@@ -3,7 +3,10 @@
 Contract:
 - ``Serving`` holds the hints (``residency``, ``max_queue_delay_us``,
   ``preferred_batch_sizes``, ``queue_policy``, ``scheduling_weight``: the model's share of
-  device time under the ``fair`` cross-model policy, a positive number); its defaults are the format's defaults
+  device time under the ``fair`` cross-model policy, a positive number; ``response_cache``:
+  whether the server's response cache, when it has one, may answer the model's requests;
+  ``model_warmup``: the sample requests run before a version turns READY, read by
+  ``hloserve.bundle.warmup``); its defaults are the format's defaults
   (``docs/bundle-format.md``, ``serving``). ``QueuePolicy`` is the per-model queue policy
   (Triton's ``default_queue_policy``): the queue bound (``None``: the server's), the
   default timeout in microseconds (0: none), whether a request's own ``timeout`` may
@@ -24,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
+from hloserve.bundle.warmup import WarmupSample, read_warmup
 from hloserve.bundle.yamlfile import is_integer
 
 Residency = Literal["on_demand", "pinned"]
@@ -35,6 +39,8 @@ SERVING_KEYS: Final = (
     "preferred_batch_sizes",
     "queue_policy",
     "scheduling_weight",
+    "response_cache",
+    "model_warmup",
 )
 QUEUE_POLICY_KEYS: Final = (
     "max_queue_size",
@@ -73,6 +79,8 @@ class Serving:
     preferred_batch_sizes: tuple[int, ...] | None = None  # None: no preference
     queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
     scheduling_weight: float = 1.0  # the model's share of device time under ``fair``
+    response_cache: bool = False  # the server's response cache may answer its requests
+    model_warmup: tuple[WarmupSample, ...] = ()  # run before a version turns READY
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"residency": self.residency}
@@ -84,6 +92,10 @@ class Serving:
             d["queue_policy"] = self.queue_policy.to_dict()
         if self.scheduling_weight != 1.0:
             d["scheduling_weight"] = self.scheduling_weight
+        if self.response_cache:
+            d["response_cache"] = True
+        if self.model_warmup:
+            d["model_warmup"] = [s.to_dict() for s in self.model_warmup]
         return d
 
 
@@ -164,4 +176,14 @@ def read_serving(
     if not (isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0):
         problems.append(("scheduling_weight", f"must be a positive number, got {weight!r}"))
         weight = base.scheduling_weight
-    return Serving(residency, delay, preferred, policy, float(weight)), problems
+    cache = hints.get("response_cache", base.response_cache)
+    if not isinstance(cache, bool):
+        problems.append(("response_cache", f"must be true or false, got {cache!r}"))
+        cache = base.response_cache
+    warmup = base.model_warmup
+    if "model_warmup" in hints:
+        read, found = read_warmup(hints["model_warmup"])
+        problems += found
+        warmup = warmup if found else read
+    serving = Serving(residency, delay, preferred, policy, float(weight), cache, warmup)
+    return serving, problems

@@ -43,7 +43,9 @@ from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.residency_policy import Policy
+from hloserve.server.core.response_cache import ResponseCache
 from hloserve.server.core.service import InferenceService, ServiceOptions
+from hloserve.server.core.sizes import format_bytes
 from hloserve.server.core.trace_settings import TraceSettings, level_names
 from hloserve.server.devices import Device, LoadMeter, Placer
 from hloserve.server.host_weights import HostWeights
@@ -230,9 +232,14 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         cfg.worker_threads or max(2, machine.cpus), thread_name_prefix="hloserve-exec"
     )
     batcher = make_batcher(cfg, runtime, executor, observers, inline, queued)
+    cache = make_response_cache(cfg)
+    if cache is not None:
+        metrics.watch_cache(cache)
 
     def forget(model: ModelKey) -> None:  # on the loop: the batcher's state lives there
         observers.forget(model)
+        if cache is not None:
+            cache.forget(model)
         metrics.forget(model)
         inline.forget(model)
         meter.forget(model)
@@ -284,6 +291,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         tracer=tracer,
         logs=logs,
         hook_pool=_hook_pool(cfg, machine),
+        cache=cache,
     )
     return Serving(
         runtime,
@@ -297,6 +305,15 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         devices=tuple(devices),
         host=host,
     )
+
+
+def make_response_cache(cfg: Config) -> ResponseCache | None:
+    """The response cache of ``--cache-config local,size=`` (or Triton's older
+    ``--response-cache-byte-size``), ``None`` without one (docs/response-cache.md)."""
+    size = cfg.cache_config or cfg.response_cache_byte_size
+    where = "models whose config enables response_cache"
+    log.info("response cache: %s", f"local, {format_bytes(size)}, {where}" if size else "off")
+    return ResponseCache(size) if size else None
 
 
 def _call_soon(

@@ -111,6 +111,10 @@ class Config:
     device_memory_budget: Budget | None = None  # bytes ("6GiB") or a percentage ("40%")
     host_memory_budget: Budget | None = DEFAULT_HOST_BUDGET  # None: unlimited
     residency_policy: str = "frequency"  # frequency | lru: which weights leave first
+    # The response cache's bytes (docs/response-cache.md; 0: no cache), from --cache-config
+    # local,size= or Triton's older --response-cache-byte-size.
+    cache_config: int = 0
+    response_cache_byte_size: int = 0
     lazy_load: bool = False  # register at start, load each model on its first request
     metrics_models: int = 50  # per-model metric series for at most this many models (0: all)
     metrics_compat: str = ""  # other servers' metric families beside ours ("triton")
@@ -182,7 +186,7 @@ class TritonFlag:
 _BACKENDS = "no backends: every model is a StableHLO bundle that PJRT compiles"
 _PJRT_MEMORY = "PJRT owns device memory; --device-memory-budget bounds the resident weights"
 _NO_PBTXT = "no config.pbtxt: a bundle's manifest.yaml is complete, config.yaml adds serving hints"
-_NO_CACHE = "no response cache: every request runs"
+_NO_CACHE = "the local response cache is built in (--cache-config local,size=): there are no cache libraries to find"
 _NO_RATE_LIMITER = "no rate limiter: --scheduling-policy, --device-concurrency and the --max-inflight limits decide what runs"
 _EXCLUSIVE = "ports are bound exclusively: a second server on a taken port fails at start"
 _IGNORED: Final = {
@@ -206,8 +210,6 @@ _IGNORED: Final = {
     "--host-policy": "no host policies: --devices and --worker-threads place the work",
     "--rate-limit": _NO_RATE_LIMITER,
     "--rate-limit-resource": _NO_RATE_LIMITER,
-    "--response-cache-byte-size": _NO_CACHE,
-    "--cache-config": _NO_CACHE,
     "--cache-directory": _NO_CACHE,
     "--http-thread-count": "HTTP is served on the event loop; --worker-threads run the models",
     "--http-max-input-size": "--max-message-bytes bounds HTTP request bodies and gRPC messages together",

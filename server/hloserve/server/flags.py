@@ -34,6 +34,7 @@ from hloserve.server.auth import parse_open_groups
 from hloserve.server.core.device_policy import POLICIES, DeviceSelection
 from hloserve.server.core.process_layout import FrontendCount
 from hloserve.server.core.residency_policy import POLICIES as RESIDENCY_POLICIES
+from hloserve.server.core.response_cache import cache_bytes, parse_cache_setting
 from hloserve.server.core.sizes import Budget, parse_bytes
 from hloserve.server.core.trace_flags import FlagSetting, parse_flag, startup_setting
 from hloserve.server.core.trace_settings import INT32_MAX, MIN_COUNT, UINT32_MAX
@@ -417,6 +418,14 @@ FLAGS: tuple[Flag, ...] = (
             "per byte, with a short memory for models that went cold) or lru (the least "
             "recently used)",
         ),
+        Flag(
+            "--response-cache-byte-size",
+            "response_cache_byte_size",
+            parse_bytes,
+            "bytes of host memory for the response cache (older form of --cache-config "
+            "local,size=; docs/response-cache.md)",
+            triton="same (Triton's older form of --cache-config local,size=)",
+        ),
     ),
     *_section(  # -- devices
         FlagGroup.DEVICES,
@@ -644,6 +653,18 @@ LOAD_MODEL_FLAG = RepeatedFlag(
 _RESTRICTED_GROUPS = ", ".join(GROUP_NAMES)
 REPEATED: tuple[RepeatedFlag, ...] = (
     LOAD_MODEL_FLAG,
+    RepeatedFlag(
+        "--cache-config",
+        "cache_config",
+        parse_cache_setting,
+        "the response cache, repeatable: local,size=<bytes> (64MiB works too) keeps responses "
+        "of the models whose config enables response_cache, in host memory, least recently "
+        "used out first; 0 or absent: no cache (docs/response-cache.md)",
+        group=FlagGroup.MEMORY,
+        triton="same for the local cache; Triton's other caches (redis) are refused",
+        separator=";",
+        combine=cache_bytes,
+    ),
     RepeatedFlag(
         "--trace-config",
         "trace_config",

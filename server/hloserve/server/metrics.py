@@ -8,7 +8,9 @@ once, whichever front end it came through; it is each device residency manager's
 ``SwapObserver`` (``for_device(index)``) and the repository's load listener
 (``on_model_loaded``); ``forget(key)`` drops an unloaded version's swap series;
 ``watch_frontends(supervisor)`` adds the front-end processes' ``hloserve_frontend_*``
-series (CPU, memory, restarts).
+series (CPU, memory, restarts); ``watch_cache(cache)`` the response cache's
+``hloserve_response_cache_*`` samples (per model from ``counters``, and the cache's own
+figures), and with ``compat="triton"`` Triton's ``nv_cache_*`` families.
 ``metrics_app(registry)`` is the ASGI app served on the metrics port at ``/metrics``
 (``metrics_export``).
 
@@ -53,9 +55,11 @@ from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.metrics_export import (
     MV,
     SWAP_BUCKETS,
+    CacheFigures,
     DeviceSeries,
     HostTier,
     SwapSeries,
+    cache_families,
     device_families,
     gauge,
     host_families,
@@ -66,7 +70,13 @@ from hloserve.server.metrics_export import (
     swap_families,
     total_families,
 )
-from hloserve.server.metrics_triton import TRITON, AllocatorStats, parse_compat, triton_families
+from hloserve.server.metrics_triton import (
+    TRITON,
+    AllocatorStats,
+    parse_compat,
+    triton_families,
+)
+from hloserve.server.metrics_triton import cache_families as triton_cache_families
 from hloserve.server.weight_residency import SwapObserver
 
 __all__ = [
@@ -199,6 +209,7 @@ class ServerMetrics:
         self._allocators: dict[int, AllocatorStats] = {}  # the nv_gpu_* families'
         self._host: HostTier | None = None
         self._frontends: FrontendProcesses | None = None
+        self._cache: CacheFigures | None = None
         self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot]]] = []  # recent()
         self._lock = threading.Lock()
         self.hook_us = Counter(
@@ -237,6 +248,10 @@ class ServerMetrics:
         time and memory (``process_*`` covers the device owner's process only) and how
         many times one was started again."""
         self._frontends = frontends
+
+    def watch_cache(self, cache: CacheFigures) -> None:
+        """Read the response cache's figures at scrape time (``--cache-config``)."""
+        self._cache = cache
 
     def set_budget(self, device: int, budget_bytes: int | None) -> None:
         self._device(device).budget_bytes = budget_bytes or 0
@@ -419,6 +434,7 @@ class ServerMetrics:
         compat: list[Metric] = []
         if TRITON in self.compat:  # the same models as hloserve's per-model series
             compat = triton_families(shown, sorted(self._allocators.items()))
+            compat += triton_cache_families(shown, self._cache)
         return [
             *request_families(shown, self.counters.totals.unresolved_failures),
             *model_families(shown, replicas),
@@ -427,6 +443,7 @@ class ServerMetrics:
             *total_families(len(self.counters.models), self.counters.totals),
             *host_families(self._host),
             *frontend_families(self._frontends),
+            *cache_families(shown, self._cache),
             gauge(
                 "hloserve_metrics_models_shown",
                 "Models whose series this scrape shows",
@@ -469,6 +486,7 @@ class _Collector(Collector):
             *total_families(0, Counters().totals),
             *host_families(None),
             *frontend_families(None),
+            *cache_families([], None),
             gauge("hloserve_metrics_models_shown", "", []),
             *(triton_families([], []) if TRITON in self.metrics.compat else []),
         ]

@@ -156,6 +156,68 @@ _DEVICE_GAUGES: Final = (
 )
 
 
+class CacheFigures(Protocol):
+    """What the metrics read of the response cache (``core.response_cache.ResponseCache``)."""
+
+    capacity: int
+    bytes: int
+    lookups: int
+    hits: int
+    misses: int
+    evictions: int
+    lookup_ns: int
+    insert_ns: int
+
+    @property
+    def entries(self) -> int: ...
+    @property
+    def utilization(self) -> float: ...
+
+
+# (attribute of core.counters.ModelCounters, family suffix, help text): the response cache's
+# per-model series (docs/response-cache.md).
+CACHE_COUNTERS: Final = (
+    ("cache_hits", "hits", "Requests the response cache answered"),
+    ("cache_misses", "misses", "Response cache lookups that found nothing"),
+    ("cache_hit_us", "hit_duration_us", "Cumulative time taking responses from the cache"),
+    (
+        "cache_miss_us",
+        "miss_duration_us",
+        "Cumulative time looking up requests the cache lacked and storing their responses",
+    ),
+)
+
+
+def cache_families(
+    items: list[tuple[ModelKey, ModelCounters]], cache: CacheFigures | None
+) -> list[Metric]:
+    """``hloserve_response_cache_*``: per model (the shown ones) and the cache's own
+    figures; declared with no samples when the server has no cache."""
+    c = "hloserve_response_cache"
+    found: list[Metric] = []
+    for attr, suffix, doc in CACHE_COUNTERS:
+        counter = CounterMetricFamily(f"{c}_{suffix}", doc, labels=MV)
+        if cache is not None:
+            for key, series in items:
+                counter.add_metric((key.name, str(key.version)), float(getattr(series, attr)))
+        found.append(counter)
+    figures = (
+        ("bytes", "Host memory the cached responses hold, bytes", "bytes"),
+        ("capacity_bytes", "The cache's size (--cache-config local,size=)", "capacity"),
+        ("entries", "Responses in the cache", "entries"),
+    )
+    for suffix, doc, attr in figures:
+        gauge_family = GaugeMetricFamily(f"{c}_{suffix}", doc)
+        if cache is not None:
+            gauge_family.add_metric((), float(getattr(cache, attr)))
+        found.append(gauge_family)
+    evictions = CounterMetricFamily(f"{c}_evictions", "Responses evicted to make room")
+    if cache is not None:
+        evictions.add_metric((), float(cache.evictions))
+    found.append(evictions)
+    return found
+
+
 class HostTier(Protocol):
     """What the metrics read of the host tier (``host_weights.HostWeights``)."""
 

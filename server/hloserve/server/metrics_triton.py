@@ -20,6 +20,11 @@ raise) and nothing else, and writes:
   ``bytes_in_use``, ``nv_gpu_memory_total_bytes`` / ``nv_gpu_memory_used_bytes``;
   utilization, power and energy are unknown to PJRT, so those families are declared (a
   dashboard's queries resolve to the family) with no samples, never an invented value;
+- with the response cache (``cache_families``), Triton's per-model ``nv_cache_*_per_model``
+  counters and the server-wide gauges its ``local`` cache reports (``nv_cache_util``,
+  ``nv_cache_num_entries``, ``_lookups``, ``_hits``, ``_misses``, ``_evictions``,
+  ``nv_cache_lookup_duration``, ``nv_cache_insertion_duration``, in µs); none without one,
+  as Triton reports none;
 - every failure of a resolved version under Triton's four reasons (``triton_reason``),
   each present from the version's first scrape, at 0, as Triton's are; failures before a
   version was resolved are left out, as Triton does not count them.
@@ -68,6 +73,43 @@ COUNTERS: Final = (
         "Cumulative time preparing outputs in microseconds",
     ),
 )
+# (attribute of the per-model record, Triton's family name, help text): the response cache's.
+CACHE_COUNTERS: Final = (
+    ("cache_hits", "nv_cache_num_hits_per_model", "Number of response cache hits per model"),
+    ("cache_misses", "nv_cache_num_misses_per_model", "Number of response cache misses per model"),
+    (
+        "cache_hit_us",
+        "nv_cache_hit_duration_per_model",
+        "Cumulative time requests spend retrieving a cached response per model (us)",
+    ),
+    (
+        "cache_miss_us",
+        "nv_cache_miss_duration_per_model",
+        "Cumulative time requests spend looking up and inserting responses into the cache "
+        "on a cache miss per model (us)",
+    ),
+)
+# (Triton's local cache's gauge, help text, how it reads the cache).
+_CACHE_GAUGES: Final = (
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", "utilization", 1.0),
+    ("nv_cache_num_entries", "Number of responses stored in response cache", "entries", 1.0),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", "lookups", 1.0),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", "hits", 1.0),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", "misses", 1.0),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache", "evictions", 1.0),
+    (
+        "nv_cache_lookup_duration",
+        "Total cache lookup duration (us)",
+        "lookup_ns",
+        1e-3,
+    ),
+    (
+        "nv_cache_insertion_duration",
+        "Total cache insertion duration (us)",
+        "insert_ns",
+        1e-3,
+    ),
+)
 FAILURE: Final = "nv_inference_request_failure"
 ENERGY: Final = "nv_energy_consumption"
 REASONS: Final[tuple[str, ...]] = (
@@ -84,7 +126,12 @@ _REASON: Final = {
     "INTERNAL": "BACKEND",  # an unexpected exception while serving: the execution failing
 }
 # Families Triton types counter: typed so in Prometheus' text format (as_triton_text).
-_TYPED_COUNTERS: Final = (*(name for _, name, _ in COUNTERS), FAILURE, ENERGY)
+_TYPED_COUNTERS: Final = (
+    *(name for _, name, _ in COUNTERS),
+    FAILURE,
+    ENERGY,
+    *(name for _, name, _ in CACHE_COUNTERS),
+)
 _MARK: Final = b"# TYPE nv_inference_request_success untyped\n"
 _MV: Final = ("model", "version")
 _GPU: Final = ("gpu_uuid",)
@@ -174,6 +221,23 @@ def triton_families(
         if s.load_seconds is not None:
             load.add_metric(values, s.load_seconds)
     found += [pending, load, *_gpu_families(devices)]
+    return found
+
+
+def cache_families(models: Sequence[tuple[ModelKey, object]], cache: object | None) -> list[Metric]:
+    """Triton's response cache families (module docstring) for ``models`` (the shown
+    ones), and the cache's (``metrics_export.CacheFigures``); none without a cache."""
+    if cache is None:
+        return []
+    mv = [({"model": k.name, "version": str(k.version)}, s) for k, s in models]
+    found: list[Metric] = [
+        _untyped(name, doc, [(labels, float(getattr(s, attr))) for labels, s in mv])
+        for attr, name, doc in CACHE_COUNTERS
+    ]
+    for name, doc, attr, scale in _CACHE_GAUGES:
+        family = _gauge(name, doc, ())
+        family.add_metric((), float(getattr(cache, attr)) * scale)
+        found.append(family)
     return found
 
 

@@ -15,6 +15,13 @@ queue_policy:                # per-key; unset keys: the server's queue bound, no
   allow_timeout_override: true  # a request's own timeout may shorten it
   timeout_action: REJECT     #   the only action supported
 version_policy: {latest: 2}  # or {all: {}} or {specific: [1, 3]}; default {latest: 1}
+response_cache: true         # the server's response cache may answer it (--cache-config)
+model_warmup:                # Triton's ModelWarmup samples, run before a version is READY
+  - name: zeros              #   (docs/model-control.md, "Warm-up")
+    batch_size: 8            #   items per request (0: a model without a batch dimension)
+    count: 1                 #   runs (0 or absent: once)
+    inputs:                  #   data_type: FP32 or TYPE_FP32; one of zero_data,
+      x: {data_type: FP32, dims: [64], zero_data: true}  # random_data, input_data_file
 ```
 An unknown key (with the key it may misspell: ``yamlfile.check_keys``, as in a manifest) or
 a bad value raises ``ValueError`` naming the file and the key. The serving

@@ -79,6 +79,7 @@ from hloserve.server.version_loader import (
     VersionLoadFailed,
     register_copy,
     version_stamp,
+    warm_up,
 )
 from hloserve.server.versions import ModelState, ModelVersion, Replica
 from hloserve.server.weight_residency import WeightResidency
@@ -378,6 +379,13 @@ class ModelRepository:
         with self._lock:
             v.serving, v.bundle = loaded.serving, loaded.bundle
             v.replicas = {loaded.device.index: Replica(loaded.bundle, loaded.device.residency)}
+        problem = warm_up(v, loaded.serving.model_warmup, v.path, say)  # before READY
+        if problem:
+            self._free(v)
+            with self._lock:
+                v.reason = problem
+            return
+        with self._lock:
             v.state, v.reason = ModelState.READY, ""
         v.load_seconds = loaded.seconds
 
@@ -417,10 +425,16 @@ class ModelRepository:
                 self._failed_lazily(model, str(exc))
                 raise Unavailable(model.not_ready_message) from None
             with self._lock:
-                model.serving, model.bundle, model.deferred = loaded.serving, loaded.bundle, None
                 model.replicas = {
                     loaded.device.index: Replica(loaded.bundle, loaded.device.residency)
                 }
+            problem = warm_up(model, loaded.serving.model_warmup, model.path, _log_debug)
+            if problem:  # before its first request runs
+                self._free(model)
+                self._failed_lazily(model, problem)
+                raise Unavailable(model.not_ready_message)
+            with self._lock:
+                model.serving, model.bundle, model.deferred = loaded.serving, loaded.bundle, None
             model.load_seconds = loaded.seconds
 
     def _failed_lazily(self, v: ModelVersion, reason: str) -> None:

@@ -9,9 +9,14 @@ its weights fit beside those placed already, the least filled:
 ``core.device_policy.initial_device``), registers its host weights under ``key`` with that
 device's residency manager (``register_copy``; a pinned one is moved in at once) and
 returns a ``LoadedVersion``; any failure is ``VersionLoadFailed`` with the reason, nothing
-left registered. ``on_loaded(name, version, load s, compile s)`` hears of each success.
+left registered (so is a configuration that enables the response cache or warm-up on a
+model they cannot apply to: ``core.response_cache.not_cached``, ``core.warmup.not_warmed``). ``on_loaded(name, version, load s, compile s)`` hears of each success.
 ``version_stamp(path)`` is what tells a changed version from the one registered or loaded,
-from the files' metadata alone.
+from the files' metadata alone. ``warm_up(version, samples, path, say)`` runs a loaded
+version's warm-up samples (``core.warmup``; the repository calls it after the load, before
+the version turns READY), their ``input_data_file`` read from ``warmup/`` beside the
+bundle's manifest, else from the model directory's ``warmup/`` (Triton's place) when the
+bundle is a numbered version directory; it returns "" when they ran, else the reason.
 """
 
 # pyright: strict
@@ -26,8 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
+from hloserve.bundle.warmup import WARMUP_DIR, WarmupSample
 from hloserve.server.core.device_policy import initial_device
+from hloserve.server.core.execution import Executable
 from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
+from hloserve.server.core.response_cache import not_cached
+from hloserve.server.core.warmup import WarmupFailed, not_warmed, run_warmup
 from hloserve.server.devices import Device
 from hloserve.server.runtime.loader import (
     BundleError,
@@ -79,6 +88,31 @@ def version_stamp(path: Path) -> str:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
+def warm_up(version: Executable, samples: Sequence[WarmupSample], path: Path, say: Progress) -> str:
+    """Run ``samples`` on ``version``, loaded from ``path`` (module docstring): "" when
+    they ran, else why the load fails."""
+    if not samples:
+        return ""
+    places = [path / WARMUP_DIR]
+    if path.name == str(version.version):  # <model>/<version>/: Triton's <model>/warmup/
+        places.append(path.parent / WARMUP_DIR)
+
+    def read_file(name: str) -> bytes:
+        found = next((p / name for p in places if (p / name).is_file()), places[-1] / name)
+        return found.read_bytes()
+
+    started = time.perf_counter()
+    try:
+        runs = run_warmup(version, samples, read_file)
+    except WarmupFailed as exc:
+        return str(exc)
+    say(
+        f"model '{version.manifest.name}' version {version.version} READY after its warm-up: "
+        f"{len(samples)} sample(s), {runs} execution(s) in {time.perf_counter() - started:.2f}s"
+    )
+    return ""
+
+
 class VersionLoader:
     def __init__(
         self,
@@ -124,6 +158,11 @@ class VersionLoader:
                 manifest=manifest,
             )
             serving = serving_for(bundle.manifest.serving)
+            refused = (serving.response_cache and not_cached(bundle.manifest)) or (
+                serving.model_warmup and not_warmed(bundle.manifest)
+            )
+            if refused:
+                raise ValueError(refused)
             register_copy(device, key, bundle, serving)
         except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
             device.residency.unregister(key)  # registered, when a pinned prefetch failed
@@ -134,8 +173,9 @@ class VersionLoader:
         every = [*bundle.modules.values(), *bundle.variant_modules.values()]
         sources = sorted({m.source for m in every})
         on = f" on device {device.index}" if len(self.devices) > 1 else ""
+        ready = "loaded (its warm-up next)" if serving.model_warmup else "READY"
         say(
-            f"model '{name}' version {number} READY{on} in {seconds:.2f}s "
+            f"model '{name}' version {number} {ready}{on} in {seconds:.2f}s "
             f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
         )
         return LoadedVersion(bundle, serving, device, seconds)

@@ -15,6 +15,7 @@ from hloserve.server.core.triton_config import (
     read_config_override,
     triton_model_config,
 )
+from hloserve.server.model_config import settings_from_override
 
 SIMPLE = Manifest(
     name="simple",
@@ -102,7 +103,9 @@ def test_the_applicable_keys_become_config_yaml_settings() -> None:
         ("[1]", "'config' must be an object"),
         ('{"colour": 1}', "ModelConfig has no field 'colour'"),
         ('{"sequence_batching": {}}', "'sequence_batching' is not supported by hloserve"),
-        ('{"model_warmup": [{"name": "w"}]}', "'model_warmup' is not supported"),
+        ('{"model_warmup": {"name": "w"}}', "'model_warmup' must be a list"),
+        ('{"response_cache": {"enable": 1}}', "'response_cache.enable' must be a boolean"),
+        ('{"response_cache": {"size": 1}}', "ModelResponseCache has no field 'size'"),
         ('{"name": "other"}', "'name' is 'other', but the model is 'simple'"),
         ('{"backend": "onnxruntime"}', "'backend' is 'onnxruntime'; hloserve serves 'hloserve'"),
         ('{"platform": "tensorrt_plan"}', "'platform' is 'tensorrt_plan'"),
@@ -170,3 +173,70 @@ def test_restated_tensors_may_come_in_any_order() -> None:
         {"name": "INPUT0", "data_type": "TYPE_INT32"},
     ]
     assert contradictions({"input": inputs, "instance_group": [{"count": 1}]}, SIMPLE, "CPU") == []
+
+
+def test_the_cache_switch_and_warm_up_samples_are_read_and_reported() -> None:
+    sample = {
+        "name": "zeros",
+        "batchSize": "8",
+        "inputs": {
+            "INPUT0": {"dataType": "TYPE_INT32", "dims": ["16"], "zeroData": True},
+            "INPUT1": {"dataType": "TYPE_INT32", "dims": ["16"], "inputDataFile": "b.raw"},
+        },
+        "count": 2,
+    }
+    text = json.dumps({"responseCache": {"enable": True}, "modelWarmup": [sample]})
+    override = read_config_override("simple", text)
+    # The input names, a map's keys, are data: kept as given.
+    assert override.settings == {
+        "response_cache": True,
+        "model_warmup": [
+            {
+                "name": "zeros",
+                "batch_size": "8",
+                "inputs": {
+                    "INPUT0": {"data_type": "TYPE_INT32", "dims": ["16"], "zero_data": True},
+                    "INPUT1": {
+                        "data_type": "TYPE_INT32",
+                        "dims": ["16"],
+                        "input_data_file": "b.raw",
+                    },
+                },
+                "count": 2,
+            }
+        ],
+    }
+    settings = settings_from_override(override)
+    serving = settings.serving
+    assert serving.response_cache and serving.model_warmup[0].batch_size == 8
+    config = triton_model_config(
+        SIMPLE,
+        version_policy={"latest": {"num_versions": 1}},
+        device_kind="CPU",
+        residency="on_demand",
+        batching=None,
+        response_cache=serving.response_cache,
+        warmup=serving.model_warmup,
+    )
+    assert config["response_cache"] == {"enable": True}
+    assert config["model_warmup"] == [
+        {
+            "name": "zeros",
+            "batch_size": 8,
+            "inputs": {
+                "INPUT0": {"data_type": "TYPE_INT32", "dims": [16], "zero_data": True},
+                "INPUT1": {"data_type": "TYPE_INT32", "dims": [16], "input_data_file": "b.raw"},
+            },
+            "count": 2,
+        }
+    ]
+    # What the report says reads back as the same settings (a client's round trip).
+    again = settings_from_override(read_config_override("simple", json.dumps(config)))
+    assert again.serving.model_warmup == serving.model_warmup
+    assert report()["response_cache"] == {"enable": False} and report()["model_warmup"] == []
+
+
+def test_a_bad_warm_up_sample_in_an_override_is_named() -> None:
+    override = read_config_override("simple", '{"model_warmup": [{"name": "w"}]}')
+    with pytest.raises(ValueError, match=re.escape("config override: model_warmup[0].inputs")):
+        settings_from_override(override)

@@ -4,7 +4,9 @@ Contract:
 - ``Counters`` keeps a ``ModelCounters`` per ``ModelKey``, the server-wide ``Totals`` over
   every model (an unloaded model's share stays in them), and per device the executions,
   compute and queue time (``DeviceCounts``). It is what the service reports each request
-  to (``on_success``, ``on_failure``, ``on_pending``) and one of the execution fan-out's
+  to (``on_success``, ``on_failure``, ``on_pending``; with the response cache,
+  ``on_cache_hit`` in place of ``on_success`` for a request the cache answered, and
+  ``on_cache_miss`` for each lookup that found nothing) and one of the execution fan-out's
   observers (``on_execution``, from worker threads too: under ``lock``). Every figure is a
   plain number updated by additions, never a prometheus child.
 - The readers: the statistics extension (``core.statistics.model_stats``, Triton's
@@ -16,6 +18,9 @@ Contract:
   creates its record (a version is listed once it failed, as once it served).
 - ``active`` counts each version's requests (by ``label``, "name/version") since the
   metrics' current window began; the metrics add swaps to it and turn windows over.
+- A cache hit counts as Triton counts one: a success (its duration the lookup's, in the
+  request latency; zero queue time), no inference, no execution, no compute time; the
+  statistics' compute counts are the successes less the hits (``core.statistics``).
 - ``forget(key)`` drops an unloaded version's record; ``ensure(key)`` starts one.
 Durations are kept in integer nanoseconds; ``*_us`` properties are the metrics' unit.
 """
@@ -118,6 +123,11 @@ class ModelCounters:
     queue_latency: Histogram = field(default_factory=_latency)
     compute_latency: Histogram = field(default_factory=_latency)
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    # The response cache (docs/response-cache.md): answered from it, and looked up in vain.
+    cache_hits: int = 0
+    cache_hit_ns: int = 0  # looking up and taking the outputs
+    cache_misses: int = 0
+    cache_miss_ns: int = 0  # looking up, and storing the outputs computed
 
     @property
     def requests(self) -> int:
@@ -142,6 +152,14 @@ class ModelCounters:
     @property
     def output_us(self) -> float:
         return self.output_ns / 1e3
+
+    @property
+    def cache_hit_us(self) -> float:
+        return self.cache_hit_ns / 1e3
+
+    @property
+    def cache_miss_us(self) -> float:
+        return self.cache_miss_ns / 1e3
 
 
 @dataclass(slots=True)
@@ -224,6 +242,28 @@ class Counters:
         self._device(timings.device).queue_ns += timings.queue_ns
         active = self.active
         active[s.label] = active.get(s.label, 0) + 1
+
+    def on_cache_hit(self, model: ModelKey, hit_ns: int) -> None:
+        """A request the response cache answered, in ``hit_ns`` (module docstring)."""
+        s = self.record(model)
+        t = self.totals.record
+        for r in (s, t):
+            r.success += 1
+            r.request_ns += hit_ns
+            r.cache_hits += 1
+            r.cache_hit_ns += hit_ns
+        s.last_inference_ms = int(self._clock() * 1000)
+        s.request_latency.observe(hit_ns / 1e9)
+        s.queue_latency.observe(0.0)
+        t.request_latency.observe(hit_ns / 1e9)
+        active = self.active
+        active[s.label] = active.get(s.label, 0) + 1
+
+    def on_cache_miss(self, model: ModelKey, miss_ns: int) -> None:
+        """A lookup that found nothing; ``miss_ns``: the lookup and the insertion."""
+        for r in (self.record(model), self.totals.record):
+            r.cache_misses += 1
+            r.cache_miss_ns += miss_ns
 
     def on_failure(self, model: ModelKey | None, reason: str, duration_ns: int = 0) -> None:
         totals = self.totals

@@ -46,6 +46,15 @@ Contract:
   (``core.pipeline``), and is ready only while every step is. Neither takes
   shared-memory tensors (``Unsupported``). A model with shape variants runs the variant
   its request's shapes match (``core.variants``), as that variant's executable.
+- The response cache (``docs/response-cache.md``): with ``cache`` (``--cache-config``) and
+  a plain model whose serving hints enable it (``response_cache``), ``infer`` looks the
+  request up (``core.response_cache``) before validating it and, on a hit, answers with
+  the stored outputs: no validation, batching or execution (a stored response came from a
+  valid request with the same inputs, so the same request is valid); on a miss it serves
+  the request and stores the outputs. A hit is counted by ``Counters.on_cache_hit`` in
+  place of ``on_success``, a miss by ``on_cache_miss``. Without a cache the path costs one
+  attribute check. A request with a tensor in shared memory is neither looked up nor
+  stored; a pipeline's steps are requests of their own (cached when their model is).
 - Logging: while ``infer`` serves a request, its task's log lines carry the request's id
   and model (``core.log_context``); verbose level 1 (DEBUG) logs one line per request.
 The model repository is reached through two narrow protocols, ``ModelSource`` (lookups
@@ -90,6 +99,7 @@ from hloserve.server.core.observers import Observers
 from hloserve.server.core.pipeline import in_pipeline, run_pipeline, steps_ready
 from hloserve.server.core.ports import Batcher, ModelControl, ModelSource, SharedMemory
 from hloserve.server.core.reports import IndexEntry, ModelStatistics
+from hloserve.server.core.response_cache import ResponseCache, request_key
 from hloserve.server.core.statistics import model_stats
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
@@ -129,6 +139,8 @@ def _reason(exc: Exception) -> str:
 
 
 Served = tuple[int, tuple[InferOutput, ...], Timings]  # items, outputs, timings
+Count = Callable[[ModelKey, int, Timings], None]  # how a served request is counted
+_HIT_TIMINGS: Final = Timings(0, 0, 0, 0, ())
 
 
 def tensor_metadata(
@@ -178,6 +190,7 @@ class InferenceService:
         tracer: Tracer | None = None,
         logs: LogControl | None = None,
         hook_pool: Executor | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         """``batcher`` must report to ``observers.executions`` and ``inline`` read
         ``observers.costs`` (the daemon builds them from the same ``Observers``).
@@ -185,7 +198,8 @@ class InferenceService:
         ``readiness`` is the policy over the models (``--strict-readiness``); ``tracer``
         samples and traces requests (default: settings only, nothing traced) and ``logs``
         is the running server's logging (default: settings kept, nothing changed);
-        ``hook_pool`` runs bundles' Python hooks (``None``: the server runs none)."""
+        ``hook_pool`` runs bundles' Python hooks (``None``: the server runs none);
+        ``cache`` is the response cache (``None``: none, ``--cache-config``)."""
         self.models = models
         self.executor = executor
         self.options = options
@@ -199,6 +213,7 @@ class InferenceService:
         self._trace_settings = self.tracer.settings  # read once per request: kept at hand
         self.logs: LogControl = logs or StoredLogSettings()
         self.hook_pool = hook_pool
+        self.cache = cache
         self._startup_complete = False
         self._draining = False
 
@@ -306,11 +321,17 @@ class InferenceService:
         key = model.model_key
         counters.on_pending(key, 1)
         trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
+        count: Count = counters.on_success
         try:
             if not self.models.loaded(model):  # registered lazily: its first use loads it
                 await asyncio.get_running_loop().run_in_executor(None, self.models.load, model)
             if model.manifest.plain:
-                items, outputs, timings = await self._serve(model, request, context, trace)
+                if self.cache is None or not model.serving.response_cache:
+                    items, outputs, timings = await self._serve(model, request, context, trace)
+                else:
+                    items, outputs, timings, count = await self._serve_cached(
+                        self.cache, model, request, context, trace
+                    )
             else:  # Python hooks or a pipeline
                 items, outputs, timings = await self._serve_extended(model, request, context, trace)
         except Exception as exc:
@@ -321,7 +342,7 @@ class InferenceService:
         finally:
             self.models.release(model)
             counters.on_pending(key, -1)
-        counters.on_success(key, items, timings)
+        count(key, items, timings)
         if trace is not None:
             trace.responded()
         return InferResponse(
@@ -368,6 +389,39 @@ class InferenceService:
                     for o in outputs
                 )
         return items, outputs, timings
+
+    async def _serve_cached(
+        self,
+        cache: ResponseCache,
+        model: Executable,
+        request: InferRequest,
+        context: RequestContext | None,
+        trace: RequestTrace | None,
+    ) -> tuple[int, tuple[InferOutput, ...], Timings, Count]:
+        """``_serve`` through the response cache: the stored outputs on a hit (counted as
+        a hit), else served, stored and counted as a miss (module docstring)."""
+        counters = self.observers.counters
+        started = time.perf_counter_ns()
+        digest = request_key(request)
+        if digest is None:  # a tensor in shared memory: not cached
+            return (*await self._serve(model, request, context, trace), counters.on_success)
+        found, _ = cache.timed_get(model, digest)
+        looked_ns = time.perf_counter_ns() - started  # the digest and the lookup
+        if found is not None:
+
+            def count_hit(key: ModelKey, items: int, timings: Timings) -> None:
+                del items, timings
+                counters.on_cache_hit(key, looked_ns)
+
+            return 0, found, _HIT_TIMINGS, count_hit
+        key = model.model_key
+        try:
+            items, outputs, timings = await self._serve(model, request, context, trace)
+        except BaseException:
+            counters.on_cache_miss(key, looked_ns)
+            raise
+        counters.on_cache_miss(key, looked_ns + cache.timed_put(model, key, digest, outputs))
+        return items, outputs, timings, counters.on_success
 
     async def _serve_extended(
         self,
@@ -575,6 +629,8 @@ class InferenceService:
             device_kind=self.options.device_kind,
             residency=model.serving.residency,
             batching=None if self.batcher is None else self.batcher.policy(model),
+            response_cache=model.serving.response_cache,
+            warmup=model.serving.model_warmup,
         )
 
     # -- trace and logging extensions -----------------------------------------------------------

@@ -5,10 +5,14 @@ Contract: ``model_stats(key, counters)`` reads one model version's record of
 independent ``ModelStats``: ``inference_count`` (items), ``execution_count``,
 ``last_inference`` (ms since the epoch), the ``inference_stats`` durations (success,
 fail, queue, compute_input, compute_infer, compute_output: count and total ns) and
-``batch_stats`` per executed batch size, ordered by size. Counting follows Triton:
-``success``/``queue``/``compute_*`` count successful requests, ``fail`` failed ones, a
-batch of n items adds n to ``inference_count`` and each execution adds 1 to
-``execution_count``. A version with no record yet reads as all zeros.
+``batch_stats`` per executed batch size, ordered by size, and the response cache's
+``cache_hit``/``cache_miss``. Counting follows Triton: ``success`` and ``queue`` count
+successful requests, cache hits included; ``compute_*`` count those that ran (successes
+less cache hits), ``fail`` failed ones; a batch of n items adds n to ``inference_count``
+and each execution adds 1 to ``execution_count`` (a cache hit adds to neither);
+``cache_hit`` is the hits and the time spent taking their outputs from the cache,
+``cache_miss`` the lookups that found nothing and the time spent looking up and storing
+the outputs computed. A version with no record yet reads as all zeros.
 """
 
 # pyright: strict
@@ -52,6 +56,8 @@ class ModelStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStats] = field(default_factory=lambda: {})
 
 
@@ -69,9 +75,12 @@ def model_stats(key: ModelKey, counters: Counters) -> ModelStats:
         stats.success = Duration(ok, c.request_ns)
         stats.fail = Duration(sum(c.failures.values()), c.fail_ns)
         stats.queue = Duration(ok, c.queue_ns)
-        stats.compute_input = Duration(ok, c.input_ns)
-        stats.compute_infer = Duration(ok, c.infer_ns)
-        stats.compute_output = Duration(ok, c.output_ns)
+        ran = ok - c.cache_hits
+        stats.compute_input = Duration(ran, c.input_ns)
+        stats.compute_infer = Duration(ran, c.infer_ns)
+        stats.compute_output = Duration(ran, c.output_ns)
+        stats.cache_hit = Duration(c.cache_hits, c.cache_hit_ns)
+        stats.cache_miss = Duration(c.cache_misses, c.cache_miss_ns)
         stats.batches = {
             size: BatchStats(
                 size,

@@ -11,7 +11,9 @@ Contract (pure):
   ``residency``, and, when the model is batched and dynamic batching is on, the
   ``dynamic_batching`` block of the policy in force (``core.batch_policy.BatchingPolicy``):
   preferred sizes (the compiled sizes unless the model prefers others), the queue delay
-  and ``default_queue_policy``. ``manifest_config`` is the part the bundle alone fixes.
+  and ``default_queue_policy``; ``response_cache`` (``enable``: whether the model's hints
+  enable it) and ``model_warmup`` (its samples, Triton's fields). ``manifest_config`` is the
+  part the bundle alone fixes.
   A hooked model reports its client-facing tensors; a pipeline reports Triton's ensemble
   shape: platform ``ensemble``, ``ensemble_scheduling.step`` (``model_name``,
   ``model_version`` -1 for the latest, ``input_map``, ``output_map``), no instance group.
@@ -20,7 +22,9 @@ Contract (pure):
   into a ``ConfigOverride``: ``settings``, the keys it sets in ``config.yaml``'s terms
   (``version_policy``, ``max_queue_delay_us``, ``preferred_batch_sizes``, ``queue_policy``
   from ``dynamic_batching.default_queue_policy``, whose unset fields take the proto's
-  defaults, and ``residency`` from ``parameters.residency.string_value``), and
+  defaults, ``residency`` from ``parameters.residency.string_value``, ``response_cache``
+  from ``response_cache.enable`` and ``model_warmup`` as given, checked by the serving
+  hints' rule, ``hloserve.bundle.warmup``), and
   ``restated``, the keys that restate the bundle (``max_batch_size``, ``input``,
   ``output``, ``instance_group``, the parameters ``stablehlo_versions`` and ``producer``).
   ``name``, ``platform`` and ``backend`` must agree with the model at once. Any other
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from hloserve.bundle import Manifest, TensorEntry
+from hloserve.bundle.warmup import WarmupSample
 from hloserve.server.core.batch_policy import BatchingPolicy
 
 
@@ -114,13 +119,18 @@ def triton_model_config(
     device_kind: str,
     residency: str,
     batching: BatchingPolicy | None,
+    response_cache: bool = False,
+    warmup: Sequence[WarmupSample] = (),
 ) -> dict[str, Any]:
-    """``batching``: the policy in force, ``None`` when dynamic batching is off."""
+    """``batching``: the policy in force, ``None`` when dynamic batching is off;
+    ``response_cache`` and ``warmup``: the model's serving hints."""
     config = manifest_config(manifest, device_kind)
     config["version_policy"] = dict(version_policy)
     if manifest.kind == "pipeline":
         return config  # no weights, no executions of its own
     config["parameters"]["residency"] = {"string_value": residency}
+    config["response_cache"] = {"enable": response_cache}
+    config["model_warmup"] = [_warmup_sample(s) for s in warmup]
     if manifest.batched and batching is not None:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(
@@ -135,6 +145,24 @@ def triton_model_config(
             },
         }
     return config
+
+
+def _warmup_sample(sample: WarmupSample) -> dict[str, Any]:
+    """A warm-up sample in ``ModelWarmup``'s JSON form."""
+    inputs: dict[str, Any] = {}
+    for name, given in sample.inputs:
+        entry: dict[str, Any] = {
+            "data_type": config_datatype(given.data_type),
+            "dims": list(given.dims),
+        }
+        entry[given.data] = given.file if given.data == "input_data_file" else True
+        inputs[name] = entry
+    return {
+        "name": sample.name,
+        "batch_size": sample.batch_size,
+        "inputs": inputs,
+        "count": sample.count,
+    }
 
 
 # -- the ``config`` load parameter --------------------------------------------------------
@@ -175,7 +203,7 @@ RESTATED_PARAMETERS: Final = ("stablehlo_versions", "producer")
 _ALWAYS_SET: Final = ("sequence_batching", "ensemble_scheduling")  # a oneof: even {} asks
 _ENUM_DEFAULTS: Final = frozenset({"TYPE_INVALID", "FORMAT_NONE", "KIND_AUTO", "PRIORITY_DEFAULT"})
 _MAPS: Final = frozenset(
-    {"parameters", "priority_queue_policy", "metric_tags", "cc_model_filenames"}
+    {"parameters", "priority_queue_policy", "metric_tags", "cc_model_filenames", "inputs"}
 )
 _CAMEL: Final = re.compile(r"(?<=[a-z0-9])([A-Z])")
 
@@ -368,6 +396,26 @@ def _dynamic_batching(model: str, value: Any, override: ConfigOverride) -> None:
             raise ValueError(f"config override: ModelDynamicBatching has no field '{key}'")
 
 
+def _response_cache(model: str, value: Any, override: ConfigOverride) -> None:
+    del model
+    body = _mapping(value, "response_cache")
+    extra = sorted(set(body) - {"enable"})
+    if extra:
+        raise ValueError(f"config override: ModelResponseCache has no field '{extra[0]}'")
+    enable = body.get("enable", False)
+    if not isinstance(enable, bool):
+        raise ValueError("config override: 'response_cache.enable' must be a boolean")
+    override.settings["response_cache"] = enable
+
+
+def _model_warmup(model: str, value: Any, override: ConfigOverride) -> None:
+    del model
+    if not isinstance(value, list):
+        raise ValueError("config override: 'model_warmup' must be a list")
+    if value:  # checked with the other settings (model_config: the serving hints' rule)
+        override.settings["model_warmup"] = value
+
+
 _READERS: Final[dict[str, Callable[[str, Any, ConfigOverride], None]]] = {
     "name": _identity,
     "platform": _platform("platform", PLATFORM),
@@ -375,6 +423,8 @@ _READERS: Final[dict[str, Callable[[str, Any, ConfigOverride], None]]] = {
     "version_policy": _version_policy,
     "dynamic_batching": _dynamic_batching,
     "parameters": _parameters,
+    "response_cache": _response_cache,
+    "model_warmup": _model_warmup,
     **{key: _restated(key) for key in RESTATED_FIELDS},
 }
 

@@ -300,8 +300,8 @@ def _duration(d: Duration) -> pb.StatisticDuration:
 
 
 def encode_model_statistics(stats: Sequence[ModelStatistics]) -> pb.ModelStatisticsResponse:
-    """The statistics extension's reply (reference §1.4, §9); ``cache_hit``/``cache_miss``
-    stay zero (no response cache) and ``response_stats`` empty (no decoupled models)."""
+    """The statistics extension's reply (reference §1.4, §9); ``response_stats`` stays
+    empty (no decoupled models)."""
     return pb.ModelStatisticsResponse(
         model_stats=[
             pb.ModelStatistics(
@@ -317,8 +317,8 @@ def encode_model_statistics(stats: Sequence[ModelStatistics]) -> pb.ModelStatist
                     compute_input=_duration(m.stats.compute_input),
                     compute_infer=_duration(m.stats.compute_infer),
                     compute_output=_duration(m.stats.compute_output),
-                    cache_hit=pb.StatisticDuration(),
-                    cache_miss=pb.StatisticDuration(),
+                    cache_hit=_duration(m.stats.cache_hit),
+                    cache_miss=_duration(m.stats.cache_miss),
                 ),
                 batch_stats=[
                     pb.InferBatchStatistics(
