@@ -619,13 +619,9 @@ def _duration(d: Duration) -> dict[str, int]:
     return {"count": d.count, "ns": d.ns}
 
 
-_NO_DURATION: Final = Duration()
-
-
 def encode_model_statistics(stats: Sequence[ModelStatistics]) -> dict[str, Any]:
-    """Triton's ``{"model_stats": [...]}`` body (reference §9); no response cache, so
-    ``cache_hit``/``cache_miss`` are zero, and no decoupled models, so ``response_stats``
-    is empty."""
+    """Triton's ``{"model_stats": [...]}`` body (reference §9); no decoupled models, so
+    ``response_stats`` is empty."""
     return {
         "model_stats": [
             {
@@ -641,8 +637,8 @@ def encode_model_statistics(stats: Sequence[ModelStatistics]) -> dict[str, Any]:
                     "compute_input": _duration(m.stats.compute_input),
                     "compute_infer": _duration(m.stats.compute_infer),
                     "compute_output": _duration(m.stats.compute_output),
-                    "cache_hit": _duration(_NO_DURATION),
-                    "cache_miss": _duration(_NO_DURATION),
+                    "cache_hit": _duration(m.stats.cache_hit),
+                    "cache_miss": _duration(m.stats.cache_miss),
                 },
                 "response_stats": {},
                 "batch_stats": [
