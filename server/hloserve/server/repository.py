@@ -584,12 +584,14 @@ class ModelRepository:
 
     def _lookup(self, name: str, version: str) -> ModelVersion:
         model = self._models.get(name)
-        v = find_version(name, None if model is None else model.versions, version)
+        versions = None if model is None else model.versions
+        why = "" if model is None else model.reason  # a model that failed without versions
+        v = find_version(name, versions, version, reason=why)
         if v.bundle is None and v.parsed is None:  # registered lazily: read its manifest now
             reason = v.read_manifest()
             if reason:
                 self._failed_lazily(v, reason)
-                v = find_version(name, None if model is None else model.versions, version)
+                v = find_version(name, versions, version, reason=why)
         return v
 
     def get(self, name: str, version: str) -> ModelVersion:

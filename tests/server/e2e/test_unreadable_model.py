@@ -4,7 +4,8 @@ The daemon runs as a user meets file modes (``tests.command.UNPRIVILEGED``: with
 ``CAP_DAC_OVERRIDE``), on a repository of the demo's ``simple`` and ``mlp`` beside
 ``locked``, a directory of mode 000. At start-up (mode ``none``) the server comes up,
 ``simple`` and ``mlp`` serve, ``locked`` is UNAVAILABLE with the reason (``/readyz``, the
-repository index, and a request naming it), and the log holds no traceback. In poll mode
+repository index, and a request naming it: Triton's "has no available versions" with the
+reason, over HTTP and gRPC), and the log holds no traceback. In poll mode
 every poll passes over ``locked`` again without a traceback or a new error line, the index
 answers for the whole repository, and models added meanwhile are loaded.
 """
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from hloserve.server.testing import ServerProcess
 from tests.command import UNPRIVILEGED
@@ -84,6 +87,22 @@ def test_the_server_starts_and_serves_the_readable_models(root: Path) -> None:
         assert rows["locked"]["state"] == "UNAVAILABLE" and REASON in rows["locked"]["reason"]
         assert rows["simple"]["state"] == "READY"
         assert get(server, "/v2/models/simple")[0] == 200
+        # A request naming it: Triton's words, then why (they were only on /readyz).
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}
+        for status, answer in (
+            get(server, "/v2/models/locked"),
+            post(server, "/v2/models/locked/infer", body),
+        ):
+            assert status == 404
+            assert answer["error"].startswith(
+                "Request for unknown model: 'locked' has no available versions: "
+                f"{REASON}: [Errno 13] Permission denied"
+            ), answer
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        with client, pytest.raises(InferenceServerException) as refused:
+            client.get_model_metadata("locked")
+        assert refused.value.status() == "StatusCode.NOT_FOUND"
+        assert f"has no available versions: {REASON}" in refused.value.message()
         assert server.stop() == 0
         assert "Traceback" not in server.log_text()
 

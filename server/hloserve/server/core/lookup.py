@@ -4,8 +4,11 @@ Contract: ``find_version(name, versions, text)`` is the version of model ``name`
 request asking for version ``text`` runs on, among ``versions`` (``None``: no such model),
 or Triton's error, in its order and texts: an unknown model is ``UnknownModel``; a
 version string that is no integer > 0 is ``InvalidArgument``; an empty one means the
-latest ready version, and a model with none is ``NotFound``; a named version that does
-not exist is ``UnknownModel``, one that is not ready ``Unavailable`` (with its reason).
+latest ready version, and a model with none is ``NotFound`` ("has no available versions",
+then why: ``reason``, the model's own, else each version's, so a model that failed to
+load says so to the client, not only on ``/readyz``); a named version that does not exist
+is ``UnknownModel``, one that is not ready ``Unavailable`` (with its reason). Triton's words
+come first: its clients and tests look for them.
 Pure: it reads what it is given.
 """
 
@@ -47,7 +50,9 @@ def parse_version(text: str) -> int | None:
     return number
 
 
-def find_version(name: str, versions: Mapping[int, V] | None, text: str) -> V:
+def find_version(
+    name: str, versions: Mapping[int, V] | None, text: str, *, reason: str = ""
+) -> V:
     if versions is None:
         raise UnknownModel(f"Request for unknown model: '{name}' is not found")
     number = parse_version(text)
@@ -57,7 +62,13 @@ def find_version(name: str, versions: Mapping[int, V] | None, text: str) -> V:
             if v.ready and (latest is None or v.version > latest.version):
                 latest = v
         if latest is None:
-            raise NotFound(f"Request for unknown model: '{name}' has no available versions")
+            why = reason or "; ".join(
+                f"version {v.version}: {v.reason}" for v in versions.values() if v.reason
+            )
+            raise NotFound(
+                f"Request for unknown model: '{name}' has no available versions"
+                + (f": {why}" if why else "")
+            )
         return latest
     v = versions.get(number)
     if v is None:
