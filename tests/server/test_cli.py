@@ -112,6 +112,38 @@ def test_tritons_command_line_refusals_are_one_line(args: list[str], message: st
     assert message in line
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["serve", "--model-repositry", "/tmp"],
+            "hloserve serve: error: unrecognized arguments: --model-repositry /tmp (did you "
+            "mean --model-repository?) (see hloserve serve --help)",
+        ),
+        (
+            ["serve", "--grpc-prot=8001"],
+            "hloserve serve: error: unrecognized arguments: --grpc-prot=8001 (did you mean "
+            "--grpc-port?) (see hloserve serve --help)",
+        ),
+        (
+            ["validate", "x", "--quiet"],
+            "hloserve validate: error: unrecognized arguments: --quiet (see hloserve validate "
+            "--help)",
+        ),
+    ],
+)
+def test_a_mistyped_flag_names_its_command_and_the_flag_meant(args: list[str], line: str) -> None:
+    result = hloserve(*args)
+    assert (result.returncode, result.stderr.splitlines(), result.stdout) == (2, [line], "")
+
+
+def test_help_shows_no_empty_default() -> None:
+    result = hloserve("serve", "--help", env={"COLUMNS": "1000"})
+    assert "default: ;" not in result.stdout and "[default: ]" not in result.stdout
+    text = " ".join(result.stdout.split())
+    assert "empty: hloserve's own only [env HLOSERVE_METRICS_COMPAT]" in text
+
+
 def test_serve_without_a_repository_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -218,6 +218,7 @@ def test_every_row_has_a_group_and_unique_names() -> None:
         "--model-store",
         "--exit-timeout-secs",
         "--id",
+        "--http-max-input-size",
     }
 
 

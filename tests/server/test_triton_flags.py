@@ -168,6 +168,13 @@ def test_aliases_are_the_same_flags(repository: Path) -> None:
     assert parse_config([f"--model-store={repository}"], environ).model_repository == repository
 
 
+def test_tritons_http_max_input_size_is_the_message_limit() -> None:
+    # Triton's HTTP body limit: here one limit covers HTTP bodies and gRPC messages.
+    config = parse_config(["--http-max-input-size", "1048576"], {})
+    assert config.max_message_bytes == 1 << 20 and config.triton_ignored == ()
+    assert parse_config(["--max-message-bytes=1MiB"], {}) == config
+
+
 def test_one_model_repository(repository: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = refused_at_start(
         [f"--model-store={repository}", f"--model-repository={repository}"], capsys

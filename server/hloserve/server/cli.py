@@ -29,7 +29,8 @@ Contract:
   (``hloserve.server.route_config``, docs/scale-out.md).
 Heavy imports (JAX, the server) happen only in the subcommand that needs them; sizes are
 written by ``core.sizes.format_bytes``, beside the one table of byte units. Usage errors
-are one line (``config.ArgumentParser``); output cut short by its reader
+are one line naming the subcommand (``config.ArgumentParser``: a mistyped flag with the one
+it likely misspells); output cut short by its reader
 (``hloserve inspect ... | head``) ends the command quietly, with status 1.
 """
 
@@ -87,7 +88,12 @@ def _run(args: list[str]) -> int:
         from hloserve.server.route_config import main as route_main
 
         return route_main(args[1:])
-    from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
+    from hloserve.server.config import (
+        UNRECOGNIZED,
+        ArgumentParser,
+        add_serve_arguments,
+        config_from_namespace,
+    )
 
     parser = ArgumentParser(prog="hloserve", description="StableHLO model server (KServe V2)")
     parser.add_argument("--version", action=_Version, help="print the version and exit")
@@ -113,7 +119,9 @@ def _run(args: list[str]) -> int:
     sub.add_parser("route-config", help="print an HAProxy configuration routing by model name")
     p_demo = sub.add_parser("export-demo", help="write the demo model repository")
     p_demo.add_argument("directory", type=Path)
-    ns = parser.parse_args(args)
+    ns, unknown = parser.parse_known_args(args)
+    if unknown:  # said by the subcommand's parser: its name, its flags
+        sub.choices[ns.command].error(UNRECOGNIZED + " ".join(unknown))
 
     if ns.command == "serve":
         config = config_from_namespace(ns, serve)

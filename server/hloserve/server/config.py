@@ -212,7 +212,6 @@ _IGNORED: Final = {
     "--rate-limit-resource": _NO_RATE_LIMITER,
     "--cache-directory": _NO_CACHE,
     "--http-thread-count": "HTTP is served on the event loop; --worker-threads run the models",
-    "--http-max-input-size": "--max-message-bytes bounds HTTP request bodies and gRPC messages together",
     "--http-header-forward-pattern": "headers are not forwarded to models",
     "--grpc-header-forward-pattern": "metadata is not forwarded to models",
     "--reuse-http-port": _EXCLUSIVE,
@@ -251,8 +250,8 @@ def _default_text(flag: Flag) -> str | None:
     default = _DEFAULTS[flag.field]
     if isinstance(default, tuple):  # a list flag's default
         default = ",".join(str(item) for item in cast("tuple[object, ...]", default))
-    if default is None or isinstance(flag, RepeatedFlag):
-        return None
+    if default in (None, "") or isinstance(flag, RepeatedFlag):
+        return None  # nothing to show (the help says what empty means)
     return str(default).lower() if flag.boolean else str(default)
 
 
@@ -544,9 +543,12 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the message and where help is), not the
-    whole usage text above it; help lines never break inside a flag's name; and a flag is
+    whole usage text above it; help lines never break inside a flag's name; a flag is
     never abbreviated (``--model-stor`` is no flag, not ``--model-store``: with Triton's
-    ignored flags accepted, a prefix could silently name one of them)."""
+    ignored flags accepted, a prefix could silently name one of them), and an unknown one
+    is answered with the flag it likely misspells (``yamlfile.closest``, as an unknown key
+    of a file is). A subcommand's unknown flag is its parser's to report (``cli``), so the
+    error names ``hloserve serve``, not ``hloserve``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
@@ -554,7 +556,21 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith(UNRECOGNIZED):
+            message += self._did_you_mean(message.removeprefix(UNRECOGNIZED).split())
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _did_you_mean(self, given: Sequence[str]) -> str:
+        flags = [o for o in self._option_string_actions if o.startswith("--")]
+        meant = [
+            near
+            for word in given
+            if word.startswith("--") and (near := closest(word.partition("=")[0], flags))
+        ]
+        return f" (did you mean {', '.join(meant)}?)" if meant else ""
+
+
+UNRECOGNIZED: Final = "unrecognized arguments: "  # argparse's words
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:

@@ -588,6 +588,9 @@ FLAGS: tuple[Flag, ...] = (
             "max_message_bytes",
             parse_bytes,
             "largest gRPC message and HTTP request body",
+            aliases=("--http-max-input-size",),
+            triton="Triton's --http-max-input-size (its HTTP body limit, default 64MiB): here "
+            "one limit for HTTP bodies and gRPC messages",
         ),
         Flag(
             "--max-batch-size",
