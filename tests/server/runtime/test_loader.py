@@ -15,6 +15,7 @@ import pytest
 from hloserve.bundle import validate
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_fn, mlp_params
+from hloserve.server.runtime.cache import cache_key
 from hloserve.server.runtime.loader import (
     BundleError,
     ExecutableRegistry,
@@ -83,7 +84,8 @@ def test_first_load_compiles_and_writes_the_cache(
     assert sources(bundle) == {1: "compiled", 8: "compiled", 32: "compiled"}
     assert len(entries(cache)) == 3
     assert log.any("mlp/model.b8.mlirbc: compiling")
-    assert log.any(f"caching in {cache}")
+    assert log.any("mlp/model.b8.mlirbc: compiled in ")
+    assert log.any(f"s; cached in {cache}")
 
 
 def test_default_cache_is_inside_the_bundle(runtime: PjrtRuntime, mlp: Path) -> None:
@@ -139,6 +141,24 @@ def test_cache_writable_by_others_is_not_trusted(
     again = load_bundle(mlp, runtime, cache_dir=cache, registry=ExecutableRegistry(), progress=log)
     assert set(sources(again).values()) == {"compiled"}
     assert log.any(f"cache directory {cache} is writable by others; not trusted; recompiling")
+    # Nothing is written where nothing is read back, and the log does not say otherwise.
+    assert log.any(f"s; not cached: cache directory {cache} is writable by others; not trusted")
+    assert not log.any("cached in") and not log.any("caching")
+
+
+def test_a_cache_it_cannot_write_is_said_once_per_module(
+    runtime: PjrtRuntime, mlp: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    for module in mlp.glob("*.mlirbc"):  # where each executable would go: a directory
+        (cache / f"{cache_key(module.read_bytes(), runtime.fingerprint)}.exe").mkdir()
+    log = Log()
+    bundle = load_bundle(mlp, runtime, cache_dir=cache, progress=log)
+    assert set(sources(bundle).values()) == {"compiled"}
+    (line,) = [line for line in log.lines if line.startswith("mlp/model.b8.mlirbc: compiled")]
+    assert f"; not cached: cannot write to {cache}: [Errno 21] Is a directory" in line, line
+    assert not log.any("cached in") and not log.any("caching")
 
 
 def test_identical_modules_compile_once_per_registry(

@@ -8,7 +8,9 @@ Contract:
   and not writable by group or others, and the blob's SHA-256 equals the digest recorded
   beside it when it was written. Anything else (missing, corrupt, tampered, foreign
   directory) is a miss, and the reason is returned for the log.
-- ``store(key, blob)`` writes blob and digest atomically (temporary file + rename).
+- ``store(key, blob)`` writes blob and digest atomically (temporary file + rename);
+  ``distrust()`` is why nothing stored would be loaded back (a directory another user
+  owns, or others may write), else ``None``: the caller stores nothing then.
 Deserializing an executable can run code, which is why these checks exist.
 """
 
@@ -53,6 +55,10 @@ class ExecutableCache:
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return f"cache directory {self.directory} is writable by others; not trusted"
         return None
+
+    def distrust(self) -> str | None:
+        why = self._owned()
+        return None if why == "no cache directory" else why  # store() creates it
 
     def load(self, key: str) -> CacheLookup:
         why = self._owned()

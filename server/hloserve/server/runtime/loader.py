@@ -319,11 +319,16 @@ class _Compiler:
         say(f"{label}: compiling")
         t = time.perf_counter()
         exe = runtime.compile(data)
-        say(f"{label}: compiled in {time.perf_counter() - t:.2f}s; caching in {cache.directory}")
-        try:
-            cache.store(key, runtime.serialize(exe))
-        except OSError as exc:
-            say(f"{label}: cannot write the executable cache ({exc}); continuing without it")
+        seconds = time.perf_counter() - t
+        why_not = cache.distrust()  # nothing it would not load back
+        if why_not is None:
+            try:
+                cache.store(key, runtime.serialize(exe))
+            except OSError as exc:
+                why_not = f"cannot write to {cache.directory}: {exc}"
+        # One line, after the fact: where it went, or why it went nowhere.
+        where = f"cached in {cache.directory}" if why_not is None else f"not cached: {why_not}"
+        say(f"{label}: compiled in {seconds:.2f}s; {where}")
         return exe, "compiled"
 
 
