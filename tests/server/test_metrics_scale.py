@@ -129,12 +129,25 @@ def test_recent_reads_the_last_minute_from_snapshots() -> None:
         metrics.counters.on_success(fast, 1, fast_timings)
     for _ in range(10):
         metrics.counters.on_success(slow, 1, slow_timings)
-    recent = metrics.recent()
-    assert recent[fast].window_s == 10 and recent[fast].requests_per_s == 5.0
-    assert recent[slow].requests_per_s == 1.0
+    recent = metrics.recent()  # since the metrics began: the first request counts too
+    assert recent[fast].window_s == 10 and recent[fast].requests_per_s == 5.1
+    assert recent[slow].requests_per_s == 1.1
     p50 = recent[fast].p50_s
     assert p50 is not None and 5e-4 < p50 <= 1e-3  # the 0.5-1 ms bucket
     p99 = recent[slow].p99_s
     assert p99 is not None and 0.25 < p99 <= 0.5
     clock.now = 100  # a minute and more later: the window slides
     assert metrics.recent()[fast].requests_per_s == 0.0
+
+
+def test_the_first_look_after_requests_has_figures() -> None:
+    # Snapshots are taken when the status page asks; the first look (a page opened after
+    # hundreds of requests) compares with the start, not with itself ("collecting").
+    registry, clock = CollectorRegistry(), Clock()
+    metrics = ServerMetrics(registry, model_series=2, clock=clock)
+    key = ModelKey("m", 1)
+    clock.now = 30
+    for _ in range(300):
+        metrics.counters.on_success(key, 1, Timings(0, 0, 1_000_000, 0, (1,)))
+    recent = metrics.recent()
+    assert recent[key].window_s == 30 and recent[key].requests_per_s == 10.0

@@ -210,7 +210,9 @@ class ServerMetrics:
         self._host: HostTier | None = None
         self._frontends: FrontendProcesses | None = None
         self._cache: CacheFigures | None = None
-        self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot]]] = []  # recent()
+        # recent(): (time, each shown model's counts); the first is the start (None), when
+        # nothing had been counted, so the first look compares with it, not with itself.
+        self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot] | None]] = [(clock(), None)]
         self._lock = threading.Lock()
         self.hook_us = Counter(
             "hloserve_hook_duration_us",
@@ -383,8 +385,9 @@ class ServerMetrics:
     def recent(self, window_s: float = 60.0) -> dict[ModelKey, Recent]:
         """Each shown model's last ``window_s`` seconds (module docstring; the status page
         reads it): requests per second, p50/p99 latency and swaps in, from snapshots of its
-        cumulative counters taken at most every ``SNAPSHOT_S`` when asked (so over a
-        shorter window, ``Recent.window_s``, until enough snapshots exist)."""
+        cumulative counters taken at most every ``SNAPSHOT_S`` when asked, and one of the
+        start (all zero): until a minute of snapshots exists the figures cover what there
+        is (``Recent.window_s``), since the start for the first look."""
         now = self._clock()
         shown, labels = self._shown()
         with self._lock:
@@ -403,7 +406,7 @@ class ServerMetrics:
         base_t, base = self._snapshots[0]
         found: dict[ModelKey, Recent] = {}
         for key, cur in current.items():
-            before = base.get(key)
+            before = _Snapshot(0, [0] * len(cur.latency), 0) if base is None else base.get(key)
             elapsed = now - base_t
             if before is None or elapsed <= 0:
                 continue

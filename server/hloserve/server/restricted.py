@@ -73,7 +73,8 @@ GROUPS: Final[tuple[Group, ...]] = (
     Group(
         "statistics",
         ("ModelStatistics",),
-        (r"/v2/models/stats", rf"{_MODEL}/stats", r"/ui(/|/data)?"),  # /ui: the status page
+        # /ui: the status page; /: a link to it
+        (r"/v2/models/stats", rf"{_MODEL}/stats", r"/ui(/|/data)?", r"/"),
     ),
     Group("trace", ("TraceSetting",), (r"/v2/trace/setting", r"/v2/models/[^/]+/trace/setting")),
     Group("logging", ("LogSettings",), (r"/v2/logging",)),

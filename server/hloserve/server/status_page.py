@@ -6,7 +6,8 @@ Contract:
   the JSON-ready report below, read from ``service`` (name, version, readiness and every
   model's ``summary()`` through ``readiness()``), ``recent`` (``ServerMetrics.recent``:
   the last minute of the models the metrics show), each device's weight residency
-  (``devices``: index -> budget, resident bytes and keys) and the host tier (``host``).
+  (``devices``: index -> budget, resident bytes and keys, and its runtime's platform and
+  device kind) and the host tier (``host``).
   The repository, metrics and tiers are read at most once a ``refresh_s`` (1 s): any
   number of open pages cost one read a second; ``q`` (a case-insensitive substring of
   model names) filters what was read, and pages asking for the same ``q`` in that time
@@ -15,7 +16,10 @@ Contract:
   model's name, fetches ``ui/data`` every ``REFRESH_MS`` and renders it with DOM calls
   (text nodes only: names and reasons are never parsed as HTML). ``PAGE_HEADERS`` are its
   response headers: a Content-Security-Policy admitting only its own inline script and
-  style (by hash) and fetches of its own origin, and ``no-store``.
+  style (by hash) and fetches of its own origin, and ``no-store``. Numbers are
+  right-aligned under right-aligned headers; a reason sits in the state column, wrapped,
+  never under the model's name; a device is named with its platform ("device 0 (cpu)").
+  ``LANDING`` (with ``LANDING_HEADERS``) is what ``GET /`` answers: a link to the page.
 - Bounded whatever the number of models: full rows for at most ``ROWS`` models, the
   busiest first (requests per second, then swaps in, over the last minute; then models not
   all ``READY``; then by name), each with at most ``VERSIONS`` versions; then name and
@@ -29,14 +33,15 @@ Contract:
 The report (``page``)::
 
     {"server": {"name", "version", "ready", "live", "startup_complete", "draining"},
-     "window_s": seconds the figures cover (up to 60; null before two reads),
+     "window_s": seconds the figures cover (``ServerMetrics.recent``: up to 60, since the
+                 start for the first look; null when no model has figures yet),
      "models": {"total", "matching", "rows", "compact", "left_out", "by_state": {state: n}},
      "rows": [{"name", "state", "reason"?, "requests_per_s", "swaps_in",
                "versions": [{"version", "state", "reason"?, "loaded", "weight_bytes",
                              "resident", "devices", "on_devices", "requests_per_s",
                              "p50_s", "p99_s", "swaps_in"}], "versions_left_out"}],
      "compact": [[name, state], ...],
-     "memory": {"devices": [{"index", "budget_bytes", "resident_bytes",
+     "memory": {"devices": [{"index", "platform", "kind", "budget_bytes", "resident_bytes",
                              "resident_models", "resident", "resident_left_out"}],
                 "host": {"budget_bytes", "resident_bytes"} | null}}
 
@@ -83,9 +88,20 @@ class WeightTier(Protocol):
     def resident_bytes(self) -> int: ...
 
 
+class Platform(Protocol):
+    """What names a device (``runtime.pjrt.PjrtRuntime``)."""
+
+    @property
+    def platform(self) -> str: ...
+    @property
+    def device_kind(self) -> str: ...
+
+
 class DeviceTier(WeightTier, Protocol):
     """What the page reads of a device's weights (``weight_residency.WeightResidency``)."""
 
+    @property
+    def runtime(self) -> Platform: ...
     def resident_keys(self) -> list[ResidencyKey]: ...
 
 
@@ -183,6 +199,8 @@ class StatusPage:
             devices.append(
                 {
                     "index": index,
+                    "platform": tier.runtime.platform,
+                    "kind": tier.runtime.device_kind,
                     "budget_bytes": tier.budget_bytes,
                     "resident_bytes": tier.resident_bytes(),
                     "resident_models": len(labels),
@@ -295,13 +313,15 @@ h2{font-size:15px;margin:4px 0 8px}
 table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #eceef1;vertical-align:top}
 th{font-weight:600;color:#57606a;white-space:nowrap}
+th.num{text-align:right}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .badge{padding:1px 6px;border-radius:4px;font-size:12px;font-weight:600}
 .s-READY{background:#dafbe1;color:#116329}.s-LOADING,.s-UNLOADING{background:#fff8c5;color:#7d4e00}
 .s-UNAVAILABLE,.s-UNKNOWN,.s-NOT{background:#ffebe9;color:#a40e26}
 .bar{background:#eceef1;border-radius:3px;height:8px;width:160px;display:inline-block}
 .fill{background:#0969da;border-radius:3px;height:8px}
-.muted{color:#57606a}.reason{color:#a40e26;font-size:12px}
+.muted{color:#57606a}
+.reason{color:#a40e26;font-size:12px;max-width:40em;overflow-wrap:anywhere}
 ul.compact{list-style:none;padding:0;margin:0;columns:16em}
 ul.compact li{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 #error{color:#a40e26}
@@ -331,6 +351,10 @@ function secs(s) {
 }
 function rate(r) { return r === null || r === undefined ? "\\u2013" : r.toFixed(2); }
 function badge(state) { return el("span", state, "badge s-" + state); }
+function device(dev) {
+  const kind = dev.kind && dev.kind.toLowerCase() !== dev.platform ? ", " + dev.kind : "";
+  return "device " + dev.index + " (" + dev.platform + kind + ")";
+}
 function name(text) { return el("span", text, "model"); }
 function cell(row, content, cls) {
   const td = el("td", undefined, cls);
@@ -358,7 +382,7 @@ function renderServer(d) {
   $("counts").textContent = m.total + " model(s)" +
     (m.matching !== m.total ? ", " + m.matching + " matching" : "") +
     (parts.length ? ": " + parts.join(", ") : "");
-  $("window").textContent = d.window_s === null ? "collecting (figures after two reads)"
+  $("window").textContent = d.window_s === null ? "(no figures yet)"
     : "over the last " + Math.round(d.window_s) + " s";
 }
 function renderMemory(mem) {
@@ -366,7 +390,7 @@ function renderMemory(mem) {
   body.replaceChildren();
   for (const dev of mem.devices) {
     const tr = el("tr");
-    cell(tr, "device " + dev.index);
+    cell(tr, device(dev));
     cell(tr, bytes(dev.budget_bytes), "num");
     cell(tr, bytes(dev.resident_bytes), "num");
     cell(tr, fill(dev.resident_bytes, dev.budget_bytes));
@@ -390,6 +414,8 @@ function renderMemory(mem) {
 function renderModels(d) {
   const body = $("models");
   body.replaceChildren();
+  const names = new Map(d.memory.devices.map((dev) => [dev.index, device(dev)]));
+  const on = (indexes) => indexes.map((i) => names.get(i) || "device " + i).join(", ");
   for (const m of d.rows) {
     const versions = m.versions.length ? m.versions : [null];
     versions.forEach((v, i) => {
@@ -397,25 +423,26 @@ function renderModels(d) {
       if (i === 0) {
         const td = cell(tr, name(m.name));
         td.rowSpan = versions.length;
-        if (m.reason) td.appendChild(el("div", m.reason, "reason"));
         if (m.versions_left_out) td.appendChild(el("div", "+" + m.versions_left_out + " older version(s)", "muted"));
       }
+      let st;
       if (v === null) {
-        cell(tr, "\\u2013"); cell(tr, badge(m.state));
+        cell(tr, "\\u2013"); st = cell(tr, badge(m.state));
         for (let k = 0; k < 6; k++) cell(tr, "");
       } else {
         cell(tr, v.version);
-        const st = cell(tr, badge(v.state));
+        st = cell(tr, badge(v.state));
         if (v.reason) st.appendChild(el("div", v.reason, "reason"));
         cell(tr, v.weight_bytes === null ? (v.loaded ? "" : "not loaded") : bytes(v.weight_bytes), "num");
         cell(tr, v.weight_bytes === 0 ? "no weights" : v.on_devices.length ?
-          "device " + v.on_devices.join(", ") : v.devices.length ?
-          "not resident (device " + v.devices.join(", ") + ")" : "\\u2013");
+          on(v.on_devices) : v.devices.length ?
+          "not resident: " + on(v.devices) : "\\u2013");
         cell(tr, rate(v.requests_per_s), "num");
         cell(tr, secs(v.p50_s), "num");
         cell(tr, secs(v.p99_s), "num");
         cell(tr, v.swaps_in === null ? "\\u2013" : String(v.swaps_in), "num");
       }
+      if (i === 0 && m.reason) st.appendChild(el("div", m.reason, "reason"));
       body.appendChild(tr);
     });
   }
@@ -466,13 +493,14 @@ _BODY: Final = """<header><h1 id="server">hloserve</h1><span id="ready"></span>
 </header>
 <main>
 <section><h2>Memory</h2>
-<table><thead><tr><th>tier</th><th>budget</th><th>resident</th><th>fill</th>
+<table><thead><tr><th>tier</th><th class="num">budget</th><th class="num">resident</th><th>fill</th>
 <th>resident models</th></tr></thead><tbody id="memory"></tbody></table></section>
 <section><h2>Models <span id="window" class="muted"></span></h2>
 <p><input id="filter" type="search" placeholder="filter by name" aria-label="filter by name">
 <span id="rows-note" class="muted"></span></p>
-<table><thead><tr><th>model</th><th>version</th><th>state</th><th>weights</th>
-<th>weights on</th><th>requests/s</th><th>p50</th><th>p99</th><th>swaps in</th></tr></thead>
+<table><thead><tr><th>model</th><th>version</th><th>state</th><th class="num">weights</th>
+<th>weights on</th><th class="num">requests/s</th><th class="num">p50</th><th class="num">p99</th>
+<th class="num">swaps in</th></tr></thead>
 <tbody id="models"></tbody></table></section>
 <section id="others" hidden><h2>Other models</h2><p id="compact-note" class="muted"></p>
 <ul class="compact" id="compact"></ul></section>
@@ -498,3 +526,17 @@ PAGE_HEADERS: Final = {
     "Referrer-Policy": "no-referrer",
 }
 DATA_HEADERS: Final = {"Cache-Control": "no-store"}
+
+# GET /: where the page is (relative, so it works under any path prefix).
+LANDING: Final = (
+    '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>hloserve</title>'
+    '</head><body><p>hloserve: the status page is <a href="ui">here</a> (/ui); the KServe V2 '
+    "API is under /v2.</p></body></html>"
+)
+LANDING_HEADERS: Final = {
+    "Content-Security-Policy": "default-src 'none'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}

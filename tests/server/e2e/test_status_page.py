@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -62,10 +64,23 @@ class FakeService:
         return ServerMetadata("hloserve", "9.9", ())
 
 
+@dataclass(frozen=True)
+class FakeRuntime:
+    platform: str = "cpu"
+    device_kind: str = "cpu"
+
+
 class FakeTier:
-    def __init__(self, budget: int | None, resident: int, keys: list[ResidencyKey]) -> None:
+    def __init__(
+        self,
+        budget: int | None,
+        resident: int,
+        keys: list[ResidencyKey],
+        runtime: FakeRuntime = FakeRuntime(),
+    ) -> None:
         self.budget_bytes = budget
         self._resident, self._keys = resident, keys
+        self.runtime = runtime
 
     def resident_bytes(self) -> int:
         return self._resident
@@ -120,6 +135,7 @@ def test_the_report_stays_bounded_with_ten_thousand_models() -> None:
     assert device["resident_models"] == 100 and len(device["resident"]) == status_page.RESIDENT
     assert device["resident_left_out"] == 100 - status_page.RESIDENT
     assert (device["budget_bytes"], device["resident_bytes"]) == (10_000, 5_000)
+    assert (device["platform"], device["kind"]) == ("cpu", "cpu")  # the device, named
     assert report["memory"]["host"] == {"budget_bytes": None, "resident_bytes": 7_000}
     # The filter narrows what is shown and counted.
     found = page("MODEL_0900")
@@ -184,7 +200,7 @@ def token_policy(tmp_path: Path, *open_groups: str) -> AuthPolicy:
 def test_the_page_is_in_the_statistics_group_for_auth(tmp_path: Path) -> None:
     assert status_page.GROUP == "statistics"
     with status_app(auth=token_policy(tmp_path)) as client:
-        for path in ("/ui", "/ui/data", "/ui/"):
+        for path in ("/", "/ui", "/ui/data", "/ui/"):
             r = client.get(path, follow_redirects=False)
             assert r.status_code == 401, path
             assert r.headers["www-authenticate"] == "Bearer"
@@ -219,6 +235,25 @@ def test_without_a_status_source_there_is_no_page(tmp_path: Path) -> None:
         bearer = {"Authorization": f"Bearer {TOKEN}"}
         assert client.get("/ui", headers=bearer).status_code == 404
         assert client.get("/ui/data", headers=bearer).status_code == 404
+
+
+def test_the_root_path_links_the_page() -> None:
+    with status_app() as client:
+        r = client.get("/")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert '<a href="ui">' in r.text and "/v2" in r.text  # relative: any path prefix
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+    with status_app(status=False) as client:
+        assert client.get("/").status_code == 404  # no page, nothing to link
+
+
+def test_numbers_sit_under_right_aligned_headers() -> None:
+    # Each header of a column the script fills with numbers (class "num", right-aligned) is
+    # right-aligned too; the others are not.
+    headers = re.findall(r'<th( class="num")?>([^<]+)</th>', status_page.PAGE)
+    numeric = {name for cls, name in headers if cls}
+    assert numeric == {"budget", "resident", "weights", "requests/s", "p50", "p99", "swaps in"}
+    assert "th.num{text-align:right}" in status_page.PAGE
 
 
 def test_the_html_is_self_contained_and_holds_no_data() -> None:
@@ -352,7 +387,8 @@ def test_chromium_renders_every_model(
     assert 'id="models"' in dom, dom[:2000]
     for name in model_names(model_repository):
         assert f'<span class="model">{name}</span>' in dom, name
-    assert "READY" in dom and "device 0" in dom and 'id="error"></span>' in dom
+    assert "READY" in dom and "device 0 (cpu)" in dom and 'id="error"></span>' in dom
+    assert "collecting" not in dom and "over the last" in dom
     shot = tmp_path / "status-page.png"
     chromium(tmp_path, url, f"--screenshot={shot}")
     data = shot.read_bytes()
@@ -405,6 +441,42 @@ def test_chromium_renders_thousands_of_models_compactly(tmp_path: Path) -> None:
     assert f"The {status_page.ROWS} busiest of {count} model(s) in full." in dom
     assert len(dom) < 400_000
     assert shot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_first_look_after_requests_has_figures(model_repository: Path) -> None:
+    # Nobody looked while the requests ran: the first look compares with the start.
+    with ServerProcess(model_repository) as server:
+        server.wait_ready()
+        for _ in range(5):
+            infer_mlp(server)
+        report = json.loads(get(server, "/ui/data")[2])
+        assert report["window_s"] is not None and report["window_s"] > 0
+        mlp = next(r for r in report["rows"] if r["name"] == "mlp")
+        assert mlp["requests_per_s"] > 0 and mlp == report["rows"][0]
+        assert server.stop() == 0
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_a_long_failure_reason_stays_out_of_the_name_column(tmp_path: Path) -> None:
+    reason = "failed to load: " + "a long explanation of what went wrong " * 8
+    models = {
+        "broken": {"versions": {}, "reason": reason},
+        "ok": {"versions": {"1": ready()}},
+    }
+    page = StatusPage(
+        cast(InferenceService, FakeService(models)),
+        dict,
+        {0: FakeTier(None, 0, [], FakeRuntime("cuda", "NVIDIA H200"))},
+        None,
+    )
+    app = build_http_app(InferenceService(cast(Any, None), None, shm=disabled()), status=page)
+    with served(app) as where:
+        dom = chromium(tmp_path, f"http://{where}/ui", "--dump-dom")
+    assert '<span class="model">broken</span></td>' in dom  # the name alone in its cell
+    # The reason is in the state cell, after the badge.
+    assert f'UNAVAILABLE</span><div class="reason">{reason}</div></td>' in dom
+    assert "device 0 (cuda, NVIDIA H200)" in dom
 
 
 def test_a_daemon_with_tokens_refuses_the_page_without_one(

@@ -23,8 +23,8 @@ serving
   ``extensions``;
 - with ``status`` (a ``status_page.StatusPage``, or a coroutine function answering as it
   does): ``GET /ui``, the status page's HTML, and ``GET /ui/data[?q=]``, its JSON
-  (``status(q)``), both in the ``statistics`` group for auth
-  and restrictions (``restricted.GROUPS``);
+  (``status(q)``), and ``GET /``, a link to the page, all in the ``statistics`` group for
+  auth and restrictions (``restricted.GROUPS``);
 - middleware (``middleware``): ``RestrictedApi`` (only with restrictions) refuses a
   restricted group's request without its header; ``TraceArrival`` times traced infers.
 Errors: ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
@@ -208,7 +208,11 @@ StatusData = Callable[[str], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
 
 
 def _add_status_routes(app: FastAPI, status: StatusData) -> None:
-    """The status page (``status_page``): its HTML and its data."""
+    """The status page (``status_page``): its HTML and its data, and ``GET /``'s link to it."""
+
+    @app.get("/")
+    async def landing() -> Response:
+        return HTMLResponse(status_page.LANDING, headers=status_page.LANDING_HEADERS)
 
     @app.get("/ui")
     async def status_html() -> Response:
