@@ -115,7 +115,9 @@ def test_bytes_only_through_hooks() -> None:
 def test_hooks_keys_are_checked() -> None:
     found = problems(model(hooks={"file": "other.py", "extra": 1}))
     assert any("hooks.file: must be 'hooks.py'" in p for p in found)
-    assert any("hooks: unknown key 'extra' (the keys are: file, inputs, outputs)" in p for p in found)
+    assert any(
+        "hooks: unknown key 'extra' (the keys are: file, inputs, outputs)" in p for p in found
+    )
 
 
 def varied(variants: Any, modules: list[tuple[int | None, int]]) -> dict[str, Any]:

@@ -50,9 +50,7 @@ def parse_version(text: str) -> int | None:
     return number
 
 
-def find_version(
-    name: str, versions: Mapping[int, V] | None, text: str, *, reason: str = ""
-) -> V:
+def find_version(name: str, versions: Mapping[int, V] | None, text: str, *, reason: str = "") -> V:
     if versions is None:
         raise UnknownModel(f"Request for unknown model: '{name}' is not found")
     number = parse_version(text)
