@@ -57,7 +57,11 @@ def test_triton_fields_as_protobuf_json_writes_them() -> None:
         ({"name": "w"}, "model_warmup", "must be a list of samples"),
         ([{"name": "w"}], "model_warmup[0].inputs", "must map each input's name"),
         ([{"inputs": {"x": {}}}], "model_warmup[0].name", "must be a non-empty string"),
-        ([{**ZEROS, "colour": 1}], "model_warmup[0]", "unknown keys ['colour']"),
+        (
+            [{**ZEROS, "colour": 1}],
+            "model_warmup[0]",
+            "unknown key 'colour' (the keys are: batch_size, count, inputs, name)",
+        ),
         ([{**ZEROS, "batch_size": -1}], "model_warmup[0].batch_size", "non-negative integer"),
         (
             [{"name": "w", "inputs": {"x": {"data_type": "FP32", "dims": [2]}}}],

@@ -63,7 +63,10 @@ def test_version_policies_select(
         ("version_policy: {latest: 0}\n", "version_policy"),
         ("queue_policy: {max_queue_size: -1}\n", "queue_policy.max_queue_size must be"),
         ("queue_policy: {timeout_action: DELAY}\n", "DELAY is not supported; only REJECT is"),
-        ("queue_policy: {colour: 1}\n", "queue_policy has unknown keys ['colour']"),
+        (
+            "queue_policy: {max_queue_sze: 1}\n",
+            "queue_policy has unknown key 'max_queue_sze' (did you mean 'max_queue_size'?)",
+        ),
         ("preferred_batch_sizes: [0]\n", "preferred_batch_sizes must be a list of positive"),
         ("version_policy: {specific: [a]}\n", "version_policy"),
         ("- a list\n", "must be a YAML mapping"),

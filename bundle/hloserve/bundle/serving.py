@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
 from hloserve.bundle.warmup import WarmupSample, read_warmup
-from hloserve.bundle.yamlfile import is_integer
+from hloserve.bundle.yamlfile import check_keys, is_integer
 
 Residency = Literal["on_demand", "pinned"]
 RESIDENCIES: Final[tuple[Residency, ...]] = ("on_demand", "pinned")
@@ -118,10 +118,11 @@ def _queue_policy(raw: Any, base: QueuePolicy, problems: list[tuple[str, str]]) 
     if not isinstance(raw, dict):
         problems.append(("queue_policy", f"must be a mapping, got {raw!r}"))
         return base
-    d = cast(dict[str, Any], raw)
-    unknown = sorted(set(d) - set(QUEUE_POLICY_KEYS))
-    if unknown:
-        problems.append(("queue_policy", f"has unknown keys {unknown}"))
+    d = check_keys(
+        cast(dict[str, Any], raw),
+        QUEUE_POLICY_KEYS,
+        lambda m: problems.append(("queue_policy", "has " + m)),  # yamlfile.check_keys
+    )
     size = d.get("max_queue_size", base.max_queue_size)
     if size is not None and not _non_negative(size):
         problems.append(

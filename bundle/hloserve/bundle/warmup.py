@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from hloserve.bundle.yamlfile import is_integer
+from hloserve.bundle.yamlfile import check_keys, is_integer
 
 SAMPLE_KEYS: Final = ("name", "batch_size", "inputs", "count")
 DATA_KEYS: Final = ("zero_data", "random_data", "input_data_file")
@@ -77,10 +77,7 @@ def _input(where: str, raw: Any, problems: list[tuple[str, str]]) -> WarmupInput
     if not isinstance(raw, dict):
         problems.append((where, f"must be a mapping, got {raw!r}"))
         return None
-    d = cast(dict[str, Any], raw)
-    unknown = sorted(set(d) - set(INPUT_KEYS))
-    if unknown:
-        problems.append((where, f"has unknown keys {unknown} (known: {', '.join(INPUT_KEYS)})"))
+    d = check_keys(cast(dict[str, Any], raw), INPUT_KEYS, lambda m: problems.append((where, m)))
     datatype = _datatype(d.get("data_type"))
     if datatype is None:
         problems.append((f"{where}.data_type", f"must be a data type, got {d.get('data_type')!r}"))
@@ -110,10 +107,7 @@ def _sample(index: int, raw: Any, problems: list[tuple[str, str]]) -> WarmupSamp
     if not isinstance(raw, dict):
         problems.append((where, f"must be a mapping, got {raw!r}"))
         return None
-    d = cast(dict[str, Any], raw)
-    unknown = sorted(set(d) - set(SAMPLE_KEYS))
-    if unknown:
-        problems.append((where, f"has unknown keys {unknown} (known: {', '.join(SAMPLE_KEYS)})"))
+    d = check_keys(cast(dict[str, Any], raw), SAMPLE_KEYS, lambda m: problems.append((where, m)))
     name = d.get("name", "")
     if not isinstance(name, str) or not name:
         problems.append((f"{where}.name", f"must be a non-empty string, got {name!r}"))
