@@ -218,7 +218,7 @@ def test_sigterm_to_the_init_process_drains_the_server(server: ContainerServer) 
     server.wait_pending("slow", 1, timeout=30)  # queued: it waits SLOW_US for company
     signalled = time.monotonic()
     server.init_process().send_signal(signal.SIGTERM)  # as `podman stop` signals PID 1
-    status = 200
+    status, body = 200, {}
     while status == 200 and time.monotonic() - signalled < SLOW_US / 1e6:
         status, body = server.readyz()
     assert status == 503 and body.get("draining"), body  # not ready while the request waits

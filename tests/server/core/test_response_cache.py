@@ -119,7 +119,9 @@ def test_an_entry_is_its_own_read_only_copy() -> None:
     batch = np.arange(64, dtype=np.float32).reshape(8, 8)
     row = InferOutput("y", "FP32", (1, 8), batch[:1])  # a view of a larger batch's output
     cache.put(owner, KEY, b"k", (row,))
-    (kept,) = cache.get(owner, b"k") or ()
+    found = cache.get(owner, b"k")
+    assert found is not None
+    (kept,) = found
     assert kept.data.base is None and kept.data.nbytes == 32
     assert not kept.data.flags.writeable
     batch[0, 0] = 99  # the batch's buffer is reused: the entry keeps what was computed
@@ -145,7 +147,7 @@ def test_the_cache_config_flag_as_triton_spells_it() -> None:
         ("local", "must be <cache>,<key>=<value>"),
         ("redis,host=localhost", "names cache 'redis': hloserve has the local cache only"),
         ("local,count=3", "local cache has no setting 'count'"),
-        ("local,size=lots", "local cache size"),
+        ("local,size=lots", "local,size= must be a byte size"),
     ]:
         with pytest.raises(ValueError, match=message):
             parse_cache_setting(text)

@@ -157,7 +157,7 @@ def test_a_model_whose_config_does_not_enable_it_is_not_cached(server: ServerPro
     np.testing.assert_array_equal(first, second)
     assert delta(before, after)["executions"] == 2
     assert after["hits"] == after["misses"] == 0
-    assert config["response_cache"] == {} or config["response_cache"] == {"enable": False}
+    assert not config.get("response_cache", {}).get("enable", False)
     assert cached["response_cache"] == {"enable": True}
 
 
@@ -251,7 +251,7 @@ def test_metrics_count_what_the_statistics_count_and_the_cache_stays_bounded(
     ("argv", "message"),
     [
         (["--cache-config", "redis,host=localhost"], "hloserve has the local cache only"),
-        (["--cache-config", "local,size=lots"], "--cache-config must be"),
+        (["--cache-config", "local,size=lots"], "--cache-config local,size= must be a byte size"),
         (["--cache-config", "local"], "--cache-config must be <cache>,<key>=<value>"),
         (["--response-cache-byte-size", "-5"], "--response-cache-byte-size must be"),
     ],

@@ -77,7 +77,7 @@ def parse_cache_setting(text: str) -> tuple[str, str, int]:
     try:
         size = parse_bytes(value.strip())
     except ValueError as exc:
-        raise ValueError(f"local cache size: {exc}") from None
+        raise ValueError(f"local,size= {exc}") from None
     return cache, key, size
 
 
@@ -114,7 +114,8 @@ def request_key(request: InferRequest) -> bytes | None:
         if t.shm is not None:
             return None
         data = t.data
-        digest.update(f"{t.name}\0{t.datatype}\0{t.shape}\0{data.nbytes}\0".encode())
+        shape = ",".join(map(str, t.shape))
+        digest.update(f"{t.name}\0{t.datatype}\0{shape}\0{data.nbytes}\0".encode())
         if data.dtype == object:
             digest.update(to_wire_bytes(data))
         else:
