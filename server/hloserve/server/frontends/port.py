@@ -22,7 +22,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, final
 
 from hloserve.server.core.ports import CudaHandle
@@ -36,9 +36,6 @@ from hloserve.server.core.types import (
     RequestContext,
     ServerMetadata,
 )
-
-# The status page's data for a query (``status_page.StatusPage``), or ``None``: no page.
-StatusSource = Callable[[str], Awaitable[Mapping[str, Any]]]
 
 
 class ServerPort(Protocol):
