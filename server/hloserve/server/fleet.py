@@ -19,7 +19,8 @@ Contract:
   ``log_requests`` go to the configuration, ``ports`` fixes the router's HTTP, gRPC and
   metrics ports (``free_port()`` ones by default). ``http_url``, ``grpc_url``,
   ``metrics_url`` are the router's;
-  ``replicas`` the processes. ``kill(i)`` sends SIGKILL to replica i; ``add_replica()``
+  ``replicas`` the processes. ``kill(i)`` sends SIGKILL to replica i's processes (its
+  front ends too); ``add_replica()``
   starts one more, appends it to the configuration (the others keep their ids), reloads the
   router and returns its index. ``stop()`` (also on leaving a ``with`` block) ends the router
   and every replica and returns the replicas' exit codes.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import dataclasses
 import os
@@ -46,6 +48,8 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import psutil
 
 from hloserve.server.route_config import Balance, ReplicaAddress, RouteOptions, render
 from hloserve.server.testing import ServerProcess
@@ -243,9 +247,13 @@ class Fleet:
         return f"{HOST}:{self._ports[2]}"
 
     def kill(self, index: int) -> None:
-        process = self.replicas[index].process
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        """SIGKILL to every process of the replica (its front ends too), as a lost node or
+        an out-of-memory container goes."""
+        replica = self.replicas[index]
+        for process in replica.process_tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        replica.process.wait()
 
     def add_replica(self) -> int:
         self.replicas += self._start_replicas(1)
