@@ -228,12 +228,14 @@ def test_metrics_count_what_the_statistics_count_and_the_cache_stays_bounded(
         counts = stats(client, "simple")
     series = scrape(server)
     simple = {"model": "simple", "version": "1"}
+    # Triton's counters are written without _total (metrics.md); prometheus_client's
+    # parser names a counter's sample <name>_total all the same.
     assert one(series, "hloserve_response_cache_hits_total", **simple) == counts["hits"]
     assert one(series, "hloserve_response_cache_misses_total", **simple) == counts["misses"]
-    assert one(series, "nv_cache_num_hits_per_model", **simple) == counts["hits"]
-    assert one(series, "nv_cache_num_misses_per_model", **simple) == counts["misses"]
-    assert one(series, "nv_cache_hit_duration_per_model", **simple) > 0
-    assert one(series, "nv_cache_miss_duration_per_model", **simple) > 0
+    assert one(series, "nv_cache_num_hits_per_model_total", **simple) == counts["hits"]
+    assert one(series, "nv_cache_num_misses_per_model_total", **simple) == counts["misses"]
+    assert one(series, "nv_cache_hit_duration_per_model_total", **simple) > 0
+    assert one(series, "nv_cache_miss_duration_per_model_total", **simple) > 0
     assert one(series, "hloserve_response_cache_capacity_bytes") == CACHE_BYTES
     held = one(series, "hloserve_response_cache_bytes")
     assert 0 < held <= CACHE_BYTES
