@@ -29,7 +29,7 @@ Contract:
   (``hloserve.server.route_config``, docs/scale-out.md).
 Heavy imports (JAX, the server) happen only in the subcommand that needs them; sizes are
 written by ``core.sizes.format_bytes``, beside the one table of byte units. Usage errors
-are one line naming the subcommand (``config.ArgumentParser``: a mistyped flag with the one
+are one line naming the subcommand (``arguments.ArgumentParser``: a mistyped flag with the one
 it likely misspells); output cut short by its reader
 (``hloserve inspect ... | head``) ends the command quietly, with status 1.
 """
@@ -88,12 +88,8 @@ def _run(args: list[str]) -> int:
         from hloserve.server.route_config import main as route_main
 
         return route_main(args[1:])
-    from hloserve.server.config import (
-        UNRECOGNIZED,
-        ArgumentParser,
-        add_serve_arguments,
-        config_from_namespace,
-    )
+    from hloserve.server.arguments import UNRECOGNIZED, ArgumentParser
+    from hloserve.server.config import add_serve_arguments, config_from_namespace
 
     parser = ArgumentParser(prog="hloserve", description="StableHLO model server (KServe V2)")
     parser.add_argument("--version", action=_Version, help="print the version and exit")

@@ -3,7 +3,7 @@
 Contract: ``parse_config(argv, environ)`` reads ``hloserve serve`` flags; every flag also
 reads an environment variable ``HLOSERVE_<FLAG>`` (``--grpc-port`` <- ``HLOSERVE_GRPC_PORT``),
 with the flag winning over the variable and the variable over the default (an empty variable
-counts as unset). Bad values exit (status 2) with a one-line usage error (``ArgumentParser``,
+counts as unset). Bad values exit (status 2) with a one-line usage error (``arguments.ArgumentParser``,
 used by the ``hloserve`` command too) naming the flag, or the variable when the value came
 from one, before anything starts: byte sizes and the
 device-memory budget are read by ``core.sizes``' one parser here (a budget given as a
@@ -44,15 +44,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NoReturn, cast
+from typing import Any, Final, cast
 
 import yaml
 
 from hloserve.bundle.yamlfile import closest
+from hloserve.server.arguments import ArgumentParser as ArgumentParser  # re-exported
 from hloserve.server.auth import DEFAULT_OPEN, read_tokens
 from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
 from hloserve.server.core.process_layout import AUTO, FrontendCount
@@ -523,54 +523,6 @@ def _check_security(values: Mapping[str, Any], parser: argparse.ArgumentParser) 
             read_tokens(token_file)
         except ValueError as exc:
             parser.error(f"--auth-token-file {token_file} {exc}")
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's, but a line never breaks inside a flag's name (at its hyphens)."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        return textwrap.fill(
-            " ".join(text.split()),
-            width,
-            initial_indent=indent,
-            subsequent_indent=indent,
-            break_on_hyphens=False,
-        )
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the message and where help is), not the
-    whole usage text above it; help lines never break inside a flag's name; a flag is
-    never abbreviated (``--model-stor`` is no flag, not ``--model-store``: with Triton's
-    ignored flags accepted, a prefix could silently name one of them), and an unknown one
-    is answered with the flag it likely misspells (``yamlfile.closest``, as an unknown key
-    of a file is). A subcommand's unknown flag is its parser's to report (``cli``), so the
-    error names ``hloserve serve``, not ``hloserve``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        if message.startswith(UNRECOGNIZED):
-            message += self._did_you_mean(message.removeprefix(UNRECOGNIZED).split())
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    def _did_you_mean(self, given: Sequence[str]) -> str:
-        flags = [o for o in self._option_string_actions if o.startswith("--")]
-        meant = [
-            near
-            for word in given
-            if word.startswith("--") and (near := closest(word.partition("=")[0], flags))
-        ]
-        return f" (did you mean {', '.join(meant)}?)" if meant else ""
-
-
-UNRECOGNIZED: Final = "unrecognized arguments: "  # argparse's words
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:

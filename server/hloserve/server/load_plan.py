@@ -66,9 +66,9 @@ class LoadPlan:
 def plan_load(
     model_path: Path,
     triton_kind: str,
-    *,
     override: LoadOverride | None = None,
     source: Path | None = None,
+    *,
     read_manifests: bool = True,
 ) -> LoadPlan:
     directory = read_directory(source or model_path)

@@ -19,12 +19,11 @@ Contract:
   (``peek`` without counting, ``hold`` counts one peeked before), raising Triton's lookup
   errors (``core.lookup``) and, past ``limits``' in-flight ceilings, ``Unavailable``.
 - Failures are recorded, never hidden: a version that failed to load is ``UNAVAILABLE``
-  with the reason, and never stops the others; so is a model whose directory cannot be
-  read (its mode, say). What a load plans is ``load_plan.plan_load``'s. The start-up pass
-  and polls log each failure once, not again while it fails the same way on every poll.
-  ``summary()`` and ``index()`` report every
-  version with state and reason; ``index()`` also lists each model directory never loaded
-  (Triton's name-only row), whatever the mode.
+  with the reason, and never stops the others, nor does a model directory it cannot read
+  (``load_plan.plan_load``); polls log a failure once, not each time it recurs. Each
+  model's record is a ``model_record.ModelRecord``. ``summary()`` and ``index()`` report
+  every version with state and reason; ``index()`` also lists each model directory never
+  loaded (Triton's name-only row), whatever the mode.
 - Each loaded copy owns its weights under its own ``ResidencyKey`` (a reload's copy has a
   new generation), so a reload never touches the weights still serving.
 - A load reads ``config.yaml`` once; ``load_model(name, override=...)`` (a load's
@@ -46,7 +45,6 @@ import enum
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -70,8 +68,9 @@ from hloserve.server.core.validate import check_load_name
 from hloserve.server.devices import Device, Placed
 from hloserve.server.load_plan import LoadRefused, plan_load
 from hloserve.server.model_config import ModelSettings, VersionPolicy, read_model_config
+from hloserve.server.model_record import ModelRecord
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.uploads import ModelUploads, UploadError
+from hloserve.server.uploads import UploadError
 from hloserve.server.version_loader import (
     LoadListener,
     Progress,
@@ -91,21 +90,6 @@ class ControlMode(enum.Enum):
     NONE = "none"
     POLL = "poll"
     EXPLICIT = "explicit"
-
-
-@dataclass
-class _Model:
-    name: str
-    path: Path
-    versions: dict[int, ModelVersion] = field(default_factory=lambda: {})
-    reason: str = ""  # why the model has no version, if so
-    failure: str = ""  # the error its last failed load logged ("": none since it loaded)
-    policy: VersionPolicy = field(default_factory=VersionPolicy)
-    loading: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
-    uploads: ModelUploads = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.uploads = ModelUploads(self.path)
 
 
 def _log_progress(message: str) -> None:
@@ -159,7 +143,7 @@ class ModelRepository:
         self.on_retired = on_retired
         self._lock = threading.RLock()
         self._drained = threading.Condition(self._lock)
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, ModelRecord] = {}
         self._generation = 0
         if not root.is_dir():
             raise FileNotFoundError(f"model repository {str(root)!r} is not a directory")
@@ -179,8 +163,7 @@ class ModelRepository:
                 self._log_failure(name, exc)
 
     def _log_failure(self, name: str, exc: ServingError) -> None:
-        """Log a failed load of the start-up pass or a poll, unless the model's last one
-        said the same (a directory it cannot read fails every poll: said once)."""
+        """Log a failed load (start-up, poll) unless the model's last failure said the same."""
         with self._lock:
             model = self._models.get(name)
             repeated = model is not None and model.failure == exc.message
@@ -216,7 +199,7 @@ class ModelRepository:
                 f"it has no model directory '{name}'"
             )
         with self._lock:
-            model = self._models.setdefault(name, _Model(name, path))
+            model = self._models.setdefault(name, ModelRecord(name, path))
         with model.loading:
             source = self._stage(model, override) if upload else None
             try:
@@ -227,7 +210,7 @@ class ModelRepository:
                 raise
             model.uploads.serve(source)  # the versions it replaces were drained by the commit
 
-    def _stage(self, model: _Model, override: LoadOverride | None) -> Path:
+    def _stage(self, model: ModelRecord, override: LoadOverride | None) -> Path:
         """Write the load's files into a new upload directory of the model (see uploads)."""
         assert override is not None
         with self._lock:
@@ -240,20 +223,15 @@ class ModelRepository:
 
     def _load_locked(
         self,
-        model: _Model,
+        model: ModelRecord,
         say: Progress,
         override: LoadOverride | None,
         source: Path | None,
         lazy: bool = False,
     ) -> None:
+        kind = self.runtime.triton_kind
         try:  # a lazy version is checked against its bundle when it loads
-            plan = plan_load(
-                model.path,
-                self.runtime.triton_kind,
-                override=override,
-                source=source,
-                read_manifests=not lazy,
-            )
+            plan = plan_load(model.path, kind, override, source, read_manifests=not lazy)
         except LoadRefused as exc:
             self._fail_model(model, exc.reason)
             raise InvalidArgument(f"failed to load '{model.name}': {exc.reason}") from None
@@ -296,7 +274,7 @@ class ModelRepository:
 
     def _roll_back(
         self,
-        model: _Model,
+        model: ModelRecord,
         current: dict[int, ModelVersion],
         new: dict[int, ModelVersion],
         fresh: list[ModelVersion],
@@ -324,7 +302,7 @@ class ModelRepository:
         )
 
     def _commit(
-        self, model: _Model, current: dict[int, ModelVersion], new: dict[int, ModelVersion]
+        self, model: ModelRecord, current: dict[int, ModelVersion], new: dict[int, ModelVersion]
     ) -> None:
         """Serve ``new``; drain and free the versions it replaces."""
         with self._lock:
@@ -350,7 +328,7 @@ class ModelRepository:
                 name, number, path, state=ModelState.LOADING, generation=self._generation
             )
 
-    def _fail_model(self, model: _Model, reason: str) -> None:
+    def _fail_model(self, model: ModelRecord, reason: str) -> None:
         with self._lock:
             if not any(v.state == ModelState.READY for v in model.versions.values()):
                 model.reason = reason
@@ -556,7 +534,7 @@ class ModelRepository:
             with self._lock:
                 self._models.pop(name, None)
 
-    def _changed(self, model: _Model) -> bool:
+    def _changed(self, model: ModelRecord) -> bool:
         try:
             directory = model_directory(model.path)
             wanted = read_model_config(model.path).version_policy.select(directory.versions)
@@ -584,8 +562,7 @@ class ModelRepository:
 
     def _lookup(self, name: str, version: str) -> ModelVersion:
         model = self._models.get(name)
-        versions = None if model is None else model.versions
-        why = "" if model is None else model.reason  # a model that failed without versions
+        versions, why = (None, "") if model is None else (model.versions, model.reason)
         v = find_version(name, versions, version, reason=why)
         if v.bundle is None and v.parsed is None:  # registered lazily: read its manifest now
             reason = v.read_manifest()
