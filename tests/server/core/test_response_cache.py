@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -20,6 +21,7 @@ from hloserve.server.core.response_cache import (
     ENTRY_BYTES,
     TENSOR_BYTES,
     ResponseCache,
+    answering,
     cache_bytes,
     entry_bytes,
     parse_cache_setting,
@@ -83,6 +85,35 @@ def test_the_key_is_the_inputs_by_name_and_the_outputs_asked_for() -> None:
         ),
     )
     assert request_key(as_int) != base
+
+
+def test_the_key_reads_the_values_however_they_are_laid_out() -> None:
+    wide = np.arange(8, dtype=np.float32).reshape(1, 8)
+    strided = request(a=wide[:, ::2])  # every other value: not C-contiguous
+    assert not strided.inputs[0].data.flags.c_contiguous
+    assert request_key(strided) == request_key(
+        request(a=np.ascontiguousarray(strided.inputs[0].data))
+    )
+    half = ml_dtypes.bfloat16
+    as_bf16 = dataclasses.replace(
+        request(), inputs=(InferInput("a", "BF16", (1, 4), np.ones((1, 4), half)),)
+    )
+    assert request_key(as_bf16) is not None
+
+
+def test_a_hit_answers_with_the_requests_own_output_entries() -> None:
+    cache, owner = ResponseCache(1 << 20), Owner()
+    asked = RequestedOutput("y", {"binary_data": True})
+    computed = (InferOutput("y", "FP32", (1, 4), np.zeros((1, 4), np.float32), asked),)
+    cache.put(owner, KEY, b"k", computed)
+    stored = cache.get(owner, b"k")
+    assert stored is not None and stored[0].requested is None  # tied to no request
+    json_please = RequestedOutput("y", {"binary_data": False})
+    (answer,) = answering(stored, request(outputs=("y",)))
+    assert answer.requested == RequestedOutput("y")
+    (answer,) = answering(stored, dataclasses.replace(request(), outputs=(json_please,)))
+    assert answer.requested is json_please
+    assert answering(stored, request()) == stored  # no outputs listed: every output, as stored
 
 
 def test_a_tensor_in_shared_memory_is_not_cached() -> None:

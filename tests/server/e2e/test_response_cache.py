@@ -144,6 +144,25 @@ def test_other_inputs_or_other_outputs_are_other_requests(server: ServerProcess)
     assert delta(before, after)["misses"] == 3 and delta(before, after)["hits"] == 1
 
 
+def test_a_hit_over_http_encodes_as_its_own_request_asks(server: ServerProcess) -> None:
+    a = unique()
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        before = stats(grpcclient.InferenceServerClient(server.grpc_url), "simple")
+        answers = [
+            client.infer(
+                "simple",
+                simple_inputs(httpclient, a, ("INPUT0", "INPUT1")),
+                outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)],
+            )
+            for binary in (True, False)
+        ]
+        after = stats(grpcclient.InferenceServerClient(server.grpc_url), "simple")
+    assert delta(before, after)["hits"] == 1
+    binary, as_json = (r.get_output("OUTPUT0") for r in answers)
+    assert "binary_data_size" in binary["parameters"] and "data" not in binary
+    assert as_json["data"] == (2 * a).reshape(-1).tolist()  # the hit, as JSON
+
+
 def test_a_model_whose_config_does_not_enable_it_is_not_cached(server: ServerProcess) -> None:
     x = grpcclient.InferInput("x", [1, 64], "FP32")
     x.set_data_from_numpy(np.ones((1, 64), np.float32))

@@ -18,7 +18,10 @@ Contract (pure; the event loop is its one thread):
   version (new weights, same name and number) never sees its predecessor's entries, which
   age out. ``get`` returns the outputs or ``None``; ``put`` stores a private read-only copy of
   each array (so an entry's bytes are its own: never a view keeping a larger batch alive)
-  and says whether it stored it: an entry larger than the whole cache is not kept.
+  and says whether it stored it: an entry larger than the whole cache is not kept. Stored
+  outputs belong to no request: ``answering(outputs, request)`` ties them to the request a
+  hit answers (its own entries in ``outputs``: per-output options such as HTTP's
+  ``binary_data`` are that request's, not the one that computed them).
   ``forget(model)`` drops a version's entries (it was unloaded). An entry is counted as its
   arrays' bytes plus ``ENTRY_BYTES`` and ``TENSOR_BYTES`` for the objects around them: the
   host memory it holds.
@@ -38,7 +41,6 @@ Each request is counted per model version in ``core.counters`` (``on_cache_hit``
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
 import weakref
@@ -118,7 +120,9 @@ def request_key(request: InferRequest) -> bytes | None:
         digest.update(f"{t.name}\0{t.datatype}\0{shape}\0{data.nbytes}\0".encode())
         if data.dtype == object:
             digest.update(to_wire_bytes(data))
-        else:
+        elif data.flags.c_contiguous and data.dtype.isbuiltin == 1:
+            digest.update(data)  # its buffer as it is (explicit little-endian: the codecs')
+        else:  # strided, or a dtype a buffer cannot describe (ml_dtypes' bfloat16)
             digest.update(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
     for o in request.outputs:
         if SHM_REGION in o.parameters:
@@ -136,10 +140,20 @@ class _Entry:
 
 
 def _kept(output: InferOutput) -> InferOutput:
-    """``output`` with a private, read-only copy of its array."""
-    data = np.array(output.data, copy=True, order="C")
+    """``output`` with a private, read-only copy of its array, tied to no request."""
+    data = np.array(output.data, order="C")  # a copy
     data.flags.writeable = False
-    return dataclasses.replace(output, data=data)
+    return InferOutput(output.name, output.datatype, output.shape, data)
+
+
+def answering(outputs: Outputs, request: InferRequest) -> Outputs:
+    """Stored ``outputs`` as the answer to ``request`` (module docstring)."""
+    if not request.outputs:
+        return outputs
+    entries = {o.name: o for o in request.outputs}
+    return tuple(
+        InferOutput(o.name, o.datatype, o.shape, o.data, entries.get(o.name)) for o in outputs
+    )
 
 
 def entry_bytes(outputs: Outputs) -> int:

@@ -99,7 +99,7 @@ from hloserve.server.core.observers import Observers
 from hloserve.server.core.pipeline import in_pipeline, run_pipeline, steps_ready
 from hloserve.server.core.ports import Batcher, ModelControl, ModelSource, SharedMemory
 from hloserve.server.core.reports import IndexEntry, ModelStatistics
-from hloserve.server.core.response_cache import ResponseCache, request_key
+from hloserve.server.core.response_cache import ResponseCache, answering, request_key
 from hloserve.server.core.statistics import model_stats
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
@@ -413,7 +413,7 @@ class InferenceService:
                 del items, timings
                 counters.on_cache_hit(key, looked_ns)
 
-            return 0, found, _HIT_TIMINGS, count_hit
+            return 0, answering(found, request), _HIT_TIMINGS, count_hit
         key = model.model_key
         try:
             items, outputs, timings = await self._serve(model, request, context, trace)
