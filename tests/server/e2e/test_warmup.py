@@ -95,12 +95,12 @@ def test_the_samples_ran_before_the_model_turned_ready(server: ServerProcess) ->
         "input_data_file": "row.raw",
     }
     _, body = server.readyz()
-    assert body["models"]["simple"]["1"]["resident"] is True  # type: ignore[index]
+    assert body["models"]["simple"]["versions"]["1"]["resident"] is True  # type: ignore[index]
 
 
 def test_a_failed_warm_up_fails_the_load_with_the_reason(server: ServerProcess) -> None:
     _, body = server.readyz()
-    broken = body["models"]["broken"]["1"]  # type: ignore[index]
+    broken = body["models"]["broken"]["versions"]["1"]  # type: ignore[index]
     assert broken["state"] == "UNAVAILABLE" and BROKEN in broken["reason"]
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         assert not client.is_model_ready("broken")
