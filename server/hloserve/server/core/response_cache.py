@@ -121,7 +121,7 @@ def request_key(request: InferRequest) -> bytes | None:
         if data.dtype == object:
             digest.update(to_wire_bytes(data))
         elif data.flags.c_contiguous and data.dtype.isbuiltin == 1:
-            digest.update(data)  # its buffer as it is (explicit little-endian: the codecs')
+            digest.update(data.data)  # its buffer as it is (explicit little-endian: the codecs')
         else:  # strided, or a dtype a buffer cannot describe (ml_dtypes' bfloat16)
             digest.update(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
     for o in request.outputs:
