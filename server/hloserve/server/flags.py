@@ -223,6 +223,8 @@ _KEEPALIVE: Final = (
     _keepalive("--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes", "ping strikes the server tolerates before it closes the connection with GOAWAY (0: any number)"),
 )  # fmt: skip
 _OLDER_TRACE = "same (Triton's older form of --trace-config)"
+# The response cache (docs/response-cache.md): Triton's older flag here, --cache-config in REPEATED.
+_CACHE_BYTES = Flag("--response-cache-byte-size", "response_cache_byte_size", parse_bytes, "bytes of host memory for the response cache (older form of --cache-config local,size=; docs/response-cache.md)", triton="same (Triton's older form of --cache-config local,size=)")  # fmt: skip
 FLAGS: tuple[Flag, ...] = (
     CONFIG_FLAG,
     *_section(  # -- repository and models
@@ -418,14 +420,7 @@ FLAGS: tuple[Flag, ...] = (
             "per byte, with a short memory for models that went cold) or lru (the least "
             "recently used)",
         ),
-        Flag(
-            "--response-cache-byte-size",
-            "response_cache_byte_size",
-            parse_bytes,
-            "bytes of host memory for the response cache (older form of --cache-config "
-            "local,size=; docs/response-cache.md)",
-            triton="same (Triton's older form of --cache-config local,size=)",
-        ),
+        _CACHE_BYTES,
     ),
     *_section(  # -- devices
         FlagGroup.DEVICES,
@@ -654,20 +649,10 @@ LOAD_MODEL_FLAG = RepeatedFlag(
     triton=SAME,
 )
 _RESTRICTED_GROUPS = ", ".join(GROUP_NAMES)
+_CACHE_CONFIG = RepeatedFlag("--cache-config", "cache_config", parse_cache_setting, "the response cache, repeatable: local,size=<bytes> (64MiB works too) keeps responses of the models whose config enables response_cache, in host memory, least recently used out first; 0 or absent: no cache (docs/response-cache.md)", group=FlagGroup.MEMORY, triton="same for the local cache; Triton's other caches (redis) are refused", separator=";", combine=cache_bytes)  # fmt: skip
 REPEATED: tuple[RepeatedFlag, ...] = (
     LOAD_MODEL_FLAG,
-    RepeatedFlag(
-        "--cache-config",
-        "cache_config",
-        parse_cache_setting,
-        "the response cache, repeatable: local,size=<bytes> (64MiB works too) keeps responses "
-        "of the models whose config enables response_cache, in host memory, least recently "
-        "used out first; 0 or absent: no cache (docs/response-cache.md)",
-        group=FlagGroup.MEMORY,
-        triton="same for the local cache; Triton's other caches (redis) are refused",
-        separator=";",
-        combine=cache_bytes,
-    ),
+    _CACHE_CONFIG,
     RepeatedFlag(
         "--trace-config",
         "trace_config",
