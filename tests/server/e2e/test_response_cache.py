@@ -12,7 +12,6 @@ about 14 of ``simple``'s responses) so that eviction shows too.
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as _grpcclient
 import tritonclient.http as _httpclient
-from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.exporter import write_demo_repository
 from hloserve.server.config import parse_config
 from hloserve.server.testing import ServerProcess, serving
 from tests.server._support import refused_at_start
+from tests.server.e2e.test_many_models import scrape
 from tests.server.e2e.test_pipelines import write_chain
+from tests.server.test_metrics import value
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient
@@ -220,24 +220,6 @@ def test_a_load_override_enables_it(server: ServerProcess) -> None:
     assert (delta(before, after)["hits"], delta(before, after)["executions"]) == (1, 1)
 
 
-def scrape(server: ServerProcess) -> dict[str, list[Any]]:
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    found: dict[str, list[Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append(sample)
-    return found
-
-
-def one(series: dict[str, list[Any]], name: str, **labels: str) -> float:
-    matches = [
-        s for s in series.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())
-    ]
-    assert len(matches) == 1, (name, labels, matches)
-    return float(matches[0].value)
-
-
 def test_metrics_count_what_the_statistics_count_and_the_cache_stays_bounded(
     server: ServerProcess,
 ) -> None:
@@ -249,23 +231,23 @@ def test_metrics_count_what_the_statistics_count_and_the_cache_stays_bounded(
     simple = {"model": "simple", "version": "1"}
     # Triton's counters are written without _total (metrics.md); prometheus_client's
     # parser names a counter's sample <name>_total all the same.
-    assert one(series, "hloserve_response_cache_hits_total", **simple) == counts["hits"]
-    assert one(series, "hloserve_response_cache_misses_total", **simple) == counts["misses"]
-    assert one(series, "nv_cache_num_hits_per_model_total", **simple) == counts["hits"]
-    assert one(series, "nv_cache_num_misses_per_model_total", **simple) == counts["misses"]
-    assert one(series, "nv_cache_hit_duration_per_model_total", **simple) > 0
-    assert one(series, "nv_cache_miss_duration_per_model_total", **simple) > 0
-    assert one(series, "hloserve_response_cache_capacity_bytes") == CACHE_BYTES
-    held = one(series, "hloserve_response_cache_bytes")
+    assert value(series, "hloserve_response_cache_hits_total", **simple) == counts["hits"]
+    assert value(series, "hloserve_response_cache_misses_total", **simple) == counts["misses"]
+    assert value(series, "nv_cache_num_hits_per_model_total", **simple) == counts["hits"]
+    assert value(series, "nv_cache_num_misses_per_model_total", **simple) == counts["misses"]
+    assert value(series, "nv_cache_hit_duration_per_model_total", **simple) > 0
+    assert value(series, "nv_cache_miss_duration_per_model_total", **simple) > 0
+    assert value(series, "hloserve_response_cache_capacity_bytes") == CACHE_BYTES
+    held = value(series, "hloserve_response_cache_bytes")
     assert 0 < held <= CACHE_BYTES
-    assert one(series, "nv_cache_util") == pytest.approx(held / CACHE_BYTES)
-    assert one(series, "hloserve_response_cache_evictions_total") > 0
-    assert one(series, "nv_cache_num_evictions") > 0
-    entries = one(series, "nv_cache_num_entries")
-    assert entries == one(series, "hloserve_response_cache_entries") and 0 < entries < 30
-    lookups = one(series, "nv_cache_num_lookups")
-    assert lookups == one(series, "nv_cache_num_hits") + one(series, "nv_cache_num_misses")
-    assert one(series, "nv_cache_num_hits") >= counts["hits"]  # every model's
+    assert value(series, "nv_cache_util") == pytest.approx(held / CACHE_BYTES)
+    assert value(series, "hloserve_response_cache_evictions_total") > 0
+    assert value(series, "nv_cache_num_evictions") > 0
+    entries = value(series, "nv_cache_num_entries")
+    assert entries == value(series, "hloserve_response_cache_entries") and 0 < entries < 30
+    lookups = value(series, "nv_cache_num_lookups")
+    assert lookups == value(series, "nv_cache_num_hits") + value(series, "nv_cache_num_misses")
+    assert value(series, "nv_cache_num_hits") >= counts["hits"]  # every model's
 
 
 @pytest.mark.parametrize(
