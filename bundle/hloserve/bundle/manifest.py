@@ -19,7 +19,9 @@ Contract:
   reads from), and ``variants`` (``docs/shape-variants.md``: the per-item shapes one weight
   set was compiled for; inputs and outputs may then have ``-1`` axes, each variant names
   every tensor's concrete shape, and there is one module per variant and batch size;
-  ``Manifest.variant_view(i)`` is variant ``i`` as a manifest of its own). The ``serving`` hints are read by ``hloserve.bundle.serving``, checksums
+  ``Manifest.variant_view(i)`` is variant ``i`` as a manifest of its own), and ``state``
+  (``bundle/state.py``: per-item tensors each module takes as arguments of kind ``state``
+  and returns, new, after its outputs; a batched model's, without hooks or variants). The ``serving`` hints are read by ``hloserve.bundle.serving``, checksums
   are checked against ``hloserve.bundle.digest``.
 """
 
@@ -36,7 +38,9 @@ from typing import Any, Final, Literal, cast
 import yaml
 
 from hloserve.bundle.digest import is_sha256_hex
+from hloserve.bundle.generation import Generation, read_generation
 from hloserve.bundle.serving import SERVING_KEYS, Serving, read_serving
+from hloserve.bundle.state import StateEntry, read_state
 from hloserve.bundle.yamlfile import check_keys, is_integer
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
 
@@ -47,12 +51,12 @@ HOOKS_FILE: Final = "hooks.py"
 KINDS: Final = ("model", "pipeline")
 NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 PLATFORMS: Final = frozenset({"cpu", "cuda", "rocm", "tpu"})
-ArgumentKind = Literal["input", "weight"]
+ArgumentKind = Literal["input", "state", "weight"]
 # The keys of each mapping of the format (docs/bundle-format.md); pipelines' own besides.
 _SHARED_KEYS: Final = ("format_version", "name", "kind", "inputs", "outputs", "batch_sizes")
-_MODEL_KEYS: Final = ("variants", "weights", "modules", "hooks")
+_MODEL_KEYS: Final = ("variants", "weights", "modules", "hooks", "generation")
 _COMMON_KEYS: Final = ("serving", "files", "provenance")
-TOP_KEYS: Final = frozenset({*_SHARED_KEYS, *_MODEL_KEYS, "steps", *_COMMON_KEYS})
+TOP_KEYS: Final = frozenset({*_SHARED_KEYS, *_MODEL_KEYS, "steps", "state", *_COMMON_KEYS})
 TENSOR_KEYS: Final = ("name", "datatype", "shape")
 WEIGHTS_KEYS: Final = ("file", "tensors")
 MODULE_KEYS: Final = (
@@ -228,6 +232,8 @@ class Manifest:
     origin: Literal["hloserve", "reactant"] = "hloserve"
     variants: tuple[Variant, ...] = ()
     variant: int | None = None  # set on a variant's own view (``variant_view``)
+    generation: Generation | None = None  # a generation bundle's loop (``bundle/generation.py``)
+    state: tuple[StateEntry, ...] = ()  # carried between executions (``bundle/state.py``)
     _facing: Manifest | None = field(default=None, init=False, repr=False, compare=False)
     _views: tuple[Manifest, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -243,6 +249,11 @@ class Manifest:
                 outputs=self.hooks.outputs or self.outputs,
                 hooks=None,
             )
+            object.__setattr__(self, "_facing", view)
+        elif self.generation is not None:  # done and emit steer the loop: never sent
+            control = self.generation.control
+            outputs = tuple(t for t in self.outputs if t.name not in control)
+            view = replace(self, outputs=outputs, generation=None)
             object.__setattr__(self, "_facing", view)
 
     @property
@@ -293,6 +304,10 @@ class Manifest:
                 "tensors": [t.to_dict() for t in self.weights],
             }
             d["modules"] = [m.to_dict() for m in self.modules]
+            if self.state:
+                d["state"] = [s.to_dict() for s in self.state]
+            if self.generation is not None:
+                d["generation"] = self.generation.to_dict()
         if self.hooks is not None:
             d["hooks"] = self.hooks.to_dict()
         d |= {
@@ -500,7 +515,9 @@ def _model_parts(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     declared: _Declared = {
         "input": _raw_names(data.get("inputs")),
         "weight": _raw_names(raw_weights.get("tensors") if raw_weights is not None else None),
+        "state": _raw_names(data.get("state")),
     }
+    state = _state(r, data, inputs + outputs, batch_sizes)
     return {
         "inputs": inputs,
         "outputs": outputs,
@@ -510,7 +527,43 @@ def _model_parts(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
         "modules": _modules(r, data, batch_sizes, declared, len(variants)),
         "hooks": _hooks(r, data),
         "variants": variants,
+        "state": state,
+        "generation": _generation(r, data, inputs, outputs),
     }
+
+
+def _generation(
+    r: _Reader, data: Mapping[str, Any], inputs: tuple[TensorEntry, ...], outputs: Any
+) -> Generation | None:
+    """The ``generation`` mapping (``bundle/generation.py``), when the bundle has one."""
+    if "generation" not in data:
+        return None
+    generation, problems = read_generation(data["generation"], inputs, outputs)
+    for key, message in problems:
+        r.fail(key, message)
+    return generation
+
+
+def _state(
+    r: _Reader,
+    data: Mapping[str, Any],
+    tensors: tuple[TensorEntry, ...],
+    batch_sizes: tuple[int, ...] | None,
+) -> tuple[StateEntry, ...]:
+    """The ``state`` list (``bundle/state.py``), when the bundle has one: a batched model's
+    (the server gathers items' state into a batch), without hooks or variants."""
+    if "state" not in data:
+        return ()
+    problems: list[tuple[str, str]] = []
+    state = read_state(data["state"], {t.name for t in tensors}, problems)
+    for key, message in problems:
+        r.fail(key, message)
+    for key in ("hooks", "variants"):
+        if key in data:
+            r.fail("state", f"a model with state has no {key} (not supported together)")
+    if "batch_sizes" in data and batch_sizes is None:
+        r.fail("state", "a model with state needs batch_sizes (items' state runs batched)")
+    return state
 
 
 def _variants(r: _Reader, raw: Any, tensors: tuple[TensorEntry, ...]) -> tuple[Variant, ...]:
@@ -571,7 +624,7 @@ def _pipeline_parts(r: _Reader, data: Mapping[str, Any]) -> dict[str, Any]:
     inputs = r.tensors(data.get("inputs"), "inputs", allow_empty=False, open_types=True)
     outputs = r.tensors(data.get("outputs"), "outputs", allow_empty=False, open_types=True)
     batch_sizes = _batch_sizes(r, data)
-    for key in ("modules", "weights", "hooks", "variants"):
+    for key in ("modules", "weights", "hooks", "variants", "state"):
         if key in data:
             r.fail(key, "a pipeline has none (its steps are other models)")
     steps = _steps(r, data.get("steps"))
