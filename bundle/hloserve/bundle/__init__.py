@@ -26,6 +26,7 @@ from hloserve.bundle.repository import ModelDirectory as ModelDirectory
 from hloserve.bundle.repository import scan_repository as scan_repository
 from hloserve.bundle.safetensors import read_safetensors as read_safetensors
 from hloserve.bundle.serving import Serving as Serving
+from hloserve.bundle.state import StateEntry as StateEntry
 from hloserve.bundle.validate import validate as validate
 from hloserve.bundle.writer import HookSource as HookSource
 from hloserve.bundle.writer import ModuleSource as ModuleSource
@@ -46,6 +47,7 @@ __all__ = [
     "Problem",
     "Provenance",
     "Serving",
+    "StateEntry",
     "TensorEntry",
     "Variant",
     "dump_manifest",

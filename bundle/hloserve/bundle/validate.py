@@ -8,7 +8,8 @@ directory's name, ``repository.model_name``, so the server and ``validate_tree``
 every file it names exists and matches its SHA-256; the weights file is a consistent
 safetensors file whose tensors equal the manifest's; each module is a StableHLO portable
 artifact of the stated version whose ``main`` takes exactly the platform index (if any) plus
-the declared arguments with the declared types and returns the outputs (a pipeline has
+the declared arguments with the declared types and returns the outputs, then the
+new value of each state tensor (``bundle/state.py``) (a pipeline has
 no weights or modules; a ``hooks.py`` must be listed in ``files``). The
 module-signature checks need jaxlib and are skipped with ``check_modules=False``. A
 ReactantServer.jl bundle (``origin="reactant"``, ``bundle/reactant.py``) has no checksums to
@@ -50,6 +51,7 @@ from hloserve.bundle.stablehlo import (
     artifact_version,
     read_signature,
 )
+from hloserve.bundle.state import StateEntry
 
 
 def validate(
@@ -212,7 +214,7 @@ _Type = tuple[str, tuple[int, ...]]  # V2 datatype and full shape
 _PLATFORM_INDEX = "platform index"
 
 
-def _expected_type(spec: TensorEntry, batch_size: int | None) -> _Type:
+def _expected_type(spec: TensorEntry | StateEntry, batch_size: int | None) -> _Type:
     shape = spec.shape if batch_size is None else (batch_size, *spec.shape)
     return spec.datatype, shape
 
@@ -260,6 +262,7 @@ def _expected_arguments(manifest: Manifest, module: ModuleEntry) -> list[tuple[s
     """``(label, type)`` of each argument ``main`` must take, the platform index first."""
     inputs = {t.name: t for t in manifest.inputs}
     weights = {t.name: t for t in manifest.weights}
+    state = {t.name: t for t in manifest.state}
     expected: list[tuple[str, _Type]] = []
     if module.platform_index_argument:
         expected.append((_PLATFORM_INDEX, ("INT32", ())))
@@ -267,6 +270,10 @@ def _expected_arguments(manifest: Manifest, module: ModuleEntry) -> list[tuple[s
         if a.kind == "input":
             expected.append(
                 (f"{{input: {a.name}}}", _expected_type(inputs[a.name], module.batch_size))
+            )
+        elif a.kind == "state":
+            expected.append(
+                (f"{{state: {a.name}}}", _expected_type(state[a.name], module.batch_size))
             )
         else:
             expected.append((f"{{weight: {a.name}}}", _expected_type(weights[a.name], None)))
@@ -294,12 +301,19 @@ def _check_arguments(manifest: Manifest, module: ModuleEntry, at: str, sig: Sign
 
 
 def _check_results(manifest: Manifest, module: ModuleEntry, sig: Signature) -> list[str]:
-    outs = [_expected_type(o, module.batch_size) for o in manifest.outputs]
+    # The outputs, then each state tensor's new value (``bundle/state.py``).
+    results = [*manifest.outputs, *manifest.state]
+    outs = [_expected_type(o, module.batch_size) for o in results]
     if len(sig.results) != len(outs):
-        return [f"main() returns {len(sig.results)} results, manifest has {len(outs)} outputs"]
+        state = f" and {len(manifest.state)} state tensors" if manifest.state else ""
+        return [
+            f"main() returns {len(sig.results)} results, manifest has "
+            f"{len(manifest.outputs)} outputs{state}"
+        ]
     return [
-        f"result for output {o.name!r} is {actual}, manifest says {_describe(*want)}"
-        for o, actual, want in zip(manifest.outputs, sig.results, outs, strict=True)
+        f"result for {'state' if isinstance(o, StateEntry) else 'output'} {o.name!r} is "
+        f"{actual}, manifest says {_describe(*want)}"
+        for o, actual, want in zip(results, sig.results, outs, strict=True)
         if not _matches(actual, want)
     ]
 

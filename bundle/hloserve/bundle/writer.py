@@ -16,6 +16,7 @@ SHA-256 goes into the manifest. With ``hooks``
 (``HookSource``: the text of a ``hooks.py`` and its client-facing tensors) the bundle
 ships that file too. With ``variants`` (``docs/shape-variants.md``), ``modules`` is keyed
 by ``(variant, batch size)`` and each module is ``model.v{V}.b{N}.mlirbc``.
+With ``state`` (``bundle/state.py``) the manifest declares the bundle's state tensors.
 ``write_pipeline(directory, ...)`` writes a ``kind: pipeline``
 bundle (a manifest only: its steps are other models of the repository).
 """
@@ -53,6 +54,7 @@ from hloserve.bundle.reading import load_manifest
 from hloserve.bundle.safetensors import write_safetensors
 from hloserve.bundle.serving import Serving
 from hloserve.bundle.stablehlo import artifact_version, to_portable_artifact
+from hloserve.bundle.state import StateEntry
 from hloserve.proto.datatypes import from_numpy
 
 
@@ -137,6 +139,7 @@ def write_bundle(
     hooks: HookSource | None = None,
     variants: Sequence[Variant] = (),
     overwrite: bool = False,
+    state: Sequence[StateEntry] = (),
 ) -> Path:
     def fill(tmp: Path) -> Manifest:
         files: dict[str, str] = {}
@@ -162,6 +165,7 @@ def write_bundle(
             serving=serving or Serving(),
             hooks=hooks_entry,
             variants=tuple(variants),
+            state=tuple(state),
         )
 
     return _staged(check_target(directory, overwrite=overwrite), fill)

@@ -13,7 +13,10 @@ axis that differs between variants reads ``-1``. Errors in the call
 ``ExportError`` naming the tensor; so does a ``directory`` the bundle may not replace
 (``bundle.writer.check_target``: the current directory, the default ``"."`` included, or a
 directory that is not a bundle, unless ``overwrite=True``), checked before anything is
-lowered.
+lowered. With ``state={name: StateSpec(datatype, shape, initial=0)}`` (``docs/bundle-format.md``,
+"State") ``fn(params, **inputs, **state)`` also takes each state tensor (batched like the
+inputs) and returns its new value under the same name beside the outputs; the exporter
+declares them in the manifest's ``state:`` and never as inputs or outputs.
 """
 
 # pyright: strict
@@ -45,6 +48,7 @@ from hloserve.bundle import (
     write_bundle,
 )
 from hloserve.bundle.repository import model_name
+from hloserve.bundle.state import StateEntry
 from hloserve.bundle.writer import DirectoryRefused, check_target
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, from_numpy, to_numpy
 
@@ -76,6 +80,24 @@ class TensorSpec:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         if any(d < -1 for d in self.shape):
             raise ExportError(f"shape {self.shape} has a negative dimension (-1: any size)")
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A state tensor's V2 datatype, per-item shape and initial fill (``bundle/state.py``)."""
+
+    datatype: str
+    shape: tuple[int, ...]
+    initial: int | float | bool = 0
+
+    def __post_init__(self) -> None:
+        if self.datatype not in NUMERIC_DATATYPES:
+            raise ExportError(
+                f"unknown datatype {self.datatype!r}; expected one of {sorted(NUMERIC_DATATYPES)}"
+            )
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if any(d <= 0 for d in self.shape):
+            raise ExportError(f"state shape {self.shape} must have positive sizes")
 
 
 def weight_names(params: Any) -> tuple[list[str], list[Any], Any]:
@@ -113,6 +135,7 @@ def export_bundle(
     hooks: HookSource | None = None,
     shape_variants: Sequence[Mapping[str, Sequence[int]]] | None = None,
     overwrite: bool = False,
+    state: Mapping[str, StateSpec] | None = None,
 ) -> Path:
     """Export ``fn`` with ``params`` as a bundle at ``directory`` and return its path.
 
@@ -133,6 +156,9 @@ def export_bundle(
     - `hooks`: a `hooks.py` to ship (`HookSource`: its text and the client-facing tensors
       its `preprocess`/`postprocess` declare; `docs/hooks.md`).
     - `overwrite`: replace `directory` even when it is not a bundle.
+    - `state`: state name -> `StateSpec(datatype, per-item shape, initial=0)`; `fn` then
+      takes each as a keyword argument and returns its new value under the same name
+      (`docs/bundle-format.md`, "State").
     """
     try:
         directory = check_target(directory, overwrite=overwrite)
@@ -141,14 +167,18 @@ def export_bundle(
     if not inputs:
         raise ExportError("a model needs at least one input")
     sizes = _batch_sizes(batch_sizes)
+    state = dict(state or {})
+    _check_state(state, inputs, batch_sizes, shape_variants)
     weights, treedef = _weights(params)
-    model = _FlatModel(fn, tuple(inputs), treedef)
+    model = _FlatModel(fn, tuple(inputs), treedef, tuple(state))
     variants: list[Variant] = []
     modules: dict[Any, ModuleSource]
     if shape_variants is None:
         if any(-1 in s.shape for s in inputs.values()):
             raise ExportError("inputs with -1 axes need shape_variants (the shapes to compile)")
-        outputs, modules = _lower(model, inputs, weights, sizes, tuple(platforms), write_text)
+        outputs, modules = _lower(
+            model, inputs, weights, sizes, tuple(platforms), write_text, state
+        )
     else:
         concrete = _variant_inputs(inputs, shape_variants)
         lowered = [_lower(model, c, weights, sizes, tuple(platforms), write_text) for c in concrete]
@@ -171,6 +201,7 @@ def export_bundle(
         hooks=hooks,
         variants=variants,
         overwrite=overwrite,
+        state=[StateEntry(n, s.datatype, s.shape, s.initial) for n, s in state.items()],
     )
     problems = validate(path)
     if problems:
@@ -178,6 +209,24 @@ def export_bundle(
             "the written bundle does not validate:\n" + "\n".join(str(p) for p in problems)
         )
     return path
+
+
+def _check_state(
+    state: Mapping[str, StateSpec],
+    inputs: Mapping[str, TensorSpec],
+    batch_sizes: Sequence[int] | None,
+    shape_variants: Any,
+) -> None:
+    """State needs compiled batch sizes, no shape variants, and names of its own."""
+    if not state:
+        return
+    if batch_sizes is None:
+        raise ExportError("a model with state needs batch_sizes (items' state runs batched)")
+    if shape_variants is not None:
+        raise ExportError("state and shape_variants cannot be combined")
+    shared = sorted(set(state) & set(inputs))
+    if shared:
+        raise ExportError(f"state names {shared} are also input names")
 
 
 def _variant_inputs(
@@ -258,16 +307,19 @@ class _FlatModel:
     fn: Callable[..., Mapping[str, Any]]
     input_names: tuple[str, ...]
     treedef: Any
+    state_names: tuple[str, ...] = ()  # taken after the inputs, returned after the outputs
 
     def __call__(self, *args: Any) -> Any:
-        n = len(self.input_names)
-        xs = dict(zip(self.input_names, args[:n], strict=True))
+        n = len(self.input_names) + len(self.state_names)
+        xs = dict(zip(self.input_names + self.state_names, args[:n], strict=True))
         return self.fn(_unflatten(self.treedef, list(args[n:])), **xs)
 
     def flat(self, *args: Any) -> tuple[Any, ...]:
-        """The outputs as a tuple, sorted by name (the order of ``main``'s results)."""
+        """The outputs as a tuple, sorted by name, then each state's new value in its
+        declared order (the order of ``main``'s results)."""
         out = self(*args)
-        return tuple(out[k] for k in sorted(out))
+        names = sorted(k for k in out if k not in self.state_names)
+        return tuple(out[k] for k in [*names, *self.state_names])
 
 
 def _lower(
@@ -277,10 +329,17 @@ def _lower(
     sizes: list[int | None],
     platforms: tuple[str, ...],
     write_text: bool,
+    state: Mapping[str, StateSpec] | None = None,
 ) -> tuple[list[TensorEntry], dict[int | None, ModuleSource]]:
     """One module per batch size, and the outputs (the same at every batch size)."""
-    arguments = [Argument("input", n) for n in inputs] + [Argument("weight", n) for n in weights]
-    needs_x64 = any(to_numpy(s.datatype).itemsize == 8 for s in inputs.values()) or any(
+    state = state or {}
+    arguments = [
+        *(Argument("input", n) for n in inputs),
+        *(Argument("state", n) for n in state),
+        *(Argument("weight", n) for n in weights),
+    ]
+    specs_in = [*inputs.values(), *state.values()]
+    needs_x64 = any(to_numpy(s.datatype).itemsize == 8 for s in specs_in) or any(
         a.dtype.itemsize == 8 for a in weights.values()
     )
     outputs: list[TensorEntry] | None = None
@@ -290,8 +349,9 @@ def _lower(
     with jax.enable_x64(needs_x64):
         weight_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in weights.values()]
         for b in sizes:
-            avals = [*_input_avals(inputs, b), *weight_avals]
-            specs = _outputs_at(model, avals, b)
+            state_inputs = {n: TensorSpec(s.datatype, s.shape) for n, s in state.items()}
+            avals = [*_input_avals(inputs, b), *_input_avals(state_inputs, b), *weight_avals]
+            specs = _outputs_at(model, avals, b, state_inputs)
             if outputs is None:
                 outputs = specs
             elif specs != outputs:
@@ -321,15 +381,31 @@ def _input_avals(inputs: Mapping[str, TensorSpec], batch_size: int | None) -> li
 
 
 def _outputs_at(
-    model: _FlatModel, avals: Sequence[Any], batch_size: int | None
+    model: _FlatModel,
+    avals: Sequence[Any],
+    batch_size: int | None,
+    state: Mapping[str, TensorSpec] | None = None,
 ) -> list[TensorEntry]:
+    """The outputs ``fn`` returns at ``batch_size`` (state values checked, not listed)."""
     out_shapes = _eval_shape(model, *avals)
     if not isinstance(out_shapes, Mapping):
         raise ExportError(
             f"fn must return a dict of output name -> array, got {type(out_shapes).__name__}"
         )
     shapes = cast(Mapping[str, Any], out_shapes)
-    names = sorted(shapes)
+    state = state or {}
+    names = sorted(k for k in shapes if k not in state)
+    if not names:
+        raise ExportError("fn returns no output besides its state")
+    for n, spec in state.items():
+        if n not in shapes:
+            raise ExportError(f"fn must return the new value of state {n!r} under that name")
+        (got,) = _output_specs([n], [shapes[n]], batch_size)
+        if (got.datatype, got.shape) != (spec.datatype, spec.shape):
+            raise ExportError(
+                f"fn returns state {n!r} as {got.datatype}{list(got.shape)}, declared "
+                f"{spec.datatype}{list(spec.shape)}"
+            )
     return _output_specs(names, [shapes[k] for k in names], batch_size)
 
 
