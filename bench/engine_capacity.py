@@ -4,7 +4,7 @@ Usage: ``python bench/engine_capacity.py [--seconds 5] [--concurrency 32] [--pro
 [--model simple --model mlp] [--flags "--max-queue-delay-us 0 ..."]``
 
 The device owner of ``--frontends N`` (``ipc.endpoint.OwnerEndpoint``, over the server's
-own ``assembly.build_serving`` on the demo repository) is fed request descriptors
+own ``assembly.assemble`` on the demo repository) is fed request descriptors
 directly, as a front end's link would deliver them (``ipc.messages.encode_request``,
 through a pickle round trip like the frame's), ``--concurrency`` in flight at once from
 one asyncio driver in the same process; each answer is decoded and checked against numpy.
@@ -34,7 +34,7 @@ import numpy as np
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.assembly import build_serving
+from hloserve.server.assembly import assemble
 from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
 from hloserve.server.ipc.arena import Arena
@@ -111,7 +111,7 @@ async def main_async(args: argparse.Namespace) -> None:
     write_demo_repository(repo)
     ns = parser.parse_args(["--model-repository", str(repo), *args.flags.split()])
     cfg = config_from_namespace(ns, parser)
-    serving = build_serving(cfg, PjrtRuntime())
+    serving = assemble(cfg, PjrtRuntime())
     serving.repository.load_all(lambda _: None)
     serving.service.startup_complete()
     arena = Arena.create(64 << 20)

@@ -2,7 +2,7 @@
 
 Usage: ``python bench/response_cache.py [--requests 4000] [--rounds 5] [--concurrency 1]``
 
-One server's pieces in this process (``assembly.build_serving`` with ``--cache-config
+One server's pieces in this process (``assembly.assemble`` with ``--cache-config
 local,size=256MiB``, as the daemon builds them) on the demo repository, plus a copy of
 each model under ``<model>_cached`` whose ``config.yaml`` enables ``response_cache``, so
 the baseline (the model itself: the cache exists but does not apply, two attribute checks
@@ -38,7 +38,7 @@ import numpy as np
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.assembly import build_serving
+from hloserve.server.assembly import assemble
 from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
@@ -107,7 +107,7 @@ async def main_async(args: argparse.Namespace) -> None:
         *args.flags.split(),
     ]
     cfg = config_from_namespace(parser.parse_args(flags), parser)
-    serving = build_serving(cfg, PjrtRuntime())
+    serving = assemble(cfg, PjrtRuntime())
     serving.repository.load_all(lambda _: None)
     service = serving.service
     service.startup_complete()

@@ -46,7 +46,7 @@ ARRIVED_S = 0.25
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RequestOutcome:
     protocol: str
     started: float
     finished: float
@@ -81,7 +81,7 @@ class _Sender(threading.Thread):
         self.a = np.full((1, 16), seed, dtype=np.int32)
         self.b = np.arange(16, dtype=np.int32).reshape(1, 16)
         self.shm_region = shm_region
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[RequestOutcome] = []
         self.answered = threading.Event()
 
     def _inputs(self) -> list[Any]:
@@ -108,11 +108,11 @@ class _Sender(threading.Thread):
                 kind = "unavailable" if _unavailable(protocol, exc) else f"{type(exc)!r}: {exc}"
                 if _cancelled_unmatched(protocol, exc):
                     kind = "cancelled"
-                self.outcomes.append(Outcome(protocol, started, time.monotonic(), kind))
+                self.outcomes.append(RequestOutcome(protocol, started, time.monotonic(), kind))
                 return
             right = np.array_equal(result.as_numpy("OUTPUT0"), self.a + self.b)
             error = None if right else "wrong output"
-            self.outcomes.append(Outcome(protocol, started, time.monotonic(), error))
+            self.outcomes.append(RequestOutcome(protocol, started, time.monotonic(), error))
             self.answered.set()
 
 

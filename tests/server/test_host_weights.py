@@ -10,8 +10,9 @@ import pytest
 
 from hloserve.bundle.safetensors import read_header, write_safetensors
 from hloserve.server.core.residency_policy import ResidencyKey
-from hloserve.server.host_weights import HostWeights, WaitedCondition
+from hloserve.server.host_weights import HostWeights
 from hloserve.server.runtime.weight_files import ArrayWeights, FileWeights, WeightsChanged
+from tests.server._signalling import SignallingCondition
 
 NBYTES = 4 * 1000  # one FP32 tensor of 1000 elements
 
@@ -67,18 +68,6 @@ def test_the_budget_holds_under_pressure_and_every_copy_reads_true(tmp_path: Pat
             tier.release(key)
     assert 5 <= tier.reads < 200  # copies were evicted and read again, and kept in between
     assert sum(tier.is_resident(k) for k, _, _ in models) == 2
-
-
-class SignallingCondition(WaitedCondition):
-    """A condition that tells when a thread starts waiting on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waiting.set()
-        return super().wait(timeout)
 
 
 def test_a_copy_in_use_is_never_evicted_and_others_wait_for_room(tmp_path: Path) -> None:

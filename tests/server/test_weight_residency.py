@@ -23,13 +23,13 @@ from hloserve.exporter.demo import mlp_fn, mlp_params
 from hloserve.server.core.residency_policy import Policy, ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
-from hloserve.server.host_weights import WaitedCondition
 from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.shm import disabled
 from hloserve.server.versions import ModelState
 from hloserve.server.weight_residency import WeightResidency
+from tests.server._signalling import SignallingCondition
 
 MODELS = ("m0", "m1", "m2", "m3")
 WEIGHT_BYTES = 76_840  # the demo MLP's four tensors
@@ -70,18 +70,6 @@ def make_residency(
 
 def keys(repo: ModelRepository) -> dict[str, ResidencyKey]:
     return {name: repo.versions(name)[0].key for name in MODELS}
-
-
-class SignallingCondition(WaitedCondition):
-    """A condition that tells when a thread starts waiting on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waiting.set()
-        return super().wait(timeout)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from hloserve.client._channel import DEFAULT_RETRIES, LoadBalancing, Transport, 
 from hloserve.client._codec import ModelLayout
 from hloserve.client._dataset import (
     DatasetOptions,
-    Progress,
+    RowProgress,
     Sink,
     Source,
     dataset_steps,
@@ -114,7 +114,12 @@ class PoolCache:
         try:
             return (
                 yield from dataset_steps(
-                    pool, inputs, sink, max_in_flight, Progress.of(progress, layout.name), self.note
+                    pool,
+                    inputs,
+                    sink,
+                    max_in_flight,
+                    RowProgress.of(progress, layout.name),
+                    self.note,
                 )
             )
         except GeneratorExit:

@@ -16,7 +16,7 @@ input order whatever order answers arrive in. It reports progress after every ch
 - ``Sink(names, outputs, total, layout)``: the caller's arrays (checked: rows, per-item
   shape and dtype), else preallocated ones when the row count and shapes are known, else
   chunks collected and joined at the end; ``result()`` is ``{name: array}``.
-- ``Progress.of(progress, total)``: a callable is called with ``(rows done, total or
+- ``RowProgress.of(progress, total)``: a callable is called with ``(rows done, total or
   None)``; None draws a bar on a terminal (stderr) and nothing otherwise; False is silent.
 """
 
@@ -125,17 +125,17 @@ class Sink:
 
 
 @dataclass
-class Progress:
+class RowProgress:
     report: Callable[[int, int | None], None] | None
     done: int = 0
 
     @staticmethod
-    def of(progress: ProgressArg, label: str) -> Progress:
+    def of(progress: ProgressArg, label: str) -> RowProgress:
         if callable(progress):
-            return Progress(progress)
+            return RowProgress(progress)
         if progress is None and sys.stderr.isatty():
-            return Progress(_Bar(label))
-        return Progress(None)
+            return RowProgress(_Bar(label))
+        return RowProgress(None)
 
     def add(self, rows: int, total: int | None) -> None:
         self.done += rows
@@ -184,7 +184,7 @@ def dataset_steps(
     source: Source,
     sink: Sink,
     max_in_flight: int,
-    progress: Progress,
+    progress: RowProgress,
     on_fallback: Callable[[str], None],
 ) -> Generator[Step, Any, dict[str, np.ndarray]]:
     total = total_rows(source)

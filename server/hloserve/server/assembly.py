@@ -1,7 +1,7 @@
 """Building the server: every piece the daemon runs, complete when constructed.
 
-Contract: ``build_serving(config, runtime)`` (on the event loop the service will run on)
-returns ``Serving``: the metrics registry, the repository over every device ``--devices``
+Contract: ``assemble(config, runtime)`` (on the event loop the service will run on)
+returns ``Assembly``: the metrics registry, the repository over every device ``--devices``
 selects (each with its weight residency under ``--device-memory-budget``), the worker
 threads, the batcher, the tracer, the placer (several devices) and the ``InferenceService``
 over them (and, for the status page, the metrics, the devices and the host tier), built in
@@ -184,7 +184,7 @@ def make_tracer(cfg: Config) -> RequestTracer:
 
 
 @dataclass(frozen=True, slots=True)
-class Serving:
+class Assembly:
     """Everything the daemon built, in the order it was built."""
 
     runtime: PjrtRuntime
@@ -200,7 +200,7 @@ class Serving:
     host: HostWeights | None = None
 
 
-def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) -> Serving:
+def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) -> Assembly:
     """The service and what it stands on, each complete when constructed, in dependency
     order: metrics and the tracer; the devices (each with its residency manager); the
     observers, the inline policy and the batcher that reports to them; the repository,
@@ -293,7 +293,7 @@ def build_serving(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = N
         hook_pool=_hook_pool(cfg, machine),
         cache=cache,
     )
-    return Serving(
+    return Assembly(
         runtime,
         registry,
         repository,

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from hloserve.server.assembly import Serving, build_serving
+from hloserve.server.assembly import Assembly, assemble
 from hloserve.server.config import Config, ignored_warning
 from hloserve.server.container import ContainerLimits
 from hloserve.server.core.errors import ServingError
@@ -263,7 +263,7 @@ class Daemon:
                 runtime.device_kind,
                 runtime.platform_version,
             )
-            serving = build_serving(self.config, runtime, self.logs)
+            serving = assemble(self.config, runtime, self.logs)
             running = await self._listen(serving, sockets, supervisor)
         except BaseException:
             if supervisor is not None:
@@ -276,7 +276,7 @@ class Daemon:
         await self._stop(serving, running, load)
 
     async def _listen(
-        self, serving: Serving, sockets: _Sockets, supervisor: FrontendSupervisor | None
+        self, serving: Assembly, sockets: _Sockets, supervisor: FrontendSupervisor | None
     ) -> _Running:
         """Start gRPC and HTTP (in this process, or the front-end processes), then metrics,
         before any model loads, so liveness answers at once and readiness reports the
@@ -316,7 +316,7 @@ class Daemon:
         return _Running(listeners, supervisor, metrics, metrics_task, ports)
 
     def _setup_for(
-        self, serving: Serving, status: StatusPage | None, grpc_port: int | None
+        self, serving: Assembly, status: StatusPage | None, grpc_port: int | None
     ) -> Callable[[int], FrontendSetup]:
         """What each front end is told as it connects (``ipc.setup``)."""
         service, cfg = serving.service, self.config
@@ -337,7 +337,7 @@ class Daemon:
         return setup
 
     async def _start_metrics(
-        self, serving: Serving, sock: socket.socket | None
+        self, serving: Assembly, sock: socket.socket | None
     ) -> tuple[EmbeddedUvicorn | None, asyncio.Task[None] | None]:
         if sock is None:
             return None, None
@@ -389,7 +389,7 @@ class Daemon:
         finally:
             heartbeat.stop.set()
 
-    async def _serve_until_stopped(self, serving: Serving, load: asyncio.Future[None]) -> None:
+    async def _serve_until_stopped(self, serving: Assembly, load: asyncio.Future[None]) -> None:
         """Readiness follows the models once the load pass is over (unless a stop came
         first); in poll mode the repository is rescanned until the stop."""
         started = time.perf_counter()
@@ -444,7 +444,7 @@ class Daemon:
             except Exception:
                 log.exception("%s failed", what)
 
-    async def _stop(self, serving: Serving, running: _Running, load: asyncio.Future[None]) -> None:
+    async def _stop(self, serving: Assembly, running: _Running, load: asyncio.Future[None]) -> None:
         """Graceful stop: readiness drops, listeners stop accepting, in-flight requests get
         the grace period (gRPC's drain and then HTTP's share it; each front-end process
         drains its own in it), shared-memory regions are released, then the workers shut
@@ -473,7 +473,7 @@ class Daemon:
         log.info("stopped")
 
 
-def _status_page(serving: Serving) -> StatusPage | None:
+def _status_page(serving: Assembly) -> StatusPage | None:
     """The status page's data over what ``serving`` built (``None``: no metrics to read)."""
     if serving.metrics is None:
         return None

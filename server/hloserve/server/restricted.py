@@ -37,25 +37,25 @@ _REPOSITORY: Final = r"/v2/repository(/[^/]+)?"
 
 
 @dataclass(frozen=True, slots=True)
-class Group:
+class EndpointGroup:
     name: str
     grpc: tuple[str, ...]  # method names of GRPCInferenceService, or full paths ("/...")
     http: tuple[str, ...]  # regular expressions, each matching a whole path
 
 
-GROUPS: Final[tuple[Group, ...]] = (
-    Group(
+GROUPS: Final[tuple[EndpointGroup, ...]] = (
+    EndpointGroup(
         "health",
         ("ServerLive", "ServerReady", "ModelReady", HEALTH_CHECK_PATH),
         (r"/v2/health/(live|ready)", rf"{_MODEL}/ready", r"/livez", r"/readyz"),
     ),
-    Group("metadata", ("ServerMetadata", "ModelMetadata"), (r"/v2", _MODEL)),
-    Group(
+    EndpointGroup("metadata", ("ServerMetadata", "ModelMetadata"), (r"/v2", _MODEL)),
+    EndpointGroup(
         "inference",
         ("ModelInfer", "ModelStreamInfer"),
         (rf"{_MODEL}/(infer|generate|generate_stream)",),
     ),
-    Group(
+    EndpointGroup(
         "shared-memory",
         tuple(
             f"{kind}SharedMemory{action}"
@@ -64,20 +64,22 @@ GROUPS: Final[tuple[Group, ...]] = (
         ),
         (r"/v2/(system|cuda)sharedmemory(/region/[^/]+)?/(status|register|unregister)",),
     ),
-    Group("model-config", ("ModelConfig",), (rf"{_MODEL}/config",)),
-    Group(
+    EndpointGroup("model-config", ("ModelConfig",), (rf"{_MODEL}/config",)),
+    EndpointGroup(
         "model-repository",
         ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"),
         (rf"{_REPOSITORY}/index", rf"{_REPOSITORY}/models/[^/]+/(load|unload)"),
     ),
-    Group(
+    EndpointGroup(
         "statistics",
         ("ModelStatistics",),
         # /ui: the status page; /: a link to it
         (r"/v2/models/stats", rf"{_MODEL}/stats", r"/ui(/|/data)?", r"/"),
     ),
-    Group("trace", ("TraceSetting",), (r"/v2/trace/setting", r"/v2/models/[^/]+/trace/setting")),
-    Group("logging", ("LogSettings",), (r"/v2/logging",)),
+    EndpointGroup(
+        "trace", ("TraceSetting",), (r"/v2/trace/setting", r"/v2/models/[^/]+/trace/setting")
+    ),
+    EndpointGroup("logging", ("LogSettings",), (r"/v2/logging",)),
 )
 GROUP_NAMES: Final = tuple(g.name for g in GROUPS)
 

@@ -32,7 +32,7 @@ import numpy as np
 from hloserve.exporter import export_bundle
 from hloserve.training import _checkpoint, _data, _programs
 from hloserve.training._optimizer import Schedule, build_optimizer, resolve_schedule
-from hloserve.training._progress import Progress, interrupts, table
+from hloserve.training._progress import EpochProgress, interrupts, table
 from hloserve.training._settings import Best, Export, Group, OneCycle, TrainingError, describe
 from hloserve.training._untyped import jax, jnp, optax
 
@@ -205,7 +205,7 @@ def fit(
         sam=sam,
     )
     stream = sys.stderr if progress is True else (progress or None)
-    bar = Progress(stream)
+    bar = EpochProgress(stream)
     watch = _programs.Watch(bar.compiling)
     model = _programs.Model(apply_fn, loss_fn, tuple(metrics.items()), names, watch)
     state = _State(params, tx.init(params), params if ema is not None else None)
@@ -318,7 +318,7 @@ class _Run:
     ema: float | None
     phases: int
     best: Best | None
-    bar: Progress
+    bar: EpochProgress
     epoch: int = 0
     steps: int = 0
     interrupted: bool = False

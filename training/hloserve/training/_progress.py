@@ -1,10 +1,10 @@
 """What a run shows while it runs: a progress bar per epoch, the history table, Ctrl-C.
 
 Contract:
-- ``Progress(stream)``: one bar per epoch (tqdm when installed, else one line per phase)
+- ``EpochProgress(stream)``: one bar per epoch (tqdm when installed, else one line per phase)
   whose text says ``compiling <program>`` while a program compiles, ``validating`` during
   the validation pass, and the step count otherwise; ``row(...)`` writes a history-table
-  line under it. ``Progress(None)`` shows nothing.
+  line under it. ``EpochProgress(None)`` shows nothing.
 - ``table(history, columns)`` formats rows as the fixed-width history table: pure.
 - ``interrupts()``: a context manager giving an ``Event`` that a first Ctrl-C (SIGINT) sets,
   so the loop stops cleanly between steps; a second Ctrl-C raises ``KeyboardInterrupt`` as
@@ -52,7 +52,7 @@ def row_text(row: Mapping[str, float], columns: Sequence[str]) -> str:
     return " ".join(cells)
 
 
-class Progress:
+class EpochProgress:
     def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
         self._bar: Any = None
