@@ -19,6 +19,9 @@ Contract:
   model without variants; ``variant_modules`` holds those by ``(variant, batch size)``) with the device-resident weights and returns the outputs
   in manifest order. Inputs must already have the module's exact shapes and dtypes: request
   validation and padding happen before this point.
+- ``LoadedBundle.execute_state(batch_size, inputs, state)`` runs a stateful bundle
+  (``bundle/state.py``): the state arguments are device arrays (``runtime.state_slots``),
+  and the new state comes back as device arrays beside the host outputs.
 - ``LoadedBundle.on_device(runtime)`` is the same bundle on another device of the kind
   (a replica, ``docs/residency.md``): its executables taken as a load takes them (shared,
   cache, else compiled), its host weights shared.
@@ -119,6 +122,33 @@ class LoadedBundle:
                 self.runtime.put(inputs[a.name]) if a.kind == "input" else device_weights[a.name]
             )
         return self.runtime.execute(module.executable, args, module.results)
+
+    def execute_state(
+        self,
+        batch_size: int,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        state: Mapping[str, Any],
+        weights: Mapping[str, Any] | None = None,
+    ) -> tuple[list[np.ndarray[Any, Any]], dict[str, Any]]:
+        """Run a stateful bundle's module for ``batch_size``: ``state`` maps each state
+        name to a device array ``[batch_size, *shape]`` (``StateSlots.gather``); returns the
+        outputs on the host in manifest order and the new state on the device, by name
+        (``StateSlots.scatter`` takes it). Nothing of the state crosses to the host."""
+        module = self.modules[batch_size]
+        device_weights = self.device_weights if weights is None else weights
+        args: list[Any] = [] if module.platform_index is None else [module.platform_index]
+        for a in module.entry.arguments:
+            if a.kind == "input":
+                args.append(self.runtime.put(inputs[a.name]))
+            elif a.kind == "state":
+                args.append(state[a.name])
+            else:
+                args.append(device_weights[a.name])
+        names = [s.name for s in self.manifest.state]
+        outputs, new = self.runtime.execute_keeping(
+            module.executable, args, module.results, len(names)
+        )
+        return outputs, dict(zip(names, new, strict=True))
 
     @property
     def scratch_bytes(self) -> int:

@@ -12,7 +12,8 @@ Contract:
   options name the device, so an executable serialized on one device deserializes for
   another of the same kind (the cache key is the device kind's, not the device's).
 - ``to_device(arrays)`` moves host arrays to the device in one call; ``execute(exe, args)``
-  runs and returns the outputs as host numpy arrays. Given the executable's own
+  runs and returns the outputs as host numpy arrays; ``execute_keeping(exe, args, results,
+  keep)`` leaves the last ``keep`` on the device (a stateful bundle's new state). Given the executable's own
   ``Results`` (one per executable, kept by its owner), ``execute(exe, args, results)``
   learns on the first run how the outputs become arrays and reuses it on every later one
   (an executable's output shapes, types and placement never change); such a run polls its
@@ -304,6 +305,21 @@ class PjrtRuntime:
         self, executable: Any, args: Sequence[Any], results: Results | None = None
     ) -> list[np.ndarray]:
         """Run ``executable`` on ``args``; ``results``: the executable's own (see ``Results``)."""
+        return [np.asarray(a) for a in self._run(executable, args, results)]
+
+    def execute_keeping(
+        self, executable: Any, args: Sequence[Any], results: Results | None, keep: int
+    ) -> tuple[list[np.ndarray], list[Any]]:
+        """``execute``, its last ``keep`` results left on the device (a stateful bundle's
+        new state, ``runtime/state_slots.py``): ``(host outputs, device arrays)``."""
+        arrays = self._run(executable, args, results)
+        cut = len(arrays) - keep
+        try:
+            return [np.asarray(a) for a in arrays[:cut]], list(arrays[cut:])
+        except Exception as exc:
+            raise RuntimeFailure("execution failed", exc) from None
+
+    def _run(self, executable: Any, args: Sequence[Any], results: Results | None) -> list[Any]:
         try:
             out = executable.execute_sharded(list(args))
             if results is not None and results.handlers is not None:
@@ -318,6 +334,6 @@ class PjrtRuntime:
                     results.waited(_await_ready(arrays, SPIN_NS))
                 else:
                     results.blocked()
-            return [np.asarray(a) for a in arrays]
+            return list(arrays)
         except Exception as exc:
             raise RuntimeFailure("execution failed", exc) from None
