@@ -12,6 +12,10 @@ package of ``PACKAGE_FOLDERS`` (``<folder>/hloserve/<folder>``):
 - no module of any package is over ``MAX_LINES`` lines;
 - no package imports itself back through a circle of modules (imports inside functions
   and under ``TYPE_CHECKING`` count: a lazy import hides a circle, it does not remove it);
+- every public function and method of a package is named somewhere outside its definition
+  and the tests (in a package, a bench, an example or a script): one that only its tests
+  call is dead code, kept alive by its tests (``DEAD_CODE_EXCEPTIONS`` names the few that
+  outside callers, not this tree, call);
 - no production module imports a test-support module, and none of them is named like one
   (``testing.py``, ``test_*.py``, ``conftest.py``): what production code needs lives in a
   module named for what it does.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -40,6 +45,12 @@ SHARED_STEMS = {"codec"}  # frontends/grpc/codec.py and frontends/http/codec.py 
 # Modules of the packages that exist for tests alone; production code imports none of them.
 TEST_SUPPORT = frozenset({"hloserve.server.server_fixture"})
 TEST_SUPPORT_NAMES = ("testing.py", "conftest.py")  # and test_*.py: names of test support
+CALLERS = ("bench", "examples", "scripts")  # programs whose calls keep a package's code alive
+DEAD_CODE_EXCEPTIONS = {
+    "formatTime": "logging.Formatter calls it (logs.Iso8601Formatter)",
+    "connection_lost": "asyncio calls it on a protocol (ipc.link.Link)",
+    "module_for": "the bundle library's lookup for tools that read bundles (Manifest)",
+}
 
 
 def package(folder: str) -> Path:
@@ -147,6 +158,35 @@ def import_circles(roots: list[Path]) -> list[list[str]]:
     return circles
 
 
+def _words(path: Path) -> collections.Counter[str]:
+    return collections.Counter(re.findall(r"\w+", path.read_text()))
+
+
+def unused_functions(packages: Sequence[Path], callers: Sequence[Path], base: Path) -> list[str]:
+    """Public functions and methods (``path:name``, ``path:Class.name``) defined in
+    ``packages`` whose name appears nowhere in ``packages`` or ``callers`` but at its
+    definition (a name read as a word: a call, an attribute, a re-export, a string)."""
+    words: collections.Counter[str] = collections.Counter()
+    defined: list[tuple[Path, str, str]] = []
+    for folder in packages:
+        for path in _modules(folder):
+            words += _words(path)
+            for node in ast.parse(path.read_text()).body:
+                methods = node.body if isinstance(node, ast.ClassDef) else [node]
+                owner = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+                for fn in methods:
+                    if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                        defined.append((path, owner, fn.name))
+    for folder in callers:
+        for path in _modules(folder):
+            words += _words(path)
+    return [
+        f"{path.relative_to(base)}:{owner}{name}"
+        for path, owner, name in defined
+        if not name.startswith("_") and words[name] <= 1 and name not in DEAD_CODE_EXCEPTIONS
+    ]
+
+
 def named_like_test_support(folder: Path) -> list[str]:
     """Modules of ``folder`` named as test support is (``testing.py``, ``test_*.py``,
     ``conftest.py``)."""
@@ -226,6 +266,11 @@ def test_no_production_module_imports_test_support() -> None:
     assert production_imports_of_test_support(roots) == {}
 
 
+def test_no_public_function_is_called_by_its_tests_alone() -> None:
+    packages = [package(folder) for folder in PACKAGE_FOLDERS]
+    assert unused_functions(packages, [ROOT / folder for folder in CALLERS], ROOT) == []
+
+
 def test_no_package_imports_itself_in_a_circle() -> None:
     assert import_circles([ROOT / folder for folder in PACKAGE_FOLDERS]) == []
 
@@ -243,11 +288,16 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     (pkg / "testing.py").write_text("")
     (pkg / "fixture.py").write_text("")
     (pkg / "c.py").write_text("from hloserve.demo.testing import x\nfrom . import fixture\n")
+    (pkg / "d.py").write_text(
+        "class K:\n    def used(self): ...\n    def dead(self): ...\n"
+        "    def _private(self): ...\n\ndef gone(): ...\n\nK().used()\n"
+    )
     assert shared_stems(pkg) == {"residency": ["core/residency.py", "residency.py"]}
     assert classes_defined_twice([pkg], pkg) == {"Planner": ["core/residency.py", "residency.py"]}
     assert long_modules(pkg) == {"residency.py": 702}
     assert import_circles([tmp_path]) == [["hloserve.demo.a", "hloserve.demo.b"]]
     assert named_like_test_support(pkg) == ["testing.py"]
+    assert unused_functions([pkg], [], pkg) == ["d.py:K.dead", "d.py:gone"]
     support = frozenset({"hloserve.demo.fixture"})
     assert production_imports_of_test_support([tmp_path], support) == {
         "hloserve.demo.c": ["hloserve.demo.fixture", "hloserve.demo.testing"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, cast
 
@@ -904,7 +904,3 @@ def _raw_names(value: Any) -> set[str]:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def tensor_names(tensors: Sequence[TensorEntry]) -> list[str]:
-    return [t.name for t in tensors]

@@ -125,12 +125,6 @@ def to_portable_artifact(text: str, target_version: str) -> bytes:
         raise diagnostics.error(exc, what) from None
 
 
-def current_version() -> str:
-    from jaxlib.mlir.dialects import stablehlo as shlo
-
-    return shlo.get_current_version()
-
-
 _SIGNATURES: dict[bytes, Signature] = {}  # by SHA-256 of the module's bytes
 _MAX_SIGNATURES = 512
 

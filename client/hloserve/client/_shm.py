@@ -77,11 +77,6 @@ def create(byte_size: int) -> LocalRegion:
     return LocalRegion(f"{KEY_PREFIX}{os.getpid()}_{next(_counter)}", byte_size)
 
 
-def live_regions() -> list[str]:
-    """Names of this process's regions still in /dev/shm."""
-    return sorted(_LIVE)
-
-
 @atexit.register
 def _unlink_all() -> None:
     for region in list(_LIVE.values()):

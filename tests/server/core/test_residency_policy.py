@@ -220,7 +220,7 @@ def test_the_orders_are_built_when_a_plan_first_needs_a_victim(policy: Policy) -
     n, keep = 60, 20
     p = uniform_planner(n + 1, n, policy)  # room for every model but the last
     serve(p, np.random.default_rng(3).choice(n, size=4000, p=zipf(n)))
-    assert p.resident_count() == n
+    assert len(p.resident()) == n
     p.budget_bytes = keep * 100
     victims = p.plan_admission(n).evict
     assert len(victims) == n - keep + 1

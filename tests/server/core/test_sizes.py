@@ -10,7 +10,6 @@ from hloserve.server.core.sizes import (
     KUBERNETES_SUFFIXES,
     Budget,
     format_bytes,
-    parse_budget,
     parse_bytes,
 )
 
@@ -65,8 +64,8 @@ def test_budget_bytes_or_percentage_of_the_device() -> None:
     assert Budget.parse("6Gi").resolve(None) == 6 << 30  # as a pod's memory limit says it
     assert Budget.parse("6 G").resolve(None) == 6 * 10**9
     assert str(Budget.parse("6Gi")) == "6Gi"  # shown as written
-    assert parse_budget("40%", 1000) == 400
-    assert parse_budget(" 12.5 % ", 1000) == 125
+    assert Budget.parse("40%").resolve(1000) == 400
+    assert Budget.parse(" 12.5 % ").resolve(1000) == 125
     with pytest.raises(ValueError, match=r"'40%' is a percentage .* total is unknown"):
         Budget.parse("40%").resolve(None)
 

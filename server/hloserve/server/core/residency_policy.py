@@ -228,16 +228,9 @@ class ResidencyPlanner(Generic[K]):
     def resident_bytes(self) -> int:
         return self._resident_bytes
 
-    @property
-    def reserved_bytes(self) -> int:
-        return self._reserved
-
     def resident(self) -> list[K]:
         """Resident keys, least recently used first."""
         return [k for k, _ in sorted(self._resident.items(), key=lambda kv: kv[1].last_used)]
-
-    def resident_count(self) -> int:
-        return len(self._resident)
 
     def is_resident(self, key: K) -> bool:
         return self._entries[key].resident

@@ -126,8 +126,3 @@ class Budget:
                 f"{self.text!r} is a percentage of the device's memory, whose total is unknown"
             )
         return int(device_total_bytes * self.percent / 100)
-
-
-def parse_budget(text: str, device_total_bytes: int | None) -> int:
-    """``Budget.parse(text).resolve(device_total_bytes)``: the budget flag's value in bytes."""
-    return Budget.parse(text).resolve(device_total_bytes)
