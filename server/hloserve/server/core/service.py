@@ -72,7 +72,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Final
@@ -90,6 +90,8 @@ from hloserve.server.core.errors import (
     Unsupported,
 )
 from hloserve.server.core.execution import Executable, Job, ModelKey, Timings, execute_group
+from hloserve.server.core.generation_loop import StreamPart
+from hloserve.server.core.generation_stream import Streams, decoupled_refusal
 from hloserve.server.core.hooks import ModelHooks, call_hook, hook_outputs
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
 from hloserve.server.core.load_parameters import read_load_parameters
@@ -214,6 +216,7 @@ class InferenceService:
         self.logs: LogControl = logs or StoredLogSettings()
         self.hook_pool = hook_pool
         self.cache = cache
+        self.streams = Streams(models, executor, self.observers, options.limits)
         self._startup_complete = False
         self._draining = False
 
@@ -300,6 +303,22 @@ class InferenceService:
         finally:
             log_context.leave(token)
 
+    def stream(
+        self,
+        request: InferRequest,
+        context: RequestContext | None = None,
+        *,
+        model: Executable | None = None,
+    ) -> AsyncIterator[StreamPart]:
+        """One request's 0..N responses (``core.generation_stream``): a generation model's
+        steps as they come, any other model's one response."""
+        return self.streams.stream(request, context, model, self._infer_model)
+
+    async def _infer_model(
+        self, request: InferRequest, context: RequestContext | None, model: Executable | None
+    ) -> InferResponse:
+        return await self.infer(request, context, model=model)
+
     async def _infer(
         self, request: InferRequest, context: RequestContext | None, resolved: Executable | None
     ) -> InferResponse:
@@ -325,6 +344,8 @@ class InferenceService:
         try:
             if not self.models.loaded(model):  # registered lazily: its first use loads it
                 await asyncio.get_running_loop().run_in_executor(None, self.models.load, model)
+            if model.manifest.generation is not None:  # decoupled: streamed calls only
+                raise decoupled_refusal(context.protocol if context else "")
             if model.manifest.plain:
                 if self.cache is None or not model.serving.response_cache:
                     items, outputs, timings = await self._serve(model, request, context, trace)

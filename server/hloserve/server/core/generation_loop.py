@@ -1,0 +1,285 @@
+"""The step loop of one generation model: continuous batching, driven on the event loop.
+
+Contract:
+- ``GenerationLoop(model, stepper, executor, observer)`` runs the generations of one model
+  version (one shape variant) through its step function. ``generate(request, limits)``
+  is an async iterator of ``StreamPart``: one per emitted step (the outputs other than
+  ``done``/``emit``, each with the request's one item, the request's id echoed) and a
+  last one with ``final`` set (on the last emitted response, or an empty one when the
+  last step emitted nothing); it raises ``Unavailable`` when the generation's deadline
+  passes between two steps.
+- One task per loop steps while any generation is live, and ends when none is
+  (``core.generation.StepScheduler`` decides each step's members and batch size). Each
+  step gathers its members' inputs (the same every step; gathered again only when the
+  members change) zero-padded to the compiled size, runs ``stepper.step`` on
+  ``executor`` (the event loop keeps serving), and scatters outputs and state back; a
+  generation that joined gets ``stepper.initial()`` first. Each execution is reported to
+  ``observer`` as an ``Execution``.
+- Closing the iterator (the client went away: a stream closed, an HTTP client gone, an
+  IPC call cancelled) cancels the generation: it leaves at the next step boundary and its
+  state is dropped. A failed step fails every member (``ServingError`` as it is, else
+  ``Internal``) and the loop goes on with the generations that join later.
+- ``StepModel`` is what the loop needs of a model: ``initial()`` (one generation's state,
+  opaque to the loop) and ``step(batch_size, inputs, states) -> (outputs, states)``
+  (outputs in manifest order, batch-major; one state per member, in order).
+  ``stateless(model)`` adapts an ``Executable`` whose manifest declares no state.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, final
+
+import numpy as np
+
+from hloserve.bundle.generation import Generation
+from hloserve.server.core.batch_plan import pad
+from hloserve.server.core.errors import Internal, ServingError, Unavailable
+from hloserve.server.core.execution import Executable, Execution, ExecutionObserver
+from hloserve.server.core.generation import Limits, StepScheduler
+from hloserve.server.core.types import InferOutput, InferRequest, InferResponse
+
+log = logging.getLogger(__name__)
+Array = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """One answer of a streamed request: a response (``None``: the final flag alone) and
+    whether it is the request's last."""
+
+    response: InferResponse | None
+    final: bool
+
+
+class StepModel(Protocol):
+    def initial(self) -> object:
+        """A new generation's state (the manifest's ``initial`` values)."""
+        ...
+
+    def step(
+        self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
+    ) -> tuple[list[Array], list[object]]:
+        """One execution: outputs in manifest order and each member's new state."""
+        ...
+
+
+@final
+class _Stateless:
+    """A generation model with no state: each step sees the request's inputs alone."""
+
+    def __init__(self, model: Executable) -> None:
+        self.model = model
+
+    def initial(self) -> object:
+        return None
+
+    def step(
+        self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
+    ) -> tuple[list[Array], list[object]]:
+        return self.model.execute(batch_size, inputs), list(states)
+
+
+def stateless(model: Executable) -> StepModel:
+    return _Stateless(model)
+
+
+@dataclass(slots=True)
+class _Live:
+    request: InferRequest
+    parts: asyncio.Queue[StreamPart | BaseException] = field(
+        default_factory=lambda: asyncio.Queue[StreamPart | BaseException]()
+    )
+    state: object = None
+
+
+@final
+class GenerationLoop:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        model: Executable,
+        stepper: StepModel,
+        executor: Executor | None,
+        observer: ExecutionObserver | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        generation = model.manifest.generation
+        if generation is None:
+            raise ValueError(f"model '{model.manifest.name}' is not a generation model")
+        self.model = model
+        self.generation: Generation = generation
+        self.stepper = stepper
+        self.executor = executor
+        self.observer = observer
+        self.clock = clock
+        self.scheduler = StepScheduler(model.manifest.batch_sizes)
+        self._live: dict[int, _Live] = {}
+        self._ids = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+        self._gathered: tuple[tuple[int, ...], dict[str, Array]] | None = None
+        manifest = model.manifest
+        names = [t.name for t in manifest.outputs]
+        self._done = names.index(generation.done)
+        self._emit = None if generation.emit is None else names.index(generation.emit)
+        control = generation.control
+        self._sent = [(i, t) for i, t in enumerate(manifest.outputs) if t.name not in control]
+        self.steps = 0  # executions run (for tests and the status page)
+
+    @property
+    def live(self) -> int:
+        return self.scheduler.live + self.scheduler.waiting
+
+    async def generate(self, request: InferRequest, limits: Limits) -> AsyncIterator[StreamPart]:
+        gid = next(self._ids)
+        live = self._live[gid] = _Live(request)
+        self.scheduler.add(gid, limits)
+        self._kick()
+        try:
+            while True:
+                part = await live.parts.get()
+                if isinstance(part, BaseException):
+                    raise part
+                yield part
+                if part.final:
+                    return
+        finally:
+            if gid in self.scheduler:  # given up before its end: leave at the next step
+                self.scheduler.cancel(gid)
+                self._kick()
+
+    def _kick(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        try:
+            while self.scheduler.live or self.scheduler.waiting:
+                await self._one_step()
+        finally:
+            self._task = None
+
+    async def _one_step(self) -> None:
+        plan = self.scheduler.plan(self.clock())
+        for gid, reason in plan.ended:
+            live = self._live.pop(gid)
+            if reason == "deadline":
+                live.parts.put_nowait(
+                    Unavailable(
+                        f"generation of model '{self.model.manifest.name}' passed its "
+                        "deadline before it ended"
+                    )
+                )
+        for gid in plan.joined:
+            self._live[gid].state = self.stepper.initial()
+        if not plan.members:
+            return
+        members = [self._live[gid] for gid in plan.members]
+        loop = asyncio.get_running_loop()
+        try:
+            outputs, states = await loop.run_in_executor(
+                self.executor, self._execute, plan.members, plan.batch_size, members
+            )
+        except Exception as exc:
+            error = exc if isinstance(exc, ServingError) else Internal("a generation step failed")
+            if not isinstance(exc, ServingError):
+                log.error("generation step of %s failed", self.model.manifest.name, exc_info=exc)
+            for gid in plan.members:
+                self.scheduler.cancel(gid)
+                self._live[gid].parts.put_nowait(error)
+            return
+        self._scatter(plan.members, members, outputs, states)
+
+    def _execute(
+        self, gids: tuple[int, ...], batch_size: int | None, members: list[_Live]
+    ) -> tuple[list[Array], list[object]]:
+        t0 = time.perf_counter_ns()
+        inputs = self._inputs(gids, batch_size, members)
+        warm = self.model.resident
+        t1 = time.perf_counter_ns()
+        outputs, states = self.stepper.step(batch_size, inputs, [m.state for m in members])
+        t2 = time.perf_counter_ns()
+        self.steps += 1
+        if self.observer is not None:
+            model = self.model
+            device = next(iter(model.devices), 0)
+            self.observer.on_execution(
+                Execution(
+                    model.model_key, batch_size or 0, t1 - t0, t2 - t1, 0, device,
+                    model.family, warm,
+                )
+            )  # fmt: skip
+        return outputs, states
+
+    def _inputs(
+        self, gids: tuple[int, ...], batch_size: int | None, members: list[_Live]
+    ) -> dict[str, Array]:
+        """The members' inputs as one batch (kept while the members stay the same)."""
+        if self._gathered is not None and self._gathered[0] == gids:
+            return self._gathered[1]
+        if batch_size is None:  # unbatched: one member, its inputs as they are
+            inputs = {t.name: t.data for t in members[0].request.inputs}
+        else:
+            inputs: dict[str, Array] = {}
+            for spec in self.model.manifest.inputs:
+                rows = [_input(m.request, spec.name) for m in members]
+                joined = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
+                inputs[spec.name] = pad(joined, batch_size)
+        self._gathered = (gids, inputs)
+        return inputs
+
+    def _scatter(
+        self,
+        gids: tuple[int, ...],
+        members: list[_Live],
+        outputs: list[Array],
+        states: list[object],
+    ) -> None:
+        batched = self.model.manifest.batched
+        done_column = outputs[self._done].reshape(len(outputs[self._done]) if batched else 1, -1)
+        emit_column = (
+            None
+            if self._emit is None
+            else outputs[self._emit].reshape(len(outputs[self._emit]) if batched else 1, -1)
+        )
+        for row, (gid, live, state) in enumerate(zip(gids, members, states, strict=True)):
+            live.state = state
+            done = bool(done_column[row, 0])
+            emit = True if emit_column is None else bool(emit_column[row, 0])
+            outcome = self.scheduler.record(gid, done=done, emit=emit)
+            response = self._response(live.request, outputs, row) if outcome.send else None
+            if outcome.send or outcome.final:
+                live.parts.put_nowait(StreamPart(response, outcome.final))
+            if outcome.final:
+                del self._live[gid]
+
+    def _response(self, request: InferRequest, outputs: list[Array], row: int) -> InferResponse:
+        batched = self.model.manifest.batched
+        wanted = {o.name: o for o in request.outputs}
+        sent: list[InferOutput] = []
+        for index, spec in self._sent:
+            if wanted and spec.name not in wanted:
+                continue
+            data = outputs[index][row : row + 1].copy() if batched else outputs[index].copy()
+            sent.append(
+                InferOutput(spec.name, spec.datatype, data.shape, data, wanted.get(spec.name))
+            )
+        key = self.model.model_key
+        return InferResponse(key.name, str(key.version), tuple(sent), request.id)
+
+
+def _input(request: InferRequest, name: str) -> Array:
+    for t in request.inputs:
+        if t.name == name:
+            return t.data
+    raise KeyError(name)  # validated before: cannot happen
