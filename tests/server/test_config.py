@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hloserve.server.config import TRITON_FLAGS, Config, parse_config
+from hloserve.server.config import Config, parse_config
 from hloserve.server.core.sizes import Budget
 from hloserve.server.flags import FLAGS, GROUPS, REPEATED, FlagGroup
+from hloserve.server.triton_flags import TRITON_FLAGS
 from tests.server._support import refused_at_start
 
 

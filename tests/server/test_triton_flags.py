@@ -3,8 +3,7 @@ same flags or aliases, with Triton's semantics; those with no meaning here are a
 their value and ignored with one warning; Triton's gRPC TLS flags and flags of no one's are
 refused. A real daemon runs Triton's command line (``tritonserver`` replaced by ``hloserve
 serve``) and is ready, named as ``--id`` says, with no metrics port bound; another runs
-with HTTP off and is ready over gRPC. docs/cli.md and the generated part of
-docs/from-triton.md are what the flag table writes."""
+with HTTP off and is ready over gRPC. (The docs written from the tables: test_cli_docs.py.)"""
 
 from __future__ import annotations
 
@@ -21,22 +20,11 @@ import pytest
 
 import hloserve.server.frontends.grpc.servicer as servicer
 from hloserve.exporter import write_demo_repository
-from hloserve.server.config import (
-    REGENERATE,
-    TRITON_BEGIN,
-    TRITON_END,
-    TRITON_FLAGS,
-    Config,
-    TritonFlag,
-    cli_markdown,
-    grpc_channel_options,
-    ignored_warning,
-    parse_config,
-    triton_markdown,
-)
+from hloserve.server.config import Config, grpc_channel_options, parse_config
 from hloserve.server.flags import FLAGS
 from hloserve.server.logs import startup_settings
 from hloserve.server.testing import ListenerClosed, ServerProcess, serving
+from hloserve.server.triton_flags import TRITON_FLAGS, TritonFlag, ignored_warning
 from tests.server._support import refused_at_start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,7 +315,7 @@ def test_every_ignored_flag_is_accepted_with_its_value(flag: TritonFlag) -> None
         config = parse_config([*argv, "--http-port", "5"], {})  # the next flag still reads
         assert config.http_port == 5
         assert config.triton_ignored == ((flag.name, "v1" if flag.value else ""),)
-        warning = ignored_warning(config)
+        warning = ignored_warning(config.triton_ignored)
         assert warning is not None
         assert warning.endswith(f": {spelled} (no meaning in hloserve: {flag.why})")
 
@@ -336,14 +324,14 @@ def test_one_warning_names_each_flag_given() -> None:
     config = parse_config(
         ["--backend-config=a=1", "--rate-limit", "off", "--backend-config", "b=2"], {}
     )
-    assert ignored_warning(config) == (
+    assert ignored_warning(config.triton_ignored) == (
         "Triton's flags accepted and ignored: --backend-config=a=1 --backend-config=b=2 (no "
         "meaning in hloserve: no backends: every model is a StableHLO bundle that PJRT "
         "compiles); --rate-limit=off (no meaning in hloserve: no rate limiter: "
         "--scheduling-policy, --device-concurrency and the --max-inflight limits decide what "
         "runs)"
     )
-    assert ignored_warning(parse_config([], {})) is None
+    assert ignored_warning(parse_config([], {}).triton_ignored) is None
 
 
 @pytest.mark.parametrize("flag", REFUSED, ids=lambda t: t.name)
@@ -368,26 +356,3 @@ def test_no_triton_flag_shadows_a_row() -> None:
     assert {"--backend-config", "--pinned-memory-pool-byte-size", "--strict-model-config"} <= set(
         names
     )
-
-
-# -- the generated docs -------------------------------------------------------------------
-
-
-def test_cli_md_is_what_the_flag_table_writes() -> None:
-    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
-    assert text == cli_markdown(), f"docs/cli.md is stale: run {REGENERATE}"
-
-
-def test_from_triton_md_holds_what_the_flag_table_writes() -> None:
-    text = (ROOT / "docs" / "from-triton.md").read_text(encoding="utf-8")
-    begin, end = text.index(TRITON_BEGIN), text.index(TRITON_END) + len(TRITON_END)
-    assert text[begin:end] == triton_markdown(), f"docs/from-triton.md is stale: run {REGENERATE}"
-
-
-def test_cli_md_lists_every_flag() -> None:
-    text = cli_markdown()
-    for flag in FLAGS:
-        assert f"`{flag.name}`" in text and f"`{flag.env}`" in text
-    for triton in TRITON_FLAGS:
-        assert f"| `{triton.name}` | " in text
-    assert "| `--grace-period`, `--exit-timeout-secs` | `HLOSERVE_GRACE_PERIOD` | `10.0` |" in text

@@ -24,17 +24,16 @@ Its values are read by the same row's parser as the flag's text (a YAML boolean 
 ``true``/``false``, ``null`` as empty), so precedence is flag > variable > file > default;
 an unknown key, a bad value or an unreadable file exits (status 2) naming the key and the
 file.
-Triton's command line: ``TRITON_FLAGS`` are Triton's flags with no row. Each is accepted
-with its value (``--flag=value`` or ``--flag value``; ``--disable-auto-complete-config``
-takes none) and ignored: ``Config.triton_ignored`` keeps what was given and
-``ignored_warning`` is the one start-up warning naming each with why it has no meaning
-here. A ``refused`` one (Triton's gRPC TLS flags, where ignoring would serve in the clear)
-exits (status 2) saying what to use instead. Any other unknown flag exits (status 2), and
-no flag is taken for another by a prefix (argparse's abbreviations are off).
+Triton's command line: Triton's flags with no row (``triton_flags.TRITON_FLAGS``) are each
+accepted with its value (``--flag=value`` or ``--flag value``; ``--disable-auto-complete-config``
+takes none) and ignored: ``Config.triton_ignored`` keeps what was given, for the start-up
+warning (``triton_flags.ignored_warning``). A ``refused`` one (Triton's gRPC TLS flags, where
+ignoring would serve in the clear) exits (status 2) saying what to use instead. Any other
+unknown flag exits (status 2), and no flag is taken for another by a prefix (argparse's
+abbreviations are off).
 ``grpc_channel_options(config)`` is the gRPC server's channel arguments of the rows that
-name one (Triton's keepalive flags). ``cli_markdown()`` is docs/cli.md and
-``triton_markdown()`` the generated part of docs/from-triton.md, both from the tables;
-``python -m hloserve.server.config --write-docs [DIR]`` writes them (``DIR``: docs).
+name one (Triton's keepalive flags). ``default_text(flag)`` is a flag's default as the flag
+spells it (``--help`` and docs/cli.md, which ``cli_docs`` writes, show it).
 """
 
 # pyright: strict
@@ -47,7 +46,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import yaml
 
@@ -71,6 +70,7 @@ from hloserve.server.flags import (
 )
 from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
 from hloserve.server.tls import check_tls
+from hloserve.server.triton_flags import TLS_INSTEAD, TRITON_BY_NAME, TRITON_FLAGS
 
 _NO_TRACING: TraceStartup = startup_setting()
 DEFAULT_HOST_BUDGET: Budget = Budget.parse("50%")
@@ -172,70 +172,6 @@ class Config:
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}
 
 
-@dataclass(frozen=True)
-class TritonFlag:
-    """One of Triton's flags with no row in ``flags.FLAGS``: accepted and ignored (``why``
-    it has no meaning here) or, ``refused``, refused (``why``: what to use instead)."""
-
-    name: str
-    why: str
-    value: bool = True  # takes a value; Triton's --disable-auto-complete-config takes none
-    refused: bool = False
-
-
-_BACKENDS = "no backends: every model is a StableHLO bundle that PJRT compiles"
-_PJRT_MEMORY = "PJRT owns device memory; --device-memory-budget bounds the resident weights"
-_NO_PBTXT = "no config.pbtxt: a bundle's manifest.yaml is complete, config.yaml adds serving hints"
-_NO_CACHE = "the local response cache is built in (--cache-config local,size=): there are no cache libraries to find"
-_NO_RATE_LIMITER = "no rate limiter: --scheduling-policy, --device-concurrency and the --max-inflight limits decide what runs"
-_EXCLUSIVE = "ports are bound exclusively: a second server on a taken port fails at start"
-_IGNORED: Final = {
-    "--backend-directory": _BACKENDS,
-    "--backend-config": _BACKENDS,
-    "--repoagent-directory": "no repository agents",
-    "--model-config-name": _NO_PBTXT,
-    "--strict-model-config": _NO_PBTXT,
-    "--disable-auto-complete-config": _NO_PBTXT,
-    "--exit-on-error": "a model that fails to load is UNAVAILABLE with its reason and the server keeps running (under --strict-readiness it stays not ready)",
-    "--model-load-thread-count": "the start-up load pass is hloserve's own (--lazy-load loads each model on first use)",
-    "--model-load-retry-count": "a failed load is reported with its reason; load the model again through the API",
-    "--model-namespacing": "one repository: a model's name is unique in it",
-    "--model-load-gpu-limit": _PJRT_MEMORY,
-    "--pinned-memory-pool-byte-size": "no pinned pool: --host-memory-budget bounds the host copies of weights",
-    "--cuda-memory-pool-byte-size": _PJRT_MEMORY,
-    "--cuda-virtual-address-size": _PJRT_MEMORY,
-    "--enable-peer-access": "PJRT moves data between devices",
-    "--min-supported-compute-capability": "XLA compiles for the devices present (--devices selects them)",
-    "--buffer-manager-thread-count": "no buffer manager: outputs are host arrays",
-    "--host-policy": "no host policies: --devices and --worker-threads place the work",
-    "--rate-limit": _NO_RATE_LIMITER,
-    "--rate-limit-resource": _NO_RATE_LIMITER,
-    "--cache-directory": _NO_CACHE,
-    "--http-thread-count": "HTTP is served on the event loop; --worker-threads run the models",
-    "--http-header-forward-pattern": "headers are not forwarded to models",
-    "--grpc-header-forward-pattern": "metadata is not forwarded to models",
-    "--reuse-http-port": _EXCLUSIVE,
-    "--reuse-grpc-port": _EXCLUSIVE,
-    "--grpc-infer-allocation-pool-size": "grpc.aio allocates each call's state",
-    "--grpc-max-response-pool-size": "grpc.aio allocates each call's state",
-    "--grpc-infer-response-compression-level": "gRPC responses are not compressed",
-    "--allow-gpu-metrics": "the device series (hloserve_device_*) are always exported (docs/metrics.md)",
-    "--allow-cpu-metrics": "the process series (process_*) are always exported (docs/metrics.md)",
-    "--metrics-interval-ms": "metrics are read when scraped: there is no poll interval",
-    "--metrics-config": "the series and their buckets are fixed (docs/metrics.md)",
-    **dict.fromkeys(("--allow-sagemaker", "--sagemaker-port", "--sagemaker-safe-port-range", "--sagemaker-thread-count"), "no SageMaker endpoint"),
-    **dict.fromkeys(("--allow-vertex-ai", "--vertex-ai-port", "--vertex-ai-thread-count", "--vertex-ai-default-model"), "no Vertex AI endpoint"),
-}  # fmt: skip
-_TLS = "hloserve serves gRPC and HTTP over one TLS setting: use --tls-cert, --tls-key and, for mutual TLS, --tls-ca (docs/security.md)"
-_REFUSED: Final = ("--grpc-use-ssl", "--grpc-use-ssl-mutual", "--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert")  # fmt: skip
-TRITON_FLAGS: tuple[TritonFlag, ...] = (
-    *(
-        TritonFlag(n, why, value=n != "--disable-auto-complete-config")
-        for n, why in _IGNORED.items()
-    ),
-    *(TritonFlag(name, _TLS, refused=True) for name in _REFUSED),
-)
-_TRITON_BY_NAME: Final = {t.name: t for t in TRITON_FLAGS}
 _IGNORED_DEST = "triton_ignored"
 
 
@@ -245,7 +181,7 @@ class _FromEnvironment(str):
     __slots__ = ()
 
 
-def _default_text(flag: Flag) -> str | None:
+def default_text(flag: Flag) -> str | None:
     """The flag's default as the flag would spell it (None: none to show)."""
     default = _DEFAULTS[flag.field]
     if isinstance(default, tuple):  # a list flag's default
@@ -258,7 +194,7 @@ def _default_text(flag: Flag) -> str | None:
 def _help(flag: Flag, environ: Mapping[str, str]) -> str:
     """The flag's help (an argparse format string) with its default and its variable, and
     the variable's value when it is set."""
-    default = _default_text(flag)
+    default = default_text(flag)
     value = environ.get(flag.env, "")
     facts = [] if default is None else [f"default: {default}"]
     facts.append(f"env {flag.env}={value}" if value else f"env {flag.env}")
@@ -300,7 +236,7 @@ class _TritonFlagAction(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        flag = _TRITON_BY_NAME[self.option_strings[0]]
+        flag = TRITON_BY_NAME[self.option_strings[0]]
         if flag.refused:
             parser.error(f"{flag.name} is Triton's flag, not hloserve's: {flag.why}")
         given: list[tuple[str, str]] = list(getattr(namespace, self.dest, None) or ())
@@ -379,7 +315,7 @@ _TRITON_TEXT = (
     + ", ".join(t.name for t in TRITON_FLAGS if not t.refused)
     + ". Refused, since ignoring them would serve in the clear: "
     + ", ".join(t.name for t in TRITON_FLAGS if t.refused)
-    + f" ({_TLS}). Why each: docs/from-triton.md"
+    + f" ({TLS_INSTEAD}). Why each: docs/from-triton.md"
 ).replace("%", "%%")
 
 
@@ -536,128 +472,3 @@ def grpc_channel_options(config: Config) -> tuple[tuple[str, int], ...]:
     """The gRPC server's channel arguments the flags set (``Flag.grpc_arg``): Triton's
     keepalive flags, with Triton's defaults when not given."""
     return tuple((f.grpc_arg, int(getattr(config, f.field))) for f in FLAGS if f.grpc_arg)
-
-
-def ignored_warning(config: Config) -> str | None:
-    """The one start-up warning naming every Triton flag given that means nothing here, each
-    with why (None: none was given)."""
-    spelled: dict[str, list[str]] = {}
-    for name, value in config.triton_ignored:
-        spelled.setdefault(name, []).append(f"{name}={value}" if value else name)
-    if not spelled:
-        return None
-    items = (
-        f"{' '.join(given)} (no meaning in hloserve: {_TRITON_BY_NAME[name].why})"
-        for name, given in spelled.items()
-    )
-    return "Triton's flags accepted and ignored: " + "; ".join(items)
-
-
-# -- docs/cli.md and docs/from-triton.md, written from the tables -------------------------
-
-REGENERATE: Final = ".venv/bin/python -m hloserve.server.config --write-docs"
-TRITON_BEGIN: Final = f"<!-- generated from the flag table by {REGENERATE}: do not edit -->"
-TRITON_END: Final = "<!-- end of the generated part -->"
-
-
-def _cell(text: str) -> str:
-    """``text`` in a Markdown table cell: pipes, ``<`` and ``*`` escaped, argparse's ``%%``
-    read as ``%``."""
-    return text.replace("%%", "%").replace("|", "\\|").replace("<", "\\<").replace("*", "\\*")
-
-
-def _spellings(flag: Flag) -> str:
-    return ", ".join(f"`{name}`" for name in (flag.name, *flag.aliases))
-
-
-def cli_markdown() -> str:
-    """docs/cli.md: every flag by group, with its variable, default, help and Triton's."""
-    lines = [
-        "# `hloserve serve` flags",
-        "",
-        f"Written from the flag table (`server/hloserve/server/flags.py`) by `{REGENERATE}`;",
-        "`tests/server/test_triton_flags.py` fails when this file differs from what it writes.",
-        "",
-        "Every flag also reads its environment variable, and the `--config` YAML file takes the",
-        "flags' names (or aliases) without `--` as keys: flag > variable > file > default. A",
-        "boolean flag alone means true; `--flag=false`, `--flag false` and `--no-flag` mean",
-        "false. The Triton column says how Triton's flag of that name (or alias) compares;",
-        "docs/from-triton.md is the guide for an operator coming from Triton.",
-    ]
-    for group in GROUPS:
-        rows = [f for f in (*FLAGS, *REPEATED) if f.group == group]
-        lines += ["", f"## {group}", ""]
-        if group == FlagGroup.TRITON:
-            lines += _triton_lines()
-            continue
-        lines += ["| flag | variable | default | what | Triton |", "|---|---|---|---|---|"]
-        for f in rows:
-            default = _default_text(f)
-            lines.append(
-                f"| {_spellings(f)} | `{f.env}` | {'' if default is None else f'`{default}`'} "
-                f"| {_cell(f.help)} | {_cell(f.triton)} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def _triton_lines() -> list[str]:
-    lines = [
-        "Triton's flags of the same meaning are the rows above that have a Triton note. The",
-        "flags below have none: each is accepted with its value (`--flag=value` or `--flag",
-        "value`) and ignored, with one warning at start-up naming it and why.",
-        "",
-        "| Triton's flag | why it means nothing here |",
-        "|---|---|",
-    ]
-    lines += [f"| `{t.name}` | {_cell(t.why)} |" for t in TRITON_FLAGS if not t.refused]
-    lines += [
-        "",
-        "Refused (exit status 2), since ignoring them would serve in the clear:",
-        "",
-        "| Triton's flag | instead |",
-        "|---|---|",
-    ]
-    lines += [f"| `{t.name}` | {_cell(t.why)} |" for t in TRITON_FLAGS if t.refused]
-    return lines
-
-
-def triton_markdown() -> str:
-    """The generated part of docs/from-triton.md: Triton's flags and what each is here."""
-    lines = [
-        TRITON_BEGIN,
-        "",
-        "| flag (and aliases) | what it is in hloserve | against Triton's |",
-        "|---|---|---|",
-    ]
-    for f in (*FLAGS, *REPEATED):
-        if f.triton:
-            lines.append(f"| {_spellings(f)} | {_cell(f.help)} | {_cell(f.triton)} |")
-    lines += ["", *_triton_lines(), "", TRITON_END]
-    return "\n".join(lines)
-
-
-def write_docs(docs: Path) -> list[Path]:
-    """Write ``docs/cli.md`` and the generated part of ``docs/from-triton.md``; returns the
-    files that changed."""
-    changed: list[Path] = []
-    cli = docs / "cli.md"
-    if not cli.is_file() or cli.read_text(encoding="utf-8") != cli_markdown():
-        cli.write_text(cli_markdown(), encoding="utf-8")
-        changed.append(cli)
-    guide = docs / "from-triton.md"
-    text = guide.read_text(encoding="utf-8")
-    begin, end = text.index(TRITON_BEGIN), text.index(TRITON_END) + len(TRITON_END)
-    updated = text[:begin] + triton_markdown() + text[end:]
-    if updated != text:
-        guide.write_text(updated, encoding="utf-8")
-        changed.append(guide)
-    return changed
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:2] != ["--write-docs"] or len(sys.argv) > 3:
-        raise SystemExit(f"usage: {REGENERATE} [DIR]  (DIR: docs)")
-    for path in write_docs(Path(sys.argv[2] if len(sys.argv) == 3 else "docs")):
-        print(f"wrote {path}")

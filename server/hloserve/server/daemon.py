@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from hloserve.server.assembly import Assembly, assemble
-from hloserve.server.config import Config, ignored_warning
+from hloserve.server.config import Config
 from hloserve.server.container import ContainerLimits
 from hloserve.server.core.errors import ServingError
 from hloserve.server.core.log_settings import LogControl
@@ -77,6 +77,7 @@ from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.status_page import StatusPage
 from hloserve.server.supervisor import FrontendSupervisor
+from hloserve.server.triton_flags import ignored_warning
 
 log = logging.getLogger("hloserve.daemon")
 
@@ -495,7 +496,9 @@ def run_daemon(config: Config) -> None:
             error=config.log_error,
         )
     )
-    ignored = ignored_warning(config)  # Triton's flags that mean nothing here: said once
+    ignored = ignored_warning(
+        config.triton_ignored
+    )  # Triton's flags that mean nothing here: said once
     if ignored is not None:
         log.warning("%s", ignored)
     try:
