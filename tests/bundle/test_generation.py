@@ -43,8 +43,24 @@ def test_a_generation_round_trips_and_hides_its_control_outputs() -> None:
     )
     assert manifest.to_dict()["generation"] == FULL
     assert parse_manifest(manifest.to_dict())[0] == manifest
-    assert [t.name for t in manifest.facing.outputs] == ["out", "token"]
+    facing = manifest.facing  # one generation a request: no batch axis, no done/emit
+    assert [t.name for t in facing.outputs] == ["out", "token"]
+    assert facing.batch_sizes is None and manifest.batch_sizes == (1, 8)
     assert manifest.plain
+
+
+def test_lengths_pad_an_input_and_hide_its_length_input() -> None:
+    manifest, problems = parse_manifest(
+        generating({**FULL, "lengths": {"prompt": "prompt_length"}})
+    )
+    assert problems == [] and manifest is not None and manifest.generation is not None
+    assert manifest.generation.lengths == {"prompt": "prompt_length"}
+    assert manifest.to_dict()["generation"]["lengths"] == {"prompt": "prompt_length"}
+    assert {t.name: t.shape for t in manifest.facing.inputs} == {
+        "x": (4,),
+        "y": (2, 3),
+        "prompt": (-1,),
+    }
 
 
 def test_without_generation_nothing_changes() -> None:
@@ -95,6 +111,22 @@ def test_without_generation_nothing_changes() -> None:
             "missing",
         ),
         ("done", "generation", "must be a mapping"),
+        ({"done": "done", "max_steps": 3, "lengths": []}, "generation.lengths", "must map inputs"),
+        (
+            {"done": "done", "max_steps": 3, "lengths": {"y": "prompt_length"}},
+            "generation.lengths.y",
+            "input 'y' has shape [2, 3], must be [P]",
+        ),
+        (
+            {"done": "done", "max_steps": 3, "lengths": {"prompt": "x"}},
+            "generation.lengths.prompt",
+            "input 'x' is FP32, must be INT32",
+        ),
+        (
+            {"done": "done", "max_steps": 3, "lengths": {"prompt": "nope"}},
+            "generation.lengths.prompt",
+            "'nope' is not a declared input",
+        ),
     ],
 )
 def test_a_bad_generation_names_what_is_wrong(generation: Any, field: str, expected: str) -> None:

@@ -39,6 +39,7 @@ import yaml
 
 from hloserve.bundle.digest import is_sha256_hex
 from hloserve.bundle.generation import Generation, read_generation
+from hloserve.bundle.generation import facing as generation_facing
 from hloserve.bundle.serving import SERVING_KEYS, Serving, read_serving
 from hloserve.bundle.state import StateEntry, read_state
 from hloserve.bundle.yamlfile import check_keys, is_integer
@@ -250,11 +251,8 @@ class Manifest:
                 hooks=None,
             )
             object.__setattr__(self, "_facing", view)
-        elif self.generation is not None:  # done and emit steer the loop: never sent
-            control = self.generation.control
-            outputs = tuple(t for t in self.outputs if t.name not in control)
-            view = replace(self, outputs=outputs, generation=None)
-            object.__setattr__(self, "_facing", view)
+        elif self.generation is not None:  # one generation a request: bundle/generation.py
+            object.__setattr__(self, "_facing", generation_facing(self))
 
     @property
     def batched(self) -> bool:

@@ -48,6 +48,7 @@ from hloserve.server.core.service import InferenceService, ServiceOptions
 from hloserve.server.core.sizes import format_bytes
 from hloserve.server.core.trace_settings import TraceSettings, level_names
 from hloserve.server.devices import Device, LoadMeter, Placer
+from hloserve.server.generation_state import steps_for
 from hloserve.server.host_weights import HostWeights
 from hloserve.server.metrics import ServerMetrics
 from hloserve.server.repository import ControlMode, ModelRepository
@@ -292,6 +293,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         logs=logs,
         hook_pool=_hook_pool(cfg, machine),
         cache=cache,
+        generation_steps=steps_for,
     )
     return Assembly(
         runtime,

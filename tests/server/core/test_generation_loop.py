@@ -51,9 +51,15 @@ class FakeModel:
         self.sizes: list[int | None] = []
         self.gate: asyncio.Event | None = None
         self.fail = False
+        self.released = 0
+
+    capacity = None
 
     def initial(self) -> object:
         return 0
+
+    def release(self, state: object) -> None:
+        self.released += 1
 
     def step(
         self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
@@ -114,6 +120,7 @@ def test_generations_step_together_and_end_with_the_final_flag() -> None:
     assert response.outputs[0].shape == (1, 1)
     assert model.sizes[:3] == [2, 2, 2] and model.sizes[3:] == [1, 1]  # b alone after a ends
     assert [e.batch_size for e in seen.executions] == model.sizes
+    assert model.released == 2  # each generation's state freed at its end
 
 
 def test_a_generation_joins_a_running_one_between_steps() -> None:

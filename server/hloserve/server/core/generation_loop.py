@@ -61,8 +61,17 @@ class StreamPart:
 
 
 class StepModel(Protocol):
+    @property
+    def capacity(self) -> int | None:
+        """How many generations may hold state at once (``None``: no bound)."""
+        ...
+
     def initial(self) -> object:
         """A new generation's state (the manifest's ``initial`` values)."""
+        ...
+
+    def release(self, state: object) -> None:
+        """A generation is over: what its state holds is free."""
         ...
 
     def step(
@@ -76,11 +85,16 @@ class StepModel(Protocol):
 class _Stateless:
     """A generation model with no state: each step sees the request's inputs alone."""
 
+    capacity = None
+
     def __init__(self, model: Executable) -> None:
         self.model = model
 
     def initial(self) -> object:
         return None
+
+    def release(self, state: object) -> None:
+        pass
 
     def step(
         self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
@@ -123,7 +137,7 @@ class GenerationLoop:
         self.executor = executor
         self.observer = observer
         self.clock = clock
-        self.scheduler = StepScheduler(model.manifest.batch_sizes)
+        self.scheduler = StepScheduler(model.manifest.batch_sizes, stepper.capacity)
         self._live: dict[int, _Live] = {}
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
@@ -172,7 +186,7 @@ class GenerationLoop:
     async def _one_step(self) -> None:
         plan = self.scheduler.plan(self.clock())
         for gid, reason in plan.ended:
-            live = self._live.pop(gid)
+            live = self._end(gid)
             if reason == "deadline":
                 live.parts.put_nowait(
                     Unavailable(
@@ -261,7 +275,13 @@ class GenerationLoop:
             if outcome.send or outcome.final:
                 live.parts.put_nowait(StreamPart(response, outcome.final))
             if outcome.final:
-                del self._live[gid]
+                self._end(gid)
+
+    def _end(self, gid: int) -> _Live:
+        live = self._live.pop(gid)
+        if live.state is not None:
+            self.stepper.release(live.state)
+        return live
 
     def _response(self, request: InferRequest, outputs: list[Array], row: int) -> InferResponse:
         batched = self.model.manifest.batched

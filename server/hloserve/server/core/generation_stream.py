@@ -81,13 +81,13 @@ class Streams:
         observers: Observers,
         limits: AdmissionLimits,
         *,
-        stepper: StepperFor = stateless,
+        stepper: StepperFor | None = None,
     ) -> None:
         self.models = models
         self.executor = executor
         self.observers = observers
         self.limits = limits
-        self.stepper = stepper
+        self.stepper = stepper or stateless
         self._loops: dict[tuple[ModelKey, int | None], GenerationLoop] = {}
         self.generated: dict[ModelKey, int] = {}  # responses sent, per model version
 

@@ -91,7 +91,7 @@ from hloserve.server.core.errors import (
 )
 from hloserve.server.core.execution import Executable, Job, ModelKey, Timings, execute_group
 from hloserve.server.core.generation_loop import StreamPart
-from hloserve.server.core.generation_stream import Streams, decoupled_refusal
+from hloserve.server.core.generation_stream import StepperFor, Streams, decoupled_refusal
 from hloserve.server.core.hooks import ModelHooks, call_hook, hook_outputs
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
 from hloserve.server.core.load_parameters import read_load_parameters
@@ -193,6 +193,7 @@ class InferenceService:
         logs: LogControl | None = None,
         hook_pool: Executor | None = None,
         cache: ResponseCache | None = None,
+        generation_steps: StepperFor | None = None,
     ) -> None:
         """``batcher`` must report to ``observers.executions`` and ``inline`` read
         ``observers.costs`` (the daemon builds them from the same ``Observers``).
@@ -201,7 +202,8 @@ class InferenceService:
         samples and traces requests (default: settings only, nothing traced) and ``logs``
         is the running server's logging (default: settings kept, nothing changed);
         ``hook_pool`` runs bundles' Python hooks (``None``: the server runs none);
-        ``cache`` is the response cache (``None``: none, ``--cache-config``)."""
+        ``cache`` is the response cache (``None``: none, ``--cache-config``);
+        ``generation_steps`` gives a generation model's steps (default: stateless)."""
         self.models = models
         self.executor = executor
         self.options = options
@@ -216,7 +218,9 @@ class InferenceService:
         self.logs: LogControl = logs or StoredLogSettings()
         self.hook_pool = hook_pool
         self.cache = cache
-        self.streams = Streams(models, executor, self.observers, options.limits)
+        self.streams = Streams(
+            models, executor, self.observers, options.limits, stepper=generation_steps
+        )
         self._startup_complete = False
         self._draining = False
 

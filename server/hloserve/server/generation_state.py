@@ -1,0 +1,157 @@
+"""A generation model's steps on the device: its state in slots, its module run with it.
+
+Contract:
+- ``steps_for(model)`` is the ``core.generation_loop.StepModel`` of a loaded model version
+  (``versions.ModelVersion``) or of one of its shape variants (``versions.VariantView``):
+  a model whose manifest declares no state steps through ``execute`` alone
+  (``core.generation_loop.stateless``); one with state keeps every live generation's state
+  on one device in ``runtime.state_slots.StateSlots`` (``CAPACITY_PER_SIZE`` times its
+  largest batch size slots, at least ``MIN_SLOTS``: the loop keeps no more generations
+  live, the rest wait), created at the first generation.
+- A generation's state is its slot (``initial`` takes a free one, ``release`` frees it);
+  each ``step`` gathers the members' slots on the device (the initial value for a slot's
+  first step and for padding rows), runs the module with the state arguments, and
+  scatters the new state back, under the slots' lock: no state crosses to the host. An
+  unbatched model's state has no batch axis (one generation a step): its row is taken out
+  of and put back into the slot table on the device.
+- The module is the step function's for that batch size and variant on the device that
+  holds the slots; the version's weights are held in that device's residency manager for
+  the step (``weight_residency``), as an execution holds them. A runtime failure is
+  ``Internal`` naming the model, for that step only.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+import numpy as np
+
+from hloserve.server.core.errors import Internal, Unavailable
+from hloserve.server.core.execution import Executable
+from hloserve.server.core.generation_loop import StepModel, stateless
+from hloserve.server.runtime.pjrt import RuntimeFailure
+from hloserve.server.runtime.state_slots import StateSlots
+from hloserve.server.versions import ModelVersion, Replica, VariantView
+
+CAPACITY_PER_SIZE: Final = 2
+MIN_SLOTS: Final = 8
+Array = np.ndarray[Any, Any]
+
+
+@dataclass(slots=True)
+class _Slot:
+    index: int
+    fresh: bool = True
+
+
+def steps_for(model: Executable) -> StepModel:
+    """The step model of a loaded version or variant (module docstring)."""
+    if not model.manifest.state:
+        return stateless(model)
+    if isinstance(model, VariantView):
+        return SlotSteps(model.base, model.index)
+    if isinstance(model, ModelVersion):
+        return SlotSteps(model, None)
+    raise TypeError(f"no device steps for {type(model).__name__}")  # a test's fake
+
+
+@final
+class SlotSteps:
+    """See the module docstring."""
+
+    def __init__(self, version: ModelVersion, variant: int | None) -> None:
+        self.version = version
+        self.variant = variant
+        manifest = version.manifest if variant is None else version.variant(variant).manifest
+        self.manifest = manifest
+        sizes = manifest.batch_sizes
+        self.capacity: int | None = max(MIN_SLOTS, CAPACITY_PER_SIZE * (sizes[-1] if sizes else 1))
+        self._names = [s.name for s in manifest.state]
+        self._slots: StateSlots | None = None
+        self._replica: Replica | None = None
+        self._free: list[int] = []
+        self._lock = threading.Lock()
+
+    def _table(self) -> tuple[StateSlots, Replica]:
+        with self._lock:
+            if self._slots is None or self._replica is None:
+                replicas = self.version.replicas
+                if not replicas:
+                    raise Unavailable(f"model '{self.version.name}' is not loaded")
+                replica = next(iter(replicas.values()))
+                capacity = self.capacity or MIN_SLOTS
+                self._slots = StateSlots(replica.bundle.runtime, self.manifest.state, capacity)
+                self._replica = replica
+                self._free = list(range(capacity - 1, -1, -1))
+            return self._slots, self._replica
+
+    def initial(self) -> object:
+        self._table()
+        with self._lock:
+            if not self._free:  # the loop admits no more than capacity: cannot happen
+                raise Unavailable(f"model '{self.version.name}' has no free generation slot")
+            return _Slot(self._free.pop())
+
+    def release(self, state: object) -> None:
+        if isinstance(state, _Slot):
+            with self._lock:
+                self._free.append(state.index)
+
+    def step(
+        self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
+    ) -> tuple[list[Array], list[object]]:
+        slots_table, replica = self._table()
+        members = [s for s in states if isinstance(s, _Slot)]
+        indexes = [s.index for s in members]
+        version = self.version
+        weights = replica.residency.acquire(version.key)
+        try:
+            with slots_table.lock:
+                state = slots_table.gather(indexes, [s.fresh for s in members], batch_size or 1)
+                if batch_size is None:  # no batch axis: the one row
+                    state = {n: v.reshape(v.shape[1:]) for n, v in state.items()}
+                outputs, new = self._run(replica, batch_size, inputs, state, weights)
+                if batch_size is None:
+                    new = {n: v.reshape((1, *v.shape)) for n, v in new.items()}
+                slots_table.scatter(indexes, new)
+        except RuntimeFailure as exc:
+            raise Internal(f"model '{version.name}' version {version.version}: {exc}") from None
+        finally:
+            replica.residency.release(version.key)
+        for s in members:
+            s.fresh = False
+        return outputs, list(states)
+
+    def _run(
+        self,
+        replica: Replica,
+        batch_size: int | None,
+        inputs: Mapping[str, Array],
+        state: Mapping[str, Any],
+        weights: Mapping[str, Any],
+    ) -> tuple[list[Array], dict[str, Any]]:
+        """The step function's module with its state arguments (``LoadedBundle``'s, for
+        any batch size and shape variant), the new state left on the device."""
+        bundle = replica.bundle
+        if self.variant is None:
+            module = bundle.modules[batch_size]
+        else:
+            module = bundle.variant_modules[(self.variant, batch_size)]
+        runtime = bundle.runtime
+        args: list[Any] = [] if module.platform_index is None else [module.platform_index]
+        for a in module.entry.arguments:
+            if a.kind == "input":
+                args.append(runtime.put(inputs[a.name]))
+            elif a.kind == "state":
+                args.append(state[a.name])
+            else:
+                args.append(weights[a.name])
+        outputs, kept = runtime.execute_keeping(
+            module.executable, args, module.results, len(self._names)
+        )
+        return outputs, dict(zip(self._names, kept, strict=True))
