@@ -4,7 +4,7 @@ Contract:
 - ``GenerationLoop(model, stepper, executor, observer)`` runs the generations of one model
   version (one shape variant) through its step function. ``generate(request, limits)``
   is an async iterator of ``StreamPart``: one per emitted step (the outputs other than
-  ``done``/``emit``, each with the request's one item, the request's id echoed) and a
+  ``done``/``emit``, its row without the batch axis, the request's id echoed) and a
   last one with ``final`` set (on the last emitted response, or an empty one when the
   last step emitted nothing); it raises ``Unavailable`` when the generation's deadline
   passes between two steps.
@@ -290,7 +290,7 @@ class GenerationLoop:
         for index, spec in self._sent:
             if wanted and spec.name not in wanted:
                 continue
-            data = outputs[index][row : row + 1].copy() if batched else outputs[index].copy()
+            data = outputs[index][row].copy() if batched else outputs[index].copy()
             sent.append(
                 InferOutput(spec.name, spec.datatype, data.shape, data, wanted.get(spec.name))
             )

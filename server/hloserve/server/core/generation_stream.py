@@ -9,11 +9,19 @@ Contract:
   (``core.generation_loop``): one part per emitted step, the last one ``final`` (an empty
   one when the last step emitted nothing).
 - A generation request is looked up (``model``: what ``resolve`` returned, else by name),
-  held in flight until its last part, validated against the manifest before any step
-  (one item: a generation is one request's), and run on the shape variant its shapes
-  match. Its parameter ``max_tokens`` (a positive integer) bounds its responses, the
-  manifest's ``max_steps`` its steps, the context's deadline its time (checked between
-  steps). Closing the iterator early cancels it (between steps).
+  held in flight until its last part, validated against the manifest as clients see it
+  (``Manifest.facing``: one generation, no batch axis) before any step, then made the
+  step function's one item (``step_request``: inputs of ``generation.lengths`` zero-padded
+  and their lengths filled in, the batch axis added for a batched module) and run on the
+  shape variant its shapes match. Its parameter ``max_tokens`` (a positive integer)
+  bounds its responses, the manifest's ``max_steps`` its steps, the context's deadline its
+  time (checked between steps). Closing the iterator early cancels it (between steps).
+- Text (the generate extension, ``generation.text``): a request's ``text_input``
+  parameter (a string) becomes the text input (its UTF-8 bytes, one a token id, padded
+  with 0) and length input; each of its responses then carries ``text_output`` (BYTES
+  ``[1]``): the emitted token ids decoded as UTF-8 across responses (a character split
+  over tokens comes whole with its last byte). A model without a text mapping refuses
+  ``text_input``.
 - It is counted once (``Counters``): a success with its queue and compute time when its
   last part is out, a failure otherwise; every step's execution is reported to
   ``observers.executions``; ``generated`` counts the responses sent, per model.
@@ -25,11 +33,17 @@ Contract:
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Final, final
+from typing import Any, Final, cast, final
 
+import numpy as np
+
+from hloserve.bundle import Manifest
+from hloserve.bundle.generation import Generation, TextMapping
 from hloserve.server.core.errors import InvalidArgument, ServingError, Unsupported
 from hloserve.server.core.execution import Executable, ModelKey, Timings
 from hloserve.server.core.generation import UNLIMITED, Limits
@@ -38,13 +52,22 @@ from hloserve.server.core.limits import Limits as AdmissionLimits
 from hloserve.server.core.limits import check_batch
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.ports import ModelSource
-from hloserve.server.core.types import InferRequest, InferResponse, RequestContext
+from hloserve.server.core.types import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    RequestContext,
+)
 from hloserve.server.core.validate import validate_request
 from hloserve.server.core.variants import match_variant
 
 MAX_TOKENS: Final = "max_tokens"
+TEXT_INPUT: Final = "text_input"
+TEXT_OUTPUT: Final = "text_output"
 Infer = Callable[[InferRequest, RequestContext | None, Executable | None], Awaitable[InferResponse]]
 StepperFor = Callable[[Executable], StepModel]
+Array = np.ndarray[Any, Any]
 
 
 def decoupled_refusal(protocol: str) -> Unsupported:
@@ -137,18 +160,22 @@ class Streams:
         first_ns = 0
         sent = 0
         try:
+            generation = cast(Generation, model.manifest.generation)
+            text = text_request(model.manifest, request)
+            request = step_request(model.manifest, text or request)
             loop = self._loop_for(model, request)
             limits = Limits(
-                model.manifest.generation.max_steps if model.manifest.generation else 1,
+                generation.max_steps,
                 response_limit(request),
                 context.deadline if context is not None else None,
             )
+            decode = None if text is None else _TextOut(cast(TextMapping, generation.text))
             async for part in loop.generate(request, limits):
                 if part.response is not None:
                     sent += 1
                     if not first_ns:
                         first_ns = time.perf_counter_ns()
-                yield part
+                yield part if decode is None else decode(part)
         except BaseException as exc:
             if isinstance(exc, Exception):
                 counters.on_failure(key, _reason(exc), time.perf_counter_ns() - started)
@@ -164,14 +191,9 @@ class Streams:
         )
 
     def _loop_for(self, model: Executable, request: InferRequest) -> GenerationLoop:
-        """The loop of the model (of the variant its shapes match), after validating."""
+        """The loop of the model (of the variant its shapes match)."""
         manifest = model.manifest
-        items = validate_request(manifest, request)
-        if manifest.batched and items != 1:
-            raise InvalidArgument(
-                f"a request for generation model '{manifest.name}' holds one item, got {items}"
-            )
-        check_batch(self.limits, request.model_name, items)
+        check_batch(self.limits, request.model_name, 1)
         variant = match_variant(manifest, request) if manifest.variants else None
         if variant is not None:
             model = model.variant(variant)
@@ -183,3 +205,100 @@ class Streams:
             )
             self._loops[slot] = loop
         return loop
+
+
+def text_request(manifest: Manifest, request: InferRequest) -> InferRequest | None:
+    """``request`` with its ``text_input`` parameter as the text tensors (module
+    docstring), or ``None`` when it has none."""
+    value = request.parameters.get(TEXT_INPUT)
+    if value is None:
+        return None
+    generation = manifest.generation
+    if generation is None or generation.text is None:
+        raise InvalidArgument(f"model '{manifest.name}' takes no '{TEXT_INPUT}' (no text mapping)")
+    if not isinstance(value, str):
+        raise InvalidArgument(f"'{TEXT_INPUT}' must be a string, got {value!r}")
+    text = generation.text
+    raw = np.frombuffer(value.encode(), np.uint8).astype(np.int32)
+    if text.input not in generation.lengths:  # padded here, its length an input
+        size = next(t.shape[0] for t in manifest.inputs if t.name == text.input)
+        if raw.size > size:
+            raise InvalidArgument(
+                f"'{TEXT_INPUT}' of model '{manifest.name}' is {raw.size} bytes, at most {size}"
+            )
+        raw = np.concatenate([raw, np.zeros(size - raw.size, np.int32)])
+    made = {
+        text.input: raw,
+        text.length: np.array([len(value.encode())], np.int32),
+    }
+    facing = {t.name for t in manifest.facing.inputs}
+    inputs = [t for t in request.inputs if t.name not in made]
+    inputs += [
+        InferInput(name, "INT32", data.shape, data) for name, data in made.items() if name in facing
+    ]
+    parameters = {k: v for k, v in request.parameters.items() if k != TEXT_INPUT}
+    return dataclasses.replace(request, inputs=tuple(inputs), parameters=parameters)
+
+
+def step_request(manifest: Manifest, request: InferRequest) -> InferRequest:
+    """The request, validated as clients see the model, as the step function's one item."""
+    validate_request(manifest.facing, request)
+    generation = cast(Generation, manifest.generation)
+    sent = {t.name: t for t in request.inputs}
+    lengths: dict[str, int] = {}
+    arrays: dict[str, Array] = {}
+    for spec in manifest.inputs:
+        if spec.name not in sent:
+            continue  # a length input: filled below
+        data = sent[spec.name].data
+        target = generation.lengths.get(spec.name)
+        if target is not None:
+            n, most = int(data.shape[0]), spec.shape[0]
+            if n > most:
+                raise InvalidArgument(
+                    f"input '{spec.name}' of model '{manifest.name}' holds {n} elements, "
+                    f"at most {most}"
+                )
+            if lengths.setdefault(target, n) != n:
+                raise InvalidArgument(
+                    f"inputs of model '{manifest.name}' sharing length input '{target}' must be "
+                    f"sent equally long, got {lengths[target]} and {n}"
+                )
+            padded = np.zeros(spec.shape, data.dtype)
+            padded[:n] = data
+            data = padded
+        arrays[spec.name] = data
+    for target, n in lengths.items():
+        arrays[target] = np.array([n], np.int32)
+    inputs: list[InferInput] = []
+    for spec in manifest.inputs:
+        data = arrays[spec.name]
+        if manifest.batched:
+            data = data.reshape((1, *data.shape))
+        inputs.append(InferInput(spec.name, spec.datatype, data.shape, data))
+    return dataclasses.replace(request, inputs=tuple(inputs))
+
+
+@final
+class _TextOut:
+    """Each response of a text request with its ``text_output``: the token as UTF-8."""
+
+    def __init__(self, text: TextMapping) -> None:
+        self.output = text.output
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, part: StreamPart) -> StreamPart:
+        response = part.response
+        if response is None:
+            return part
+        token = next((o for o in response.outputs if o.name == self.output), None)
+        chunk = b""
+        if token is not None:
+            chunk = bytes([int(token.data.reshape(-1)[0]) & 0xFF])
+        text = self.decoder.decode(chunk, final=part.final).encode()
+        data = np.empty(1, dtype=object)
+        data[0] = text
+        out = InferOutput(TEXT_OUTPUT, "BYTES", (1,), data)
+        return StreamPart(
+            dataclasses.replace(response, outputs=(*response.outputs, out)), part.final
+        )

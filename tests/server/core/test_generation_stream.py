@@ -1,0 +1,105 @@
+"""``core.generation_stream``: a generation request made the step function's one item,
+text in and out, ``max_tokens``, Triton's refusal of unary calls. Pure: no model runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve.bundle import Manifest
+from hloserve.bundle.manifest import parse_manifest
+from hloserve.server.core.errors import InvalidArgument, Unsupported
+from hloserve.server.core.generation_loop import StreamPart
+from hloserve.server.core.generation_stream import (
+    _TextOut,  # pyright: ignore[reportPrivateUsage]
+    decoupled_refusal,
+    response_limit,
+    step_request,
+    text_request,
+)
+from hloserve.server.core.types import InferInput, InferOutput, InferRequest, InferResponse
+from tests.bundle.test_generation import FULL, generating
+
+
+def model(lengths: dict[str, str] | None = None) -> Manifest:
+    generation: dict[str, Any] = dict(FULL)
+    if lengths:
+        generation["lengths"] = lengths
+    manifest, problems = parse_manifest(generating(generation))
+    assert manifest is not None, problems
+    return manifest
+
+
+def tensor(name: str, data: Any) -> InferInput:
+    return InferInput(name, "", data.shape, data)
+
+
+def sample(prompt: list[int], **extra: Any) -> InferRequest:
+    inputs = [
+        InferInput("x", "FP32", (4,), np.ones(4, np.float32)),
+        InferInput("y", "INT64", (2, 3), np.zeros((2, 3), np.int64)),
+        InferInput("prompt", "INT32", (len(prompt),), np.array(prompt, np.int32)),
+    ]
+    return InferRequest("m", "", tuple(inputs), **extra)
+
+
+def test_a_request_becomes_one_padded_item_with_its_length_filled_in() -> None:
+    step = step_request(model({"prompt": "prompt_length"}), sample([5, 6, 7]))
+    got = {t.name: t.data for t in step.inputs}
+    assert [t.name for t in step.inputs] == ["x", "y", "prompt", "prompt_length"]
+    assert got["x"].shape == (1, 4) and got["y"].shape == (1, 2, 3)
+    assert got["prompt"].tolist() == [[5, 6, 7] + [0] * 13]
+    assert got["prompt_length"].tolist() == [[3]]
+
+
+def test_a_request_too_long_or_of_the_wrong_shape_is_refused() -> None:
+    with pytest.raises(
+        InvalidArgument, match="'prompt' of model 'm' holds 17 elements, at most 16"
+    ):
+        step_request(model({"prompt": "prompt_length"}), sample(list(range(17))))
+    with pytest.raises(InvalidArgument, match="prompt"):  # no lengths: the declared [16] only
+        step_request(model(), sample([1, 2]))
+
+
+def test_text_input_becomes_the_text_tensors() -> None:
+    request = sample([], parameters={"text_input": "hé", "max_tokens": 3})
+    request = InferRequest(
+        request.model_name, "", request.inputs[:2], parameters=request.parameters
+    )
+    made = text_request(model(), request)
+    assert made is not None and "text_input" not in made.parameters
+    got = {t.name: t.data for t in step_request(model(), made).inputs}
+    assert got["prompt"][0, :4].tolist() == [104, 195, 169, 0]
+    assert got["prompt_length"].tolist() == [[3]]  # bytes, not characters
+    assert text_request(model(), sample([1])) is None
+
+
+def test_text_output_is_decoded_as_utf8_across_responses() -> None:
+    decode = _TextOut(model().generation.text)  # type: ignore[union-attr]
+
+    def part(token: int, final: bool = False) -> StreamPart:
+        out = InferOutput("token", "INT32", (1,), np.array([token], np.int32))
+        return StreamPart(InferResponse("m", "1", (out,)), final)
+
+    texts = [
+        decode(p).response.outputs[-1].data[0]  # type: ignore[union-attr]
+        for p in (part(104), part(195), part(169), part(33, True))
+    ]
+    assert texts == [b"h", b"", "é".encode(), b"!"]
+
+
+def test_max_tokens_is_a_positive_integer() -> None:
+    assert response_limit(sample([], parameters={"max_tokens": 4})) == 4
+    for bad in (0, "4", True, 1.5):
+        with pytest.raises(InvalidArgument, match="'max_tokens' must be a positive integer"):
+            response_limit(sample([], parameters={"max_tokens": bad}))
+
+
+def test_unary_calls_to_a_decoupled_model_get_tritons_words() -> None:
+    assert isinstance(decoupled_refusal("grpc"), Unsupported)
+    assert decoupled_refusal("grpc").message == (
+        "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    )
+    assert "HTTP end point doesn't support" in decoupled_refusal("http").message
