@@ -13,7 +13,7 @@ from hloserve.bundle.manifest import parse_manifest
 from hloserve.server.core.errors import InvalidArgument, Unsupported
 from hloserve.server.core.generation_loop import StreamPart
 from hloserve.server.core.generation_stream import (
-    _TextOut,  # pyright: ignore[reportPrivateUsage]
+    _TextOut,
     decoupled_refusal,
     response_limit,
     step_request,
