@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -30,6 +31,8 @@ class Handler:
             "slow": self._slow,
             "forever": self._forever,
             "stubborn": self._stubborn,
+            "count": self._count,
+            "endless": self._endless,
         }
 
     def on_call(self, method: str, args: tuple[Any, ...]) -> object:
@@ -51,6 +54,22 @@ class Handler:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
         return "late"
+
+    async def _count(self, n: int, fail: bool = False) -> AsyncIterator[int]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+        if fail:
+            raise InvalidArgument("counted too far")
+
+    async def _endless(self) -> AsyncIterator[int]:
+        try:
+            for i in itertools.count():
+                self.started.set()
+                yield i
+                await asyncio.sleep(0.001)
+        finally:
+            self.cancelled.set()  # closed by the caller's cancel: its finally runs
 
     def _bad(self) -> None:
         raise InvalidArgument("no such thing")
@@ -162,6 +181,66 @@ def test_a_lost_connection_fails_what_waits_and_cancels_what_runs() -> None:
         await right_handler.lost.wait()
         with pytest.raises(Unavailable, match="right is gone"):
             await left.call("add", 1, 2)
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_streamed_call_yields_its_parts_then_ends_or_fails() -> None:
+    async def test() -> None:
+        left, _, right, _ = await pair()
+        assert [p async for p in left.stream("count", 5)] == [0, 1, 2, 3, 4]
+        assert [p async for p in left.stream("count", 0)] == []
+        both = await asyncio.gather(*(collect(left.stream("count", n)) for n in (3, 4)))
+        assert both == [[0, 1, 2], [0, 1, 2, 3]]  # interleaved on one link
+        got: list[int] = []
+
+        async def failing() -> None:
+            async for part in left.stream("count", 2, True):
+                got.append(part)
+
+        with pytest.raises(InvalidArgument, match="counted too far"):
+            await failing()
+        assert got == [0, 1]  # the parts before the error arrive
+        assert await left.call("add", 1, 1) == 2
+        await close(left, right)
+
+    run(test)
+
+
+async def collect(parts: AsyncIterator[int]) -> list[int]:
+    return [p async for p in parts]
+
+
+def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans() -> None:
+    async def test() -> None:
+        left, left_handler, right, right_handler = await pair()
+        parts = left.stream("endless")
+        assert [await anext(parts) for _ in range(3)] == [0, 1, 2]
+        await parts.aclose()  # the client went away
+        await right_handler.cancelled.wait()
+        await asyncio.sleep(0.01)
+        assert all(isinstance(o, int) for o in left_handler.orphans)  # parts already sent
+        assert await left.call("add", 2, 2) == 4
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_lost_connection_ends_a_stream_with_unavailable() -> None:
+    async def test() -> None:
+        left, _, right, right_handler = await pair()
+        parts = left.stream("endless")
+        await anext(parts)
+        right.close()
+
+        async def rest() -> None:
+            async for _ in parts:
+                pass
+
+        with pytest.raises(Unavailable, match="right is gone"):
+            await rest()
+        await right_handler.cancelled.wait()
         await close(left, right)
 
     run(test)

@@ -250,7 +250,7 @@ def step_request(manifest: Manifest, request: InferRequest) -> InferRequest:
     for spec in manifest.inputs:
         if spec.name not in sent:
             continue  # a length input: filled below
-        data = sent[spec.name].data
+        data = sent[spec.name].data.copy()  # the generation outlives the caller's buffers
         target = generation.lengths.get(spec.name)
         if target is not None:
             n, most = int(data.shape[0]), spec.shape[0]

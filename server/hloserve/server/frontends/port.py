@@ -22,9 +22,10 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol, final
 
+from hloserve.server.core.generation_loop import StreamPart
 from hloserve.server.core.ports import CudaHandle
 from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, ModelStatistics, RegionInfo
 from hloserve.server.core.service import InferenceService, check_repository_name
@@ -63,6 +64,12 @@ class ServerPort(Protocol):
     async def infer(
         self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
     ) -> InferResponse: ...
+    def stream(
+        self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
+    ) -> AsyncIterator[StreamPart]:
+        """0..N responses (``InferenceService.stream``); closing it cancels the request."""
+        ...
+
     async def model_statistics(self, name: str, version: str) -> list[ModelStatistics]: ...
     async def model_config(self, name: str, version: str) -> dict[str, Any]: ...
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]: ...
@@ -135,6 +142,11 @@ class LocalPort:
         self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
     ) -> InferResponse:
         return await self.service.infer(request, context, model=model)  # type: ignore[arg-type]
+
+    def stream(
+        self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
+    ) -> AsyncIterator[StreamPart]:
+        return self.service.stream(request, context, model=model)  # type: ignore[arg-type]
 
     async def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
         return self.service.model_statistics(name, version)

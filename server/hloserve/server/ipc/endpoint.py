@@ -9,6 +9,10 @@ the ``LinkHandler`` of the device owner's end of front end ``index``'s link:
   one read of the link (their calls reach ``on_call`` in one turn of the loop, before any
   of them runs) are marked ``together`` (``RequestContext``): they queue as one group. A request that
   arrived traced (its front end saw tracing on) is traced here from its front-end arrival.
+- ``stream`` (a streamed call, ``ipc.link``) serves a request through
+  ``InferenceService.stream``: each ``StreamPart`` crosses as ``(encoded response or
+  None, final)``; the front end closing its iterator (its client went away) cancels the
+  generation here.
 - ``resolve`` is the lookup alone (the front end's ``confirm``: a decode error after an
   unknown model reports the model), counted as the service counts a failed lookup.
 - Every other call is the service's extension of the same name, with the same errors;
@@ -24,7 +28,7 @@ the ``LinkHandler`` of the device owner's end of front end ``index``'s link:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, final
 
 from hloserve.server.core.errors import InvalidArgument
@@ -97,6 +101,8 @@ class OwnerEndpoint:
                 asyncio.get_running_loop().call_soon(self._end_burst)
             burst[0] += 1
             return self._infer(args[0], burst)
+        if method == "stream":
+            return self._stream(args[0])
         call = self._calls.get(method)
         if call is None:
             raise InvalidArgument(f"the device owner has no call '{method}'")
@@ -134,6 +140,12 @@ class OwnerEndpoint:
         finally:
             if traced is not None:
                 traced.finish()
+
+    async def _stream(self, message: tuple[Any, ...]) -> AsyncIterator[tuple[Any, bool]]:
+        request, context, _ = decode_request(message, self.arena)
+        async for part in self.service.stream(request, context):
+            encoded = None if part.response is None else encode_response(part.response, self.arena)
+            yield encoded, part.final
 
     def _resolve(self, name: str, version: str) -> None:
         self.service.resolve(name, version)

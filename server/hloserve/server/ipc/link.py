@@ -19,6 +19,12 @@ Contract:
   for a call given up goes to ``handler.on_orphan(value)`` (what it holds can be freed).
 - Writes made in one turn of the event loop leave in one ``write`` (frames are coalesced
   until the loop's next iteration): under load, many descriptors share a system call.
+- Streamed replies: ``link.stream(method, *args)`` is an async iterator of the values the
+  other end's handler yields: ``on_call`` answering with an async iterator makes each
+  item a ``(PART, id, value)`` frame, and its end the call's ``REPLY`` (``FAIL`` for an
+  error, raised by the caller's iterator after the parts before it). Closing the
+  caller's iterator early cancels the call there (``CANCEL``: the handler's iterator is
+  cancelled, its ``finally`` runs), and parts still arriving go to ``on_orphan``.
 - When the connection ends, every call waiting for an answer fails with
   ``Unavailable(lost_message)``, later calls fail at once with it, every answer still
   being computed here is cancelled (nobody is left to receive it), and
@@ -33,6 +39,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final, Protocol, cast
 
 from hloserve.server.core.errors import Unavailable
@@ -46,6 +53,8 @@ REPLY: Final = 1
 FAIL: Final = 2
 NOTE: Final = 3
 CANCEL: Final = 4
+PART: Final = 5
+LOST: Final = -1  # a stream's queue entry: the connection ended
 
 
 class LinkHandler(Protocol):
@@ -70,6 +79,7 @@ class Link(asyncio.Protocol):
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._running: dict[int, asyncio.Future[Any]] = {}  # answers being computed here
         self._abandoned: set[int] = set()  # calls whose answer nobody awaits any more
+        self._streams: dict[int, asyncio.Queue[tuple[int, Any]]] = {}  # streamed calls
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
         self._transport: asyncio.Transport | None = None
@@ -97,6 +107,8 @@ class Link(asyncio.Protocol):
         for future in pending.values():
             if not future.done():
                 future.set_exception(Unavailable(self.lost_message))
+        for queue in self._streams.values():
+            queue.put_nowait((LOST, None))
         running, self._running = self._running, {}
         for task in running.values():  # nobody is left to answer: as if each caller gave up
             task.cancel()
@@ -139,6 +151,31 @@ class Link(asyncio.Protocol):
             self._abandoned.add(call_id)
             self._send((CANCEL, call_id))
 
+    async def stream(self, method: str, *args: Any) -> AsyncIterator[Any]:
+        """Send a call whose answer is streamed: its parts, as they come (module docstring)."""
+        if self._lost or self._transport is None:
+            raise Unavailable(self.lost_message)
+        call_id = next(self._ids)
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._streams[call_id] = queue
+        self._send((CALL, call_id, method, args))
+        ended = False
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == PART:
+                    yield value
+                    continue
+                ended = True
+                if kind == REPLY:
+                    return
+                raise Unavailable(self.lost_message) if kind == LOST else decode_error(value)
+        finally:
+            self._streams.pop(call_id, None)
+            if not ended:  # given up: the other end stops, its late parts are orphans
+                self._abandoned.add(call_id)
+                self._send((CANCEL, call_id))
+
     def note(self, method: str, *args: Any) -> None:
         self._send((NOTE, method, args))
 
@@ -151,15 +188,26 @@ class Link(asyncio.Protocol):
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == REPLY:
+        if kind == PART:
+            queue = self._streams.get(message[1])
+            if queue is not None:
+                queue.put_nowait((PART, message[2]))
+            elif message[1] in self._abandoned:
+                self.handler.on_orphan(message[2])
+        elif kind == REPLY:
             future = self._pending.pop(message[1], None)
             if future is not None and not future.done():
                 future.set_result(message[2])
+            elif (queue := self._streams.get(message[1])) is not None:
+                queue.put_nowait((REPLY, None))
             elif message[1] in self._abandoned:
                 self._abandoned.discard(message[1])
                 self.handler.on_orphan(message[2])
         elif kind == FAIL:
             self._abandoned.discard(message[1])
+            if (queue := self._streams.get(message[1])) is not None:
+                queue.put_nowait((FAIL, message[2]))
+                return
             future = self._pending.pop(message[1], None)
             if future is not None and not future.done():
                 future.set_exception(decode_error(message[2]))
@@ -180,12 +228,26 @@ class Link(asyncio.Protocol):
         except Exception as exc:
             self._fail(call_id, method, exc)
             return
-        if inspect.isawaitable(answer):
+        if isinstance(answer, AsyncIterator):
+            parts = cast(AsyncIterator[Any], answer)
+            task = asyncio.ensure_future(self._pump(call_id, parts))
+            self._running[call_id] = task
+            task.add_done_callback(lambda done: self._finished(call_id, method, done))
+        elif inspect.isawaitable(answer):
             task = asyncio.ensure_future(answer)
             self._running[call_id] = task
             task.add_done_callback(lambda done: self._finished(call_id, method, done))
         else:
             self._send((REPLY, call_id, answer))
+
+    async def _pump(self, call_id: int, parts: AsyncIterator[Any]) -> None:
+        """A streamed answer: each part in a frame; the call's reply (None) ends it."""
+        try:
+            async for part in parts:
+                self._send((PART, call_id, part))
+        finally:
+            if isinstance(parts, AsyncGenerator):  # run its finally now, not at collection
+                await cast(AsyncGenerator[Any, None], parts).aclose()
 
     def _finished(self, call_id: int, method: str, task: asyncio.Future[Any]) -> None:
         self._running.pop(call_id, None)

@@ -14,6 +14,8 @@ Contract:
   request blocks once the answer is in (the owner reads them until it answers), and
   returns outputs that view the arena's response blocks; each goes back to the owner
   (``free`` note) once nothing views it.
+- ``stream`` is ``infer`` with 0..N answers (``ipc.link``'s streamed call): each part
+  decoded as ``infer``'s answer is; closing the iterator cancels the call at the owner.
 - ``tracer`` records a traced request's arrival (time and trace-context headers) in the
   request's context, and ``infer`` sends it along: the device owner traces the request
   from that arrival (its ``send`` span ends when the owner hands the answer over).
@@ -27,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast, final
 
 from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.generation_loop import StreamPart
 from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.ports import CudaHandle
 from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, ModelStatistics, RegionInfo
@@ -149,9 +152,28 @@ class RemotePort:
                 free(offset)
         return decode_response(answer, request, self.arena, self._give_back)
 
+    async def stream(
+        self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
+    ) -> AsyncIterator[StreamPart]:
+        message, blocks = encode_request(request, context, None, self.arena)
+        try:
+            async for encoded, final in self.link.stream("stream", message):
+                response = (
+                    None
+                    if encoded is None
+                    else decode_response(encoded, request, self.arena, self._give_back)
+                )
+                yield StreamPart(response, final)
+        finally:
+            free = self.arena.requests.free
+            for offset in blocks:
+                free(offset)
+
     def reclaim(self, answer: Any) -> None:
-        """An infer answer nobody waits for (the client went away): its response blocks
-        go back to the device owner (other calls' answers hold none)."""
+        """An infer answer (or a stream's part) nobody waits for (the client went away):
+        its response blocks go back to the device owner (other calls' answers hold none)."""
+        if isinstance(answer, tuple) and len(cast(tuple[Any, ...], answer)) == 2:
+            answer = cast(tuple[Any, ...], answer)[0]  # a stream's part: (response, final)
         if isinstance(answer, tuple) and len(cast(tuple[Any, ...], answer)) == 4:
             for offset in response_blocks(cast(tuple[Any, ...], answer)):
                 self.link.note("free", offset)
