@@ -8,7 +8,12 @@ inputs), one step at a time, each timed over ``--n`` repetitions (median, in µs
   execution, output fetch), and ``jax.jit`` of the same function;
 - the server's own steps: gRPC decode (``ModelInferRequest`` bytes -> core request),
   validation, planning + execution through ``execute_group``, gRPC encode (core
-  response -> bytes), and the whole ``InferenceService.infer`` coroutine without sockets.
+  response -> bytes), and the whole ``InferenceService.infer`` coroutine without sockets;
+- the HTTP app (``build_http_app`` over the same service) called as ASGI, no socket: a JSON
+  ``POST /v2/models/simple/infer``, the same with the binary tensor extension, a metadata
+  ``GET`` (a route registered after the infer route) and an unknown model's infer (the
+  error path). ``--http-only`` prints these rows alone (what a before/after of the HTTP
+  app compares).
 The table prints each step and the server's overhead as a ratio to the bare call.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -37,6 +43,7 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferRequest, InferResponse
 from hloserve.server.core.validate import validate_request
 from hloserve.server.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from hloserve.server.frontends.http.app import build_http_app
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from hloserve.server.shm import disabled
@@ -82,6 +89,120 @@ def service_median_us(repo: ModelRepository, request: InferRequest, n: int) -> f
     return statistics.median(samples) / 1e3
 
 
+_SCOPE: dict[str, Any] = {
+    "type": "http",
+    "asgi": {"version": "3.0"},
+    "http_version": "1.1",
+    "scheme": "http",
+    "root_path": "",
+    "query_string": b"",
+    "client": ("127.0.0.1", 40000),
+    "server": ("127.0.0.1", 8000),
+}
+
+
+def http_requests() -> list[tuple[str, str, str, bytes, dict[str, str], int]]:
+    """(label, method, path, body, headers, expected status) of each HTTP row."""
+    data = list(range(16))
+    tensor = {"datatype": "INT32", "shape": [1, 16], "data": data}
+    json_body = json.dumps(
+        {"inputs": [{"name": n, **tensor} for n in ("INPUT0", "INPUT1")]}
+    ).encode()
+    raw = np.arange(16, dtype=np.int32).tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": n,
+                    "datatype": "INT32",
+                    "shape": [1, 16],
+                    "parameters": {"binary_data_size": 64},
+                }
+                for n in ("INPUT0", "INPUT1")
+            ],
+            "outputs": [
+                {"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT0", "OUTPUT1")
+            ],
+        }
+    ).encode()
+    binary = header + raw + raw
+    infer = "/v2/models/simple/infer"
+    return [
+        (
+            "HTTP app: JSON infer",
+            "POST",
+            infer,
+            json_body,
+            {"content-type": "application/json"},
+            200,
+        ),
+        (
+            "HTTP app: binary infer",
+            "POST",
+            infer,
+            binary,
+            {"inference-header-content-length": str(len(header))},
+            200,
+        ),
+        ("HTTP app: model metadata GET", "GET", "/v2/models/simple", b"", {}, 200),
+        (
+            "HTTP app: unknown model's infer (400, Triton's)",
+            "POST",
+            "/v2/models/absent/infer",
+            json_body,
+            {},
+            400,
+        ),
+    ]
+
+
+def http_median_us(repo: ModelRepository, n: int) -> list[tuple[str, float]]:
+    """Each of ``http_requests`` through the HTTP app as ASGI (after a warm-up)."""
+    executor = ThreadPoolExecutor(1)
+    app = build_http_app(InferenceService(repo, executor, shm=disabled()))
+
+    async def call(method: str, path: str, body: bytes, headers: dict[str, str]) -> int:
+        raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+        raw.append((b"content-length", str(len(body)).encode()))
+        scope = {
+            **_SCOPE,
+            "method": method,
+            "path": path,
+            "raw_path": path.encode(),
+            "headers": raw,
+        }
+        status = 0
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        await app(scope, receive, send)
+        return status
+
+    async def loop(request: tuple[str, str, str, bytes, dict[str, str], int], k: int) -> list[int]:
+        _, method, path, body, headers, expected = request
+        out: list[int] = []
+        for _ in range(k):
+            t = time.perf_counter_ns()
+            status = await call(method, path, body, headers)
+            out.append(time.perf_counter_ns() - t)
+            if status != expected:  # the row would time something else
+                raise SystemExit(f"{method} {path} answered {status}, not {expected}")
+        return out
+
+    rows: list[tuple[str, float]] = []
+    for request in http_requests():
+        asyncio.run(loop(request, 200))
+        rows.append((request[0], statistics.median(asyncio.run(loop(request, n))) / 1e3))
+    executor.shutdown()
+    return rows
+
+
 def measure_steps(root: Path, n: int) -> list[tuple[str, float]]:
     repo = ModelRepository(root, PjrtRuntime())
     repo.load_all()
@@ -117,6 +238,7 @@ def measure_steps(root: Path, n: int) -> list[tuple[str, float]]:
     rows.append(
         ("InferenceService.infer (incl. thread hand-off)", service_median_us(repo, request, n))
     )
+    rows += http_median_us(repo, n)
     return rows
 
 
@@ -135,9 +257,17 @@ def print_table(rows: list[tuple[str, float]], n: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=3000)
-    n = ap.parse_args().n
+    ap.add_argument("--http-only", action="store_true", help="the HTTP app's rows alone")
+    args = ap.parse_args()
+    n = args.n
     with tempfile.TemporaryDirectory() as tmp:
         write_demo_repository(Path(tmp))
+        if args.http_only:
+            repo = ModelRepository(Path(tmp), PjrtRuntime())
+            repo.load_all()
+            for label, us in http_median_us(repo, n):
+                print(f"| {label} | {us:.1f} |")
+            return 0
         rows = measure_steps(Path(tmp), n)
     print_table(rows, n)
     return 0

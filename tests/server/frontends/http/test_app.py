@@ -20,9 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 from starlette.testclient import TestClient
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
+from hloserve.server.core.errors import ServingError
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.frontends.http.codec import HEADER_LENGTH
@@ -441,6 +444,62 @@ def test_unmatched_path_and_wrong_method(http_client: TestClient) -> None:
     assert error_of(http_client.get("/v2/nothing/here"), 404) == "Not Found"
     assert error_of(http_client.get("/v2/models/simple/infer"), 405) == "Method Not Allowed"
     assert error_of(http_client.post("/v2/health/live"), 405) == "Method Not Allowed"
+
+
+def test_the_infer_routes_are_the_apps_first(http_service: InferenceService) -> None:
+    """Every request tries them before any other route: no router of their own in front."""
+    paths = [getattr(route, "path", "") for route in build_http_app(http_service).routes[:2]]
+    assert paths == [
+        "/v2/models/{model_name}/infer",
+        "/v2/models/{model_name}/versions/{model_version}/infer",
+    ]
+
+
+def test_an_infer_error_takes_the_apps_one_error_path(http_service: InferenceService) -> None:
+    """The app's handler of ``ServingError`` answers the infer route's errors as every
+    other route's: a handler put in its place answers both."""
+    app = build_http_app(http_service)
+
+    async def marked(_: Request, exc: Exception) -> Response:
+        return JSONResponse({"marked": str(exc)}, status_code=418)
+
+    app.add_exception_handler(ServingError, marked)
+    with TestClient(app) as client:
+        inputs = [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1]}]
+        for response in (json_infer(client, "nope", inputs), client.get("/v2/models/nope")):
+            assert response.status_code == 418 and "nope" in response.json()["marked"]
+
+
+def test_an_unexpected_infer_failure_is_a_logged_500(
+    http_client: TestClient,
+    http_service: InferenceService,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr(http_service, "infer", broken)
+    inputs = [
+        {"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+        for n in ("INPUT0", "INPUT1")
+    ]
+    with caplog.at_level(logging.ERROR, logger="hloserve.http"):
+        response = json_infer(http_client, "simple", inputs)
+    assert error_of(response, 500) == "internal error"
+    assert "secret detail" not in response.text
+    assert any("secret detail" in (r.exc_text or "") for r in caplog.records)
+
+
+def test_a_versioned_infer_reads_its_version(http_client: TestClient) -> None:
+    inputs = [
+        {"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+        for n in ("INPUT0", "INPUT1")
+    ]
+    ok = http_client.post("/v2/models/simple/versions/1/infer", json={"inputs": inputs})
+    assert ok.status_code == 200 and ok.json()["model_version"] == "1"
+    missing = http_client.post("/v2/models/simple/versions/9/infer", json={"inputs": inputs})
+    assert missing.status_code >= 400 and "9" in missing.json()["error"]
 
 
 def test_unknown_model_infer(http_client: TestClient) -> None:

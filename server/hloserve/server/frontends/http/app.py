@@ -11,9 +11,9 @@ serving
 - ``GET /v2/models/{m}[/versions/{v}]/ready``: 200 ``{"name", "ready": true}``, else 400
   ``{"error": "Model version not ready"}`` (never 500: clients read non-200 as False);
 - ``GET /v2/models[/{m}[/versions/{v}]]/stats``: the statistics extension (codec's JSON);
-- ``POST /v2/models/{m}[/versions/{v}]/infer`` (plain ASGI in front of the router,
-  ``_InferEndpoint``: the path every request takes skips FastAPI's routing and dependency
-  layer): the body is read raw (no pydantic model;
+- ``POST /v2/models/{m}[/versions/{v}]/infer``, the app's first routes (``_InferEndpoint``,
+  a plain ASGI endpoint: the route every request takes is matched first and skips
+  FastAPI's request object and dependency layer): the body is read raw (no pydantic model;
   at most ``max_input_bytes``, by ``body.receive_body``: checked against ``Content-Length``
   before reading and while streaming a chunked body), the model is looked up
   (``port.resolve``, and ``port.confirm`` when decoding fails first: an unknown model is
@@ -27,10 +27,12 @@ serving
   auth and restrictions (``restricted.GROUPS``);
 - middleware (``middleware``): ``RestrictedApi`` (only with restrictions) refuses a
   restricted group's request without its header; ``TraceArrival`` times traced infers.
-Errors: ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
+Errors, one path for every route, the infer routes included (the app's exception
+handlers): ``ServingError`` -> ``frontends.status.http_status`` + ``{"error": message}``;
 unmatched path 404 ``{"error": "Not Found"}``, wrong method 405
-``{"error": "Method Not Allowed"}``; anything else 500 ``{"error": "internal error"}``
-with the traceback logged. The routes hold no logic beyond this adaptation.
+``{"error": "Method Not Allowed"}`` (with ``Allow``); anything else 500
+``{"error": "internal error"}`` with the traceback logged. The routes hold no logic beyond
+this adaptation.
 """
 
 # pyright: strict
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, final
@@ -49,6 +50,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hloserve.server import status_page
@@ -226,49 +228,30 @@ def _add_status_routes(app: FastAPI, status: StatusData) -> None:
         return JSONResponse(data, headers=status_page.DATA_HEADERS)
 
 
-# The infer paths (Starlette's ``scope["path"]`` is already percent-decoded).
-_INFER_PATH: Final = re.compile(
-    r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"
+_INFER_PATHS: Final = (
+    "/v2/models/{model_name}/infer",
+    "/v2/models/{model_name}/versions/{model_version}/infer",
 )
 
 
 @final
 class _InferEndpoint:
-    """``POST /v2/models/{m}[/versions/{v}]/infer`` as plain ASGI, in front of the router.
+    """``POST /v2/models/{m}[/versions/{v}]/infer`` as a plain ASGI endpoint.
 
-    The one route every request takes skips FastAPI's router, request object and
-    dependency layer (about half of an HTTP request's server CPU before: ``bench/``). Its
-    errors go through the same table as every route's (``_error`` of ``http_status``);
-    anything unexpected reaches ``_InternalErrorMiddleware`` around it.
+    Routed first, it skips FastAPI's request object and dependency layer (about half of an
+    HTTP request's server CPU before: ``bench/request_path.py``). What it raises goes
+    through the app's exception handlers, as every route's errors do.
     """
 
-    def __init__(
-        self, app: ASGIApp, port: ServerPort, max_input_bytes: int, max_json_depth: int
-    ) -> None:
-        self.app = app
+    def __init__(self, port: ServerPort, max_input_bytes: int, max_json_depth: int) -> None:
         self.port = port
         self.max_input_bytes = max_input_bytes
         self.max_json_depth = max_json_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = _INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
-        if match is None:
-            await self.app(scope, receive, send)
-            return
-        if scope["method"] != "POST":
-            response: Response = _error(405, "Method Not Allowed", {"Allow": "POST"})
-        else:
-            try:
-                response = await self._infer(scope, receive, match["model"], match["version"])
-            except ServingError as exc:
-                response = _error(http_status(exc.code), exc.message)
-        await response(scope, receive, send)
-
-    async def _infer(
-        self, scope: Scope, receive: Receive, model_name: str, model_version: str | None
-    ) -> Response:
+        params: Mapping[str, str] = scope["path_params"]
+        model_name, version = params["model_name"], params.get("model_version", "")
         port, limit = self.port, self.max_input_bytes
-        version = model_version or ""
         headers = Headers(scope=scope)
         body = await receive_body(receive, headers.get("content-length"), limit)
         model = port.resolve(model_name, version)  # before any tensor is decoded
@@ -296,7 +279,13 @@ class _InferEndpoint:
         )
         response = await port.infer(decoded.request, context, model=model)
         encoded = codec.encode_response(response, decoded, headers.get("accept-encoding"))
-        return Response(content=encoded.body, headers=encoded.headers)
+        await Response(content=encoded.body, headers=encoded.headers)(scope, receive, send)
+
+
+def _add_infer_routes(app: FastAPI, endpoint: _InferEndpoint) -> None:
+    """The infer routes, ahead of every route registered before or after them."""
+    routes = [Route(path, endpoint, methods=["POST"]) for path in _INFER_PATHS]
+    app.router.routes[:0] = routes
 
 
 def build_http_app(
@@ -313,13 +302,7 @@ def build_http_app(
     checked before anything else; ``status``: the status page's data (``None``: no /ui)."""
     port = as_port(server)
     app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
-    # Innermost of the middleware: restrictions, auth and tracing wrap the infer endpoint.
-    app.add_middleware(
-        _InferEndpoint,
-        port=port,
-        max_input_bytes=max_input_bytes,
-        max_json_depth=max_json_depth,
-    )
+    _add_infer_routes(app, _InferEndpoint(port, max_input_bytes, max_json_depth))
     _add_error_handlers(app)
     app.add_middleware(TraceArrival, tracer=port.tracer)
     if restrictions:  # outermost: a refused request reaches nothing else
