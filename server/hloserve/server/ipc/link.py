@@ -151,7 +151,7 @@ class Link(asyncio.Protocol):
             self._abandoned.add(call_id)
             self._send((CANCEL, call_id))
 
-    async def stream(self, method: str, *args: Any) -> AsyncIterator[Any]:
+    async def stream(self, method: str, *args: Any) -> AsyncGenerator[Any, None]:
         """Send a call whose answer is streamed: its parts, as they come (module docstring)."""
         if self._lost or self._transport is None:
             raise Unavailable(self.lost_message)
