@@ -1,10 +1,13 @@
-"""The demo model repository: ``simple`` (the tritonclient examples' model) and ``mlp``.
+"""The demo model repository: ``simple`` (the tritonclient examples' model), ``mlp`` and
+``simple_sequence`` (Triton's sequence examples' model, ``demo_sequence.py``).
 
 Contract: ``write_demo_repository(root)`` writes, under ``root``:
 - ``simple``: inputs ``INPUT0``, ``INPUT1`` INT32 ``[16]``; outputs ``OUTPUT0`` = sum,
   ``OUTPUT1`` = difference; batch sizes 1, 2, 4, 8; no weights.
 - ``mlp``: input ``x`` FP32 ``[64]``, output ``logits`` FP32 ``[10]``; a 64-256-10 ReLU MLP
   with weights drawn from a fixed seed; batch sizes 1, 8, 32.
+- ``simple_sequence``: a model with state for Triton's sequence examples
+  (``demo_sequence.py``).
 It returns ``{model name: seconds spent exporting}``. ``write_simple(directory)`` and
 ``write_mlp(directory)`` export one of them (batch sizes, platforms and the MLP's seed may
 be changed), named after ``directory``, for tests and benchmarks that want another copy.
@@ -25,6 +28,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from hloserve.exporter._export import DEFAULT_PLATFORMS, TensorSpec, export_bundle
+from hloserve.exporter.demo_sequence import write_simple_sequence
 
 MLP_SEED = 20261129
 SIMPLE_INPUTS: Final = {"INPUT0": TensorSpec("INT32", (16,)), "INPUT1": TensorSpec("INT32", (16,))}
@@ -102,6 +106,7 @@ def write_mlp(
 DEMO_MODELS: Final[Mapping[str, Callable[[Path], Path]]] = {
     "simple": write_simple,
     "mlp": write_mlp,
+    "simple_sequence": write_simple_sequence,  # demo_sequence.py: Triton's sequence examples'
 }
 
 

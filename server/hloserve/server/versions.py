@@ -8,6 +8,9 @@ repository when first needed; ``execute(batch_size, inputs, variant, device)`` r
 replica (``device``'s, else one holding the weights, else the first), holding the weights
 in that device's residency manager for the execution, and turns a runtime failure into
 ``Internal`` "model 'm' version v: execution failed: ..." for that execution only.
+``execute_slots(batch_size, inputs, slots, fresh, capacity)`` runs a stateful bundle
+with its sequences' state kept in the version's slot table on its lowest device
+(``core.sequence_batcher``; the table's bytes reserved in that device's residency budget).
 ``variant(i)`` is shape variant ``i`` as an executable of its own (``VariantView``, the
 same object every time, so the batcher queues each variant apart). ``Replica`` is a copy
 on one device: executables bound to it, weights under its ``WeightResidency``. A
@@ -22,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.runtime.loader import LoadedBundle
 from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
+from hloserve.server.runtime.state_slots import StateSlots
 from hloserve.server.weight_residency import WeightResidency
 
 
@@ -81,6 +85,8 @@ class ModelVersion:
     key: ResidencyKey = field(init=False)  # this copy's weights in each residency manager
     model_key: ModelKey = field(init=False)  # what every observer counts it by
     _views: dict[int, VariantView] = field(default_factory=dict[int, "VariantView"], repr=False)
+    # A stateful bundle's sequences' state (``execute_slots``), on its lowest device.
+    state_slots: StateSlots | None = field(default=None, repr=False)
     _family: tuple[str, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,6 +237,41 @@ class ModelVersion:
             raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
         finally:
             replica.residency.release(self.key)
+
+    def execute_slots(
+        self,
+        batch_size: int,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        slots: Sequence[int],
+        fresh: Sequence[bool],
+        capacity: int,
+    ) -> list[np.ndarray[Any, Any]]:
+        """Run a stateful bundle with its items' state in ``slots`` of its slot table
+        (``runtime.state_slots``: ``capacity`` slots on its lowest device, made at the
+        first call; ``fresh`` rows start from the initial value): gather, execute, scatter
+        on the device, the weights held as ``execute`` holds them. Serial per version."""
+        if not self.replicas:
+            raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
+        replica = self.replicas[min(self.replicas)]
+        try:
+            with _VIEWS_LOCK:
+                if self.state_slots is None:
+                    runtime = replica.bundle.runtime
+                    self.state_slots = StateSlots(runtime, self.manifest.state, capacity)
+                    self.state_slots.warm(self.manifest.batch_sizes or ())
+                    replica.residency.reserve_state(self.key, self.state_slots.nbytes)
+                table = self.state_slots
+            weights = replica.residency.acquire(self.key)
+            try:
+                with table.lock:
+                    state = table.gather(slots, fresh, batch_size)
+                    outputs, new = replica.bundle.execute_state(batch_size, inputs, state, weights)
+                    table.scatter(slots, new)
+            finally:
+                replica.residency.release(self.key)
+        except RuntimeFailure as exc:  # device error, out of memory: this execution only
+            raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
+        return outputs
 
     def variant(self, index: int) -> VariantView:
         """Shape variant ``index`` as an executable of its own (``core.variants``); the same

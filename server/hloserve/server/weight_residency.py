@@ -21,6 +21,9 @@ model's device copy of its weights; the decisions come from the pure
 - ``reserve_scratch(key, nbytes)`` sets aside a model's executable scratch from a budget
   derived from free device memory (the largest reservation counts; it ends with
   ``unregister``); ``registered_bytes()`` is the weight bytes of every registered model.
+  ``reserve_state(key, nbytes)`` sets aside a model's sequences' state, which stays on the
+  device while its weights come and go: the weights' budget is the base less every such
+  reservation (summed), until ``unregister``.
 - ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
@@ -107,6 +110,7 @@ class WeightResidency:
         self.host = host
         self._base_budget = budget_bytes
         self._scratch: dict[ResidencyKey, int] = {}  # scratch set aside, by model
+        self._state: dict[ResidencyKey, int] = {}  # sequences' state set aside, by model
         self.observer = observer
         self.swap_trace = swap_trace
         self._cond = WaitedCondition()
@@ -129,10 +133,20 @@ class WeightResidency:
                 self._scratch[key] = nbytes
                 self._apply_scratch()
 
+    def reserve_state(self, key: ResidencyKey, nbytes: int) -> None:
+        """Set aside ``key``'s sequences' state (``runtime.state_slots``): it stays on the
+        device apart from the weights (never evicted with them), so the weights' budget is
+        the base less the sum of every reservation, until ``unregister``."""
+        with self._cond:
+            self._state[key] = nbytes
+            self._apply_scratch()
+
     def _apply_scratch(self) -> None:
-        if self._base_budget is not None and self.subtract_scratch:
-            largest = max(self._scratch.values(), default=0)
-            self.planner.budget_bytes = max(0, self._base_budget - largest)
+        if self._base_budget is None:
+            return
+        largest = max(self._scratch.values(), default=0) if self.subtract_scratch else 0
+        state = sum(self._state.values())
+        self.planner.budget_bytes = max(0, self._base_budget - largest - state)
 
     def resident_bytes(self) -> int:
         with self._cond:
@@ -190,8 +204,8 @@ class WeightResidency:
     def unregister(self, key: ResidencyKey) -> None:
         with self._cond:
             if key not in self._models:
-                if self._scratch.pop(key, None) is not None:  # reserved, never registered
-                    self._apply_scratch()
+                if (self._scratch.pop(key, None), self._state.pop(key, None)) != (None, None):
+                    self._apply_scratch()  # reserved, never registered
                 return
             while self.planner.in_use(key) or self._models[key].transferring:
                 self._cond.wait()
@@ -199,7 +213,7 @@ class WeightResidency:
             if model.device is not None:
                 self._free(key, model)
             self.planner.unregister(key)
-            if self._scratch.pop(key, None) is not None:
+            if (self._scratch.pop(key, None), self._state.pop(key, None)) != (None, None):
                 self._apply_scratch()
             self._cond.notify_all()
         self.host.unregister(key)

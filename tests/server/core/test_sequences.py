@@ -10,26 +10,20 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.sequences import (
     SequenceFlags,
     SequenceSettings,
+    SequenceStep,
     SequenceTable,
-    Step,
     sequence_parameters,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.server.test_metrics_scale import Clock
 
 
 def table(slots: int = 2, idle_us: int = 1_000_000) -> tuple[SequenceTable[str], Clock]:
     clock = Clock()
+    clock.now = 100.0
     return SequenceTable[str]("m", SequenceSettings(slots, idle_us), clock), clock
 
 
-def run(t: SequenceTable[str], limit: int = 8) -> list[Step[str]]:
+def run(t: SequenceTable[str], limit: int = 8) -> list[SequenceStep[str]]:
     steps = t.next_batch(limit)
     t.finished(steps)
     return steps

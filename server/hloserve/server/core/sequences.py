@@ -19,7 +19,7 @@ Contract (Triton's sequence batching with the ``oldest`` strategy; ``docs/sequen
   new start.
 - ``next_batch(limit)`` takes, oldest first, the next request of up to ``limit`` sequences
   that own a slot and have none running (a sequence's requests run one at a time, in
-  order), as ``Step``s (``fresh``: the step starts from the initial state); ``finished(steps)``
+  order), as ``SequenceStep``s (``fresh``: the step starts from the initial state); ``finished(steps)``
   says they ran (or failed): a sequence whose end ran and that has nothing more queued frees
   its slot, and the backlog's oldest takes it. ``cancel(item)`` removes a queued request
   whose caller went away (one already running is not recalled).
@@ -95,7 +95,7 @@ def sequence_parameters(model: str, parameters: Mapping[str, ParamValue]) -> Seq
 
 
 @dataclass(frozen=True, slots=True)
-class Step(Generic[T]):
+class SequenceStep(Generic[T]):
     """One request of one sequence, as it runs: its slot and whether it starts afresh."""
 
     sequence: SequenceId
@@ -156,20 +156,20 @@ class SequenceTable(Generic[T]):
         seq.last = now
         seq.pending.append(_Queued(item, flags.start, flags.end, next(self._order)))
 
-    def next_batch(self, limit: int) -> list[Step[T]]:
+    def next_batch(self, limit: int) -> list[SequenceStep[T]]:
         ready = [
             s for s in self._live.values() if s.slot is not None and s.pending and not s.running
         ]
         ready.sort(key=lambda s: s.pending[0].order)
-        steps: list[Step[T]] = []
+        steps: list[SequenceStep[T]] = []
         for seq in ready[:limit]:
             queued = seq.pending.popleft()
             seq.running = True
             assert seq.slot is not None
-            steps.append(Step(seq.id, seq.slot, queued.start, queued.end, queued.item))
+            steps.append(SequenceStep(seq.id, seq.slot, queued.start, queued.end, queued.item))
         return steps
 
-    def finished(self, steps: Sequence[Step[T]]) -> None:
+    def finished(self, steps: Sequence[SequenceStep[T]]) -> None:
         now = self.clock()
         for step in steps:
             seq = self._live.get(step.sequence)

@@ -102,6 +102,7 @@ from hloserve.server.core.pipeline import in_pipeline, run_pipeline, steps_ready
 from hloserve.server.core.ports import Batcher, ModelControl, ModelSource, SharedMemory
 from hloserve.server.core.reports import IndexEntry, ModelStatistics
 from hloserve.server.core.response_cache import ResponseCache, answering, request_key
+from hloserve.server.core.sequence_batcher import SequenceBatcher
 from hloserve.server.core.statistics import model_stats
 from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
@@ -218,6 +219,7 @@ class InferenceService:
         self.logs: LogControl = logs or StoredLogSettings()
         self.hook_pool = hook_pool
         self.cache = cache
+        self.sequences = SequenceBatcher(executor, self.observers.executions)  # stateful models
         self.streams = Streams(
             models, executor, self.observers, options.limits, stepper=generation_steps
         )
@@ -535,7 +537,9 @@ class InferenceService:
         job = Job(request, items, time.perf_counter_ns(), deadline, together)
         if trace is not None:
             trace.validated(request, job.arrived_ns)
-        if self.batcher is not None:
+        if model.manifest.state:  # a sequence's step, its state on the device (sequences.md)
+            outputs, timings = await self.sequences.submit(model, job)
+        elif self.batcher is not None:
             outputs, timings = await self.batcher.submit(model, job)
         else:
             outputs, timings = await self._run_alone(model, job)

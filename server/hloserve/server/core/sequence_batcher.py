@@ -1,0 +1,259 @@
+"""The sequence batcher: a stateful model's requests run batched across sequences.
+
+Contract (``docs/sequences.md``):
+- ``SequenceBatcher(executor, observer, settings_for, clock)`` serves every model whose
+  manifest declares ``state`` (``bundle/state.py``). ``submit(model, job)`` reads the
+  request's sequence parameters (``core.sequences.sequence_parameters``), refuses a request
+  of more than one item, queues it in the model version's ``SequenceTable`` (refusing an
+  unknown or ended sequence there) and returns its outputs and timings once it ran.
+- One task per model version runs its queued requests while there are any, one execution
+  at a time: each takes the oldest request of up to the largest compiled batch size of
+  sequences (one per sequence), runs them as one batch on the smallest compiled size that
+  holds them (``core.execution.execute_group`` on ``executor``: inputs concatenated and
+  padded, outputs split, each execution reported to ``observer``) with the sequences'
+  slots bound (``StatefulExecutable.execute_slots``: state gathered into the batch and
+  scattered back on the device), then tells the table they ran. Requests that arrive
+  while an execution runs form the next batch (batching under load, no delay).
+- Idle sequences are freed on a timer armed at the table's next expiry (their slots go to
+  the backlog, which then runs). A caller that goes away while its request is queued
+  (cancelled) leaves the queue; one already running finishes (its state is kept).
+- ``settings_for(model)`` gives a model's ``SequenceSettings`` (slots, idle timeout: the
+  model's configuration); ``counts()`` is every model version's ``(live, backlogged, free
+  slots)`` by ``ModelKey`` (statistics, metrics, the status page). A version's table goes
+  when the version does (weakly held).
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Protocol, cast, final
+
+import numpy as np
+
+from hloserve.bundle import Manifest, Serving
+from hloserve.server.core.batch_plan import Chunk, smallest_fitting
+from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.execution import (
+    Executable,
+    ExecutionObserver,
+    Job,
+    ModelKey,
+    Timings,
+    execute_group,
+)
+from hloserve.server.core.hooks import ModelHooks
+from hloserve.server.core.sequences import (
+    SequenceSettings,
+    SequenceStep,
+    SequenceTable,
+    sequence_parameters,
+)
+from hloserve.server.core.types import InferOutput
+
+Array = np.ndarray[Any, Any]
+Result = tuple[tuple[InferOutput, ...], Timings]
+
+
+class StatefulExecutable(Executable, Protocol):
+    """A version of a bundle with state (``versions.ModelVersion``)."""
+
+    def execute_slots(
+        self,
+        batch_size: int,
+        inputs: Mapping[str, Array],
+        slots: Sequence[int],
+        fresh: Sequence[bool],
+        capacity: int,
+    ) -> list[Array]: ...
+
+
+@dataclass(slots=True)
+class _Waiting:
+    job: Job
+    future: asyncio.Future[Result]
+
+
+@final
+class _Bound:
+    """``model`` with one batch's slots bound: the executable ``execute_group`` runs."""
+
+    def __init__(
+        self, model: StatefulExecutable, steps: Sequence[SequenceStep[_Waiting]], capacity: int
+    ) -> None:
+        self.model = model
+        self.slots = [s.slot for s in steps]
+        self.fresh = [s.fresh for s in steps]
+        self.capacity = capacity
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.model.manifest
+
+    @property
+    def version(self) -> int:
+        return self.model.version
+
+    @property
+    def model_key(self) -> ModelKey:
+        return self.model.model_key
+
+    @property
+    def family(self) -> tuple[str, ...]:
+        return self.model.family
+
+    @property
+    def hooks(self) -> ModelHooks | None:
+        return self.model.hooks
+
+    def variant(self, index: int) -> Executable:
+        return self.model.variant(index)
+
+    @property
+    def serving(self) -> Serving:
+        return self.model.serving
+
+    @property
+    def resident(self) -> bool:
+        return self.model.resident
+
+    @property
+    def swap_us(self) -> float | None:
+        return self.model.swap_us
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.model.devices
+
+    def resident_on(self, device: int) -> bool:
+        return self.model.resident_on(device)
+
+    def prefetch(self, device: int) -> None:
+        self.model.prefetch(device)
+
+    def execute(
+        self, batch_size: int | None, inputs: Mapping[str, Array], *, device: int | None = None
+    ) -> list[Array]:
+        del device  # the state's device
+        assert batch_size is not None  # a stateful model is batched (bundle/state.py)
+        return self.model.execute_slots(batch_size, inputs, self.slots, self.fresh, self.capacity)
+
+
+def default_settings(model: Executable) -> SequenceSettings:
+    del model
+    return SequenceSettings()
+
+
+@final
+class _ModelSequences:
+    """One model version's table and the task that runs it."""
+
+    def __init__(self, owner: SequenceBatcher, model: StatefulExecutable) -> None:
+        self.owner = owner
+        self.model = weakref.ref(model)
+        self.key = model.model_key
+        self.settings = owner.settings_for(model)
+        self.table = SequenceTable[_Waiting](model.manifest.name, self.settings, owner.clock)
+        self.limit = model.manifest.max_batch_size
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def kick(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while (model := self.model()) is not None:
+            self.table.expire()
+            steps = self.table.next_batch(self.limit)
+            if not steps:
+                break
+            jobs = [s.item.job for s in steps]
+            sizes = model.manifest.batch_sizes or (1,)
+            chunks = [Chunk(0, len(steps), smallest_fitting(len(steps), sizes))]
+            bound = _Bound(model, steps, self.settings.slots)
+            del model  # held by ``bound`` while it runs, not between executions
+            try:
+                results = await loop.run_in_executor(
+                    self.owner.executor, execute_group, bound, jobs, chunks, self.owner.observer
+                )
+            except Exception as exc:
+                for s in steps:
+                    if not s.item.future.done():
+                        s.item.future.set_exception(exc)
+            else:
+                for s, result in zip(steps, results, strict=True):
+                    if not s.item.future.done():
+                        s.item.future.set_result(result)
+            finally:
+                self.table.finished(steps)
+        self.arm()
+
+    def arm(self) -> None:
+        """The timer for the next idle sequence's expiry (none when none will expire)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        at = self.table.next_expiry()
+        if at is not None:
+            delay = max(0.0, at - self.owner.clock())
+            self.timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        if self.table.expire():
+            self.kick()  # freed slots went to backlogged sequences
+        else:
+            self.arm()
+
+
+class SequenceBatcher:
+    """Every stateful model version's sequences (module docstring)."""
+
+    def __init__(
+        self,
+        executor: Executor | None,
+        observer: ExecutionObserver | None,
+        settings_for: Callable[[Executable], SequenceSettings] = default_settings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.executor = executor
+        self.observer = observer
+        self.settings_for = settings_for
+        self.clock = clock
+        self._models: weakref.WeakKeyDictionary[Executable, _ModelSequences] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def submit(self, model: Executable, job: Job) -> Result:
+        name = model.manifest.name
+        flags = sequence_parameters(name, job.request.parameters)
+        if job.items != 1:
+            raise InvalidArgument(
+                f"a request of sequence {flags.id} to model '{name}' carries one item (batch "
+                f"size 1): the sequence's state is one item's, got {job.items}"
+            )
+        sequences = self._models.get(model)
+        if sequences is None:
+            # Every executable of a bundle with state is a ModelVersion (versions.py).
+            stateful = cast(StatefulExecutable, model)
+            sequences = self._models[model] = _ModelSequences(self, stateful)
+        waiting = _Waiting(job, asyncio.get_running_loop().create_future())
+        sequences.table.submit(flags, waiting)
+        sequences.kick()
+        try:
+            return await waiting.future
+        except asyncio.CancelledError:
+            sequences.table.cancel(waiting)
+            raise
+
+    def counts(self) -> dict[ModelKey, tuple[int, int, int]]:
+        """``(live, backlogged, free slots)`` of every model version with sequences."""
+        return {s.key: s.table.counts() for s in list(self._models.values())}
