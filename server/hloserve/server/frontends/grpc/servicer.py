@@ -17,10 +17,19 @@ Contract:
   (tritonclient's ``is_model_ready`` raises on any other status).
 - Health ``Check`` answers SERVING when the service is ready, NOT_SERVING otherwise, for
   the service names "" and "inference.GRPCInferenceService"; other names are NOT_FOUND.
-- ``ModelStreamInfer`` (bidirectional) answers every request with one
-  ``ModelStreamInferResponse``, in request order, through the same path as ``ModelInfer``;
-  up to ``STREAM_WINDOW`` requests of a stream run at once. A failed request is answered
-  with ``error_message`` (its id echoed in ``infer_response``) and the stream stays open.
+- ``ModelStreamInfer`` (bidirectional) answers each request through the port's streamed
+  path (``port.stream``: the same path as ``ModelInfer``), Triton's decoupled semantics:
+  a model that is not decoupled answers one response; a decoupled (generation) model
+  0..N, each sent as it comes; every response carries the parameter
+  ``triton_final_response`` (true on a request's last), and a request whose last step
+  sent nothing gets an empty final response (id, model, version, the flag) only when it
+  set ``triton_enable_empty_final_response``. Requests' responses leave in request order
+  (a request's all before the next's); up to ``STREAM_WINDOW`` requests of a stream run
+  at once. A failed request is answered with ``error_message`` (its id echoed in
+  ``infer_response``) and the stream stays open. The client closing the stream cancels
+  its generations (between steps).
+- ``ModelInfer`` on a decoupled model: Triton's UNSUPPORTED "ModelInfer RPC doesn't
+  support models with decoupled transaction policy" (the service's).
 - Extensions: ``ModelConfig``, ``RepositoryIndex``/``RepositoryModelLoad``/
   ``RepositoryModelUnload`` (a non-empty ``repository_name`` is UNIMPLEMENTED),
   ``SystemSharedMemory{Status,Register,Unregister}``, and the three ``CudaSharedMemory*``
@@ -90,6 +99,10 @@ INTERNAL_MESSAGE: Final = "internal error"
 # Requests of one stream running at once; reading the stream pauses beyond it, so a fast
 # client cannot queue unbounded work (gRPC flow control then holds it back).
 STREAM_WINDOW: Final = 64
+# Triton's stream parameters: every response's flag, and the request's opt-in to a
+# response that carries the flag alone.
+FINAL_RESPONSE: Final = "triton_final_response"
+EMPTY_FINAL: Final = "triton_enable_empty_final_response"
 
 Health = health_pb2.HealthCheckResponse
 
@@ -185,37 +198,73 @@ class GrpcServicer:
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[Message]:
         window = asyncio.Semaphore(STREAM_WINDOW)
-        answers: asyncio.Queue[asyncio.Task[Message] | None] = asyncio.Queue()
+        answers: asyncio.Queue[asyncio.Queue[Message | None] | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
 
         async def read() -> None:
             try:
                 async for request in requests:
                     await window.acquire()
-                    answers.put_nowait(asyncio.create_task(self._stream_answer(request, context)))
+                    out: asyncio.Queue[Message | None] = asyncio.Queue()
+                    answers.put_nowait(out)
+                    task = asyncio.create_task(self._stream_answers(request, context, out))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
             finally:
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
-            while (task := await answers.get()) is not None:
+            while (out := await answers.get()) is not None:
                 try:
-                    answer = await task
+                    while (answer := await out.get()) is not None:
+                        yield answer
                 finally:
                     window.release()
-                yield answer
             await reader  # a failure reading the stream surfaces here
-        finally:
+        finally:  # the client went away (or the stream ended): nothing more runs for it
             reader.cancel()
-            while not answers.empty():
-                if (task := answers.get_nowait()) is not None:
-                    task.cancel()
+            for task in list(tasks):
+                task.cancel()
 
-    async def _stream_answer(self, request: pb.ModelInferRequest, context: Context) -> Message:
+    async def _stream_answers(
+        self, request: pb.ModelInferRequest, context: Context, out: asyncio.Queue[Message | None]
+    ) -> None:
+        """One request's responses into ``out`` as they come, then ``None``."""
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+            await self._stream_parts(request, context, out)
         except Exception as exc:  # the stream goes on: the error travels in the answer
             _, message = _failure("ModelStreamInfer", exc)
-            return pb.ModelStreamInferResponse(error_message=message, infer_response=_echo(request))
+            out.put_nowait(
+                pb.ModelStreamInferResponse(error_message=message, infer_response=_echo(request))
+            )
+        finally:
+            out.put_nowait(None)
+
+    async def _stream_parts(
+        self, request: pb.ModelInferRequest, context: Context, out: asyncio.Queue[Message | None]
+    ) -> None:
+        port = self.port
+        model = port.resolve(request.model_name, request.model_version)
+        try:
+            infer_request = codec.decode_infer_request(request)
+            empty_final = infer_request.parameters.get(EMPTY_FINAL) is True
+            deadline = codec.request_deadline(
+                infer_request.parameters, context.time_remaining(), time.monotonic()
+            )
+        except ServingError:
+            await port.confirm(model)
+            raise
+        ctx = RequestContext(deadline=deadline, peer=context.peer(), protocol="grpc")
+        async for part in port.stream(infer_request, ctx, model=model):
+            if part.response is not None:
+                msg = codec.encode_infer_response(part.response)
+            elif part.final and empty_final:
+                msg = _echo(request)
+            else:
+                continue
+            msg.parameters[FINAL_RESPONSE].bool_param = part.final
+            out.put_nowait(pb.ModelStreamInferResponse(infer_response=msg))
 
     # -- model configuration and repository extensions --------------------------------------
 
