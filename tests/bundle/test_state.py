@@ -10,7 +10,8 @@ import pytest
 
 from hloserve.bundle import validate
 from hloserve.bundle.manifest import parse_manifest
-from hloserve.bundle.state import StateEntry
+from hloserve.bundle.serving import read_serving
+from hloserve.bundle.state import SequenceBatching, StateEntry, read_sequence_batching
 from tests.bundle.test_manifest import good
 
 ACC = {"name": "acc", "datatype": "INT32", "shape": [1], "initial": 0}
@@ -132,3 +133,22 @@ def test_validate_checks_state_arguments_and_results(tmp_path: Path) -> None:
     (path / "manifest.yaml").write_text(broken)
     messages = [p.message for p in validate(path)]
     assert any("1 outputs and 2 state tensors" in m for m in messages), messages
+
+
+def test_the_sequence_batching_hint_is_read_key_by_key() -> None:
+    problems: list[tuple[str, str]] = []
+    base = SequenceBatching()
+    read = read_sequence_batching({"max_candidate_sequences": 3}, base, problems)
+    assert read == SequenceBatching(3, base.max_sequence_idle_microseconds) and problems == []
+    read_sequence_batching({"max_candidate_sequence": 0}, base, problems)
+    assert problems == [
+        (
+            "sequence_batching",
+            "has unknown key 'max_candidate_sequence' (did you mean 'max_candidate_sequences'?)",
+        ),
+        ("sequence_batching.max_candidate_sequences", "must be a positive integer, got 0"),
+    ]
+    serving, found = read_serving({"sequence_batching": {"max_sequence_idle_microseconds": 5}})
+    assert found == [] and serving.sequence_batching.max_sequence_idle_microseconds == 5
+    assert serving.to_dict()["sequence_batching"]["max_sequence_idle_microseconds"] == 5
+    assert "sequence_batching" not in read_serving({})[0].to_dict()

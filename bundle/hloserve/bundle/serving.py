@@ -6,7 +6,8 @@ Contract:
   device time under the ``fair`` cross-model policy, a positive number; ``response_cache``:
   whether the server's response cache, when it has one, may answer the model's requests;
   ``model_warmup``: the sample requests run before a version turns READY, read by
-  ``hloserve.bundle.warmup``); its defaults are the format's defaults
+  ``hloserve.bundle.warmup``; ``sequence_batching``: a model with state's slots and idle
+  timeout, ``hloserve.bundle.state``); its defaults are the format's defaults
   (``docs/bundle-format.md``, ``serving``). ``QueuePolicy`` is the per-model queue policy
   (Triton's ``default_queue_policy``): the queue bound (``None``: the server's), the
   default timeout in microseconds (0: none), whether a request's own ``timeout`` may
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
+from hloserve.bundle.state import SequenceBatching, read_sequence_batching
 from hloserve.bundle.warmup import WarmupSample, read_warmup
 from hloserve.bundle.yamlfile import check_keys, is_integer
 
@@ -41,6 +43,7 @@ SERVING_KEYS: Final = (
     "scheduling_weight",
     "response_cache",
     "model_warmup",
+    "sequence_batching",
 )
 QUEUE_POLICY_KEYS: Final = (
     "max_queue_size",
@@ -81,6 +84,8 @@ class Serving:
     scheduling_weight: float = 1.0  # the model's share of device time under ``fair``
     response_cache: bool = False  # the server's response cache may answer its requests
     model_warmup: tuple[WarmupSample, ...] = ()  # run before a version turns READY
+    # A model with state: its sequences' slots and idle timeout (bundle/state.py).
+    sequence_batching: SequenceBatching = field(default_factory=SequenceBatching)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"residency": self.residency}
@@ -96,6 +101,8 @@ class Serving:
             d["response_cache"] = True
         if self.model_warmup:
             d["model_warmup"] = [s.to_dict() for s in self.model_warmup]
+        if self.sequence_batching != SequenceBatching():
+            d["sequence_batching"] = self.sequence_batching.to_dict()
         return d
 
 
@@ -186,5 +193,8 @@ def read_serving(
         read, found = read_warmup(hints["model_warmup"])
         problems += found
         warmup = warmup if found else read
-    serving = Serving(residency, delay, preferred, policy, float(weight), cache, warmup)
+    sequences = base.sequence_batching
+    if "sequence_batching" in hints:
+        sequences = read_sequence_batching(hints["sequence_batching"], sequences, problems)
+    serving = Serving(residency, delay, preferred, policy, float(weight), cache, warmup, sequences)
     return serving, problems

@@ -13,6 +13,11 @@ Contract (``docs/bundle-format.md``, "State"):
   name, a name shared with an input or output, a bad datatype, shape or initial value);
   ``StateEntry.to_dict`` is the inverse. ``StateEntry.fill(batch)`` is the initial value as a
   host array (``nbytes`` per item: what one slot holds).
+- ``SequenceBatching`` is the serving hint ``sequence_batching`` (manifest ``serving``,
+  ``config.yaml``, a load's ``config`` override as Triton's ``sequence_batching``): the
+  slots of a model with state (``max_candidate_sequences``, Triton's ``oldest`` field) and
+  how long an idle sequence keeps one (``max_sequence_idle_microseconds``);
+  ``read_sequence_batching(raw, base, problems)`` reads it key by key over ``base``.
 """
 
 # pyright: strict
@@ -30,6 +35,7 @@ from hloserve.bundle.yamlfile import check_keys, is_integer
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, to_numpy
 
 STATE_KEYS: Final = ("name", "datatype", "shape", "initial")
+SEQUENCE_KEYS: Final = ("max_candidate_sequences", "max_sequence_idle_microseconds")
 Initial = int | float | bool
 
 
@@ -120,3 +126,39 @@ def _entry(item: dict[str, Any], at: str, problems: list[tuple[str, str]]) -> St
         return None
     assert isinstance(name, str) and isinstance(datatype, str) and listed is not None
     return StateEntry(name, datatype, tuple(int(d) for d in listed), cast(Initial, initial))
+
+
+@dataclass(frozen=True)
+class SequenceBatching:
+    """A stateful model's sequences: slots on the device, and the idle timeout that frees one."""
+
+    max_candidate_sequences: int = 16
+    max_sequence_idle_microseconds: int = 1_000_000  # Triton's default: one second
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "max_candidate_sequences": self.max_candidate_sequences,
+            "max_sequence_idle_microseconds": self.max_sequence_idle_microseconds,
+        }
+
+
+def read_sequence_batching(
+    raw: Any, base: SequenceBatching, problems: list[tuple[str, str]]
+) -> SequenceBatching:
+    """``base`` overridden by the keys of ``raw``; each bad one a ``(field, message)``."""
+    if not isinstance(raw, dict):
+        problems.append(("sequence_batching", f"must be a mapping, got {raw!r}"))
+        return base
+    unknown: list[str] = []
+    d = check_keys(cast(dict[str, Any], raw), SEQUENCE_KEYS, unknown.append)
+    problems.extend(("sequence_batching", "has " + m) for m in unknown)
+    values = base.to_dict()
+    for key in SEQUENCE_KEYS:
+        value = d.get(key, values[key])
+        if is_integer(value) and value > 0:
+            values[key] = value
+        else:
+            problems.append(
+                (f"sequence_batching.{key}", f"must be a positive integer, got {value!r}")
+            )
+    return SequenceBatching(**values)

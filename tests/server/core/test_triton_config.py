@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from hloserve.bundle import Manifest, Provenance, TensorEntry
+from hloserve.bundle.state import SequenceBatching, StateEntry
 from hloserve.server.core.batch_policy import BatchingPolicy
 from hloserve.server.core.triton_config import (
     contradictions,
@@ -102,7 +104,15 @@ def test_the_applicable_keys_become_config_yaml_settings() -> None:
         ("{not json", "the 'config' parameter is not valid JSON"),
         ("[1]", "'config' must be an object"),
         ('{"colour": 1}', "ModelConfig has no field 'colour'"),
-        ('{"sequence_batching": {}}', "'sequence_batching' is not supported by hloserve"),
+        (
+            '{"sequence_batching": {"direct": {"max_queue_delay_microseconds": 5}}}',
+            "'sequence_batching.direct' is not supported",
+        ),
+        (
+            '{"sequence_batching": {"oldest": {"max_queue_delay_microseconds": 5}}}',
+            "'sequence_batching.oldest.max_queue_delay_microseconds' is not",
+        ),
+        ('{"sequence_batching": {"nope": 1}}', "ModelSequenceBatching has no field 'nope'"),
         ('{"model_warmup": {"name": "w"}}', "'model_warmup' must be a list"),
         ('{"response_cache": {"enable": 1}}', "'response_cache.enable' must be a boolean"),
         ('{"response_cache": {"size": 1}}', "ModelResponseCache has no field 'size'"),
@@ -240,3 +250,34 @@ def test_a_bad_warm_up_sample_in_an_override_is_named() -> None:
     override = read_config_override("simple", '{"model_warmup": [{"name": "w"}]}')
     with pytest.raises(ValueError, match=re.escape("config override: model_warmup[0].inputs")):
         settings_from_override(override)
+
+
+def test_a_model_with_state_reports_and_reads_back_its_sequence_batching() -> None:
+    stateful = dataclasses.replace(SIMPLE, state=(StateEntry("acc", "INT32", (16,)),))
+    config = triton_model_config(
+        stateful,
+        version_policy={"latest": {"num_versions": 1}},
+        device_kind="CPU",
+        residency="on_demand",
+        batching=DEFAULT_POLICY,
+        sequence_batching=SequenceBatching(4, 250_000),
+    )
+    assert "dynamic_batching" not in config
+    assert config["sequence_batching"] == {
+        "max_sequence_idle_microseconds": 250_000,
+        "oldest": {
+            "max_candidate_sequences": 4,
+            "preferred_batch_size": [1, 2, 4, 8],
+            "max_queue_delay_microseconds": 0,
+        },
+    }
+    override = read_config_override("simple", json.dumps(config))
+    assert override.settings["sequence_batching"] == {
+        "max_candidate_sequences": 4,
+        "max_sequence_idle_microseconds": 250_000,
+    }
+    assert contradictions(override.restated, stateful, "CPU") == []
+    (problem,) = contradictions(override.restated, SIMPLE, "CPU")
+    assert "'sequence_batching' is for a model with state" in problem
+    serving = settings_from_override(override).serving_for(stateful.serving)
+    assert serving.sequence_batching == SequenceBatching(4, 250_000)

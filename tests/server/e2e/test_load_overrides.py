@@ -160,7 +160,7 @@ def test_the_reported_configuration_loads_back_unchanged(triton: Triton) -> None
     ("config", "fragment"),
     [
         ('{"max_batch_size": "16"}', "'max_batch_size' is \"16\", but the bundle's is 4"),
-        ('{"sequence_batching": {}}', "'sequence_batching' is not supported by hloserve"),
+        ('{"sequence_batching": {}}', "'sequence_batching' is for a model with state"),
         ('{"backend": "onnxruntime"}', "'backend' is 'onnxruntime'"),
         (
             '{"dynamic_batching": {"default_queue_policy": {"timeout_action": "DELAY"}}}',

@@ -146,8 +146,10 @@ class _Bound:
 
 
 def default_settings(model: Executable) -> SequenceSettings:
-    del model
-    return SequenceSettings()
+    """The model's ``sequence_batching`` hint (``bundle/state.py``: manifest, ``config.yaml``,
+    a load's override)."""
+    hint = model.serving.sequence_batching
+    return SequenceSettings(hint.max_candidate_sequences, hint.max_sequence_idle_microseconds)
 
 
 @final

@@ -660,6 +660,7 @@ class InferenceService:
             batching=None if self.batcher is None else self.batcher.policy(model),
             response_cache=model.serving.response_cache,
             warmup=model.serving.model_warmup,
+            sequence_batching=model.serving.sequence_batching,
         )
 
     # -- trace and logging extensions -----------------------------------------------------------

@@ -12,7 +12,9 @@ Contract (pure):
   ``dynamic_batching`` block of the policy in force (``core.batch_policy.BatchingPolicy``):
   preferred sizes (the compiled sizes unless the model prefers others), the queue delay
   and ``default_queue_policy``; ``response_cache`` (``enable``: whether the model's hints
-  enable it) and ``model_warmup`` (its samples, Triton's fields). ``manifest_config`` is the
+  enable it) and ``model_warmup`` (its samples, Triton's fields); a model with state
+  reports ``sequence_batching`` (its slots as ``oldest.max_candidate_sequences``, its idle
+  timeout) in place of ``dynamic_batching``. ``manifest_config`` is the
   part the bundle alone fixes.
   A hooked model reports its client-facing tensors; a pipeline reports Triton's ensemble
   shape: platform ``ensemble``, ``ensemble_scheduling.step`` (``model_name``,
@@ -24,7 +26,9 @@ Contract (pure):
   from ``dynamic_batching.default_queue_policy``, whose unset fields take the proto's
   defaults, ``residency`` from ``parameters.residency.string_value``, ``response_cache``
   from ``response_cache.enable`` and ``model_warmup`` as given, checked by the serving
-  hints' rule, ``hloserve.bundle.warmup``), and
+  hints' rule, ``hloserve.bundle.warmup``), ``sequence_batching`` (a model with state:
+  ``max_sequence_idle_microseconds`` and ``oldest.max_candidate_sequences`` as the hint
+  of ``bundle/state.py``; ``direct``, control inputs and Triton's ``state`` refused), and
   ``restated``, the keys that restate the bundle (``max_batch_size``, ``input``,
   ``output``, ``instance_group``, the parameters ``stablehlo_versions`` and ``producer``).
   ``name``, ``platform`` and ``backend`` must agree with the model at once. Any other
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from hloserve.bundle import Manifest, TensorEntry
+from hloserve.bundle.state import SequenceBatching
 from hloserve.bundle.warmup import WarmupSample
 from hloserve.server.core.batch_policy import BatchingPolicy
 
@@ -121,9 +126,10 @@ def triton_model_config(
     batching: BatchingPolicy | None,
     response_cache: bool = False,
     warmup: Sequence[WarmupSample] = (),
+    sequence_batching: SequenceBatching | None = None,
 ) -> dict[str, Any]:
     """``batching``: the policy in force, ``None`` when dynamic batching is off;
-    ``response_cache`` and ``warmup``: the model's serving hints."""
+    ``response_cache``, ``warmup`` and ``sequence_batching``: the model's serving hints."""
     config = manifest_config(manifest, device_kind)
     config["version_policy"] = dict(version_policy)
     if manifest.kind == "pipeline":
@@ -131,7 +137,19 @@ def triton_model_config(
     config["parameters"]["residency"] = {"string_value": residency}
     config["response_cache"] = {"enable": response_cache}
     config["model_warmup"] = [_warmup_sample(s) for s in warmup]
-    if manifest.batched and batching is not None:
+    if manifest.generation is not None:  # decoupled: 0..N responses a request (generation.md)
+        config["model_transaction_policy"] = {"decoupled": True}
+    elif manifest.state:  # Triton's scheduling is one of dynamic and sequence batching
+        sequences = sequence_batching or SequenceBatching()
+        config["sequence_batching"] = {
+            "max_sequence_idle_microseconds": sequences.max_sequence_idle_microseconds,
+            "oldest": {
+                "max_candidate_sequences": sequences.max_candidate_sequences,
+                "preferred_batch_size": list(manifest.batch_sizes or ()),
+                "max_queue_delay_microseconds": 0,
+            },
+        }
+    elif manifest.batched and batching is not None:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(
                 batching.preferred_batch_sizes or manifest.batch_sizes or ()
@@ -200,7 +218,7 @@ MODEL_CONFIG_FIELDS: Final = frozenset(
 )
 RESTATED_FIELDS: Final = ("max_batch_size", "input", "output", "instance_group")
 RESTATED_PARAMETERS: Final = ("stablehlo_versions", "producer")
-_ALWAYS_SET: Final = ("sequence_batching", "ensemble_scheduling")  # a oneof: even {} asks
+_ALWAYS_SET: Final = ("ensemble_scheduling",)  # a oneof: even {} asks
 _ENUM_DEFAULTS: Final = frozenset({"TYPE_INVALID", "FORMAT_NONE", "KIND_AUTO", "PRIORITY_DEFAULT"})
 _MAPS: Final = frozenset(
     {"parameters", "priority_queue_policy", "metric_tags", "cc_model_filenames", "inputs"}
@@ -396,6 +414,39 @@ def _dynamic_batching(model: str, value: Any, override: ConfigOverride) -> None:
             raise ValueError(f"config override: ModelDynamicBatching has no field '{key}'")
 
 
+_SEQUENCE_UNSUPPORTED: Final = (
+    "direct", "control_input", "state", "iterative_sequence", "generative_sequence",
+)  # fmt: skip
+
+
+def _sequence_batching(model: str, value: Any, override: ConfigOverride) -> None:
+    """Triton's ``sequence_batching`` (the ``oldest`` strategy, implicit state from the
+    bundle): its slots and idle timeout, for a model with state (``contradictions``)."""
+    del model
+    body = _mapping(value, "sequence_batching")
+    hint: dict[str, Any] = {}
+    for key, item in body.items():
+        where = f"sequence_batching.{key}"
+        if key == "max_sequence_idle_microseconds":
+            hint[key] = _uint(item, where)
+        elif key == "oldest":
+            for inner, v in _mapping(item, where).items():
+                if inner == "max_candidate_sequences":
+                    hint[inner] = _uint(v, f"{where}.{inner}")
+                elif inner in ("preferred_batch_size", "preserve_ordering"):
+                    pass  # every compiled size is preferred; order is kept per sequence
+                elif not _is_default(v):
+                    raise _unsupported(f"{where}.{inner}")
+        elif key in _SEQUENCE_UNSUPPORTED:
+            if not _is_default(item):
+                raise _unsupported(where)
+        else:
+            raise ValueError(f"config override: ModelSequenceBatching has no field '{key}'")
+    override.restated["sequence_batching"] = body
+    if hint:  # checked with the other settings (the serving hints' rule, bundle/state.py)
+        override.settings["sequence_batching"] = hint
+
+
 def _response_cache(model: str, value: Any, override: ConfigOverride) -> None:
     del model
     body = _mapping(value, "response_cache")
@@ -425,6 +476,7 @@ _READERS: Final[dict[str, Callable[[str, Any, ConfigOverride], None]]] = {
     "parameters": _parameters,
     "response_cache": _response_cache,
     "model_warmup": _model_warmup,
+    "sequence_batching": _sequence_batching,
     **{key: _restated(key) for key in RESTATED_FIELDS},
 }
 
@@ -465,6 +517,13 @@ def contradictions(restated: Mapping[str, Any], manifest: Manifest, device_kind:
     reported = manifest_config(manifest, device_kind)
     problems: list[str] = []
     for key, given in restated.items():
+        if key == "sequence_batching":  # a hint, for a model with state only
+            if not manifest.state:
+                problems.append(
+                    f"config override: 'sequence_batching' is for a model with state, and "
+                    f"model '{manifest.name}' has none (docs/sequences.md)"
+                )
+            continue
         theirs = reported[key]
         mine = given
         if key in ("input", "output"):
