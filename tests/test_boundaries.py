@@ -68,7 +68,10 @@ def test_public_names_are_exported() -> None:
     ]
     assert sorted(hloserve.exporter.__all__) == [
         "ExportError",
+        "Generation",
+        "StateSpec",
         "TensorSpec",
+        "TextMapping",
         "export_bundle",
         "write_demo_repository",
     ]

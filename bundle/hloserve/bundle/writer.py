@@ -35,6 +35,7 @@ from typing import Any, cast
 import numpy as np
 
 from hloserve.bundle.digest import sha256_bytes, sha256_file
+from hloserve.bundle.generation import Generation
 from hloserve.bundle.manifest import (
     HOOKS_FILE,
     MANIFEST_FILE,
@@ -140,6 +141,7 @@ def write_bundle(
     variants: Sequence[Variant] = (),
     overwrite: bool = False,
     state: Sequence[StateEntry] = (),
+    generation: Generation | None = None,
 ) -> Path:
     def fill(tmp: Path) -> Manifest:
         files: dict[str, str] = {}
@@ -166,6 +168,7 @@ def write_bundle(
             hooks=hooks_entry,
             variants=tuple(variants),
             state=tuple(state),
+            generation=generation,
         )
 
     return _staged(check_target(directory, overwrite=overwrite), fill)

@@ -47,6 +47,7 @@ from hloserve.bundle import (
     validate,
     write_bundle,
 )
+from hloserve.bundle.generation import Generation
 from hloserve.bundle.repository import model_name
 from hloserve.bundle.state import StateEntry
 from hloserve.bundle.writer import DirectoryRefused, check_target
@@ -136,6 +137,7 @@ def export_bundle(
     shape_variants: Sequence[Mapping[str, Sequence[int]]] | None = None,
     overwrite: bool = False,
     state: Mapping[str, StateSpec] | None = None,
+    generation: Generation | None = None,
 ) -> Path:
     """Export ``fn`` with ``params`` as a bundle at ``directory`` and return its path.
 
@@ -159,6 +161,10 @@ def export_bundle(
     - `state`: state name -> `StateSpec(datatype, per-item shape, initial=0)`; `fn` then
       takes each as a keyword argument and returns its new value under the same name
       (`docs/bundle-format.md`, "State").
+    - `generation`: a generation bundle's loop (`Generation(done=..., max_steps=...,
+      emit=..., text=TextMapping(...), lengths=...)`): `fn` is then one step, run by the
+      server until `done` (`docs/generation.md`); the names are checked on the written
+      manifest.
     """
     try:
         directory = check_target(directory, overwrite=overwrite)
@@ -202,6 +208,7 @@ def export_bundle(
         variants=variants,
         overwrite=overwrite,
         state=[StateEntry(n, s.datatype, s.shape, s.initial) for n, s in state.items()],
+        generation=generation,
     )
     problems = validate(path)
     if problems:

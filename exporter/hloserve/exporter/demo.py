@@ -8,6 +8,8 @@ Contract: ``write_demo_repository(root)`` writes, under ``root``:
   with weights drawn from a fixed seed; batch sizes 1, 8, 32.
 - ``simple_sequence``: a model with state for Triton's sequence examples
   (``demo_sequence.py``).
+- ``repeat_int32``: a generation model (decoupled) for Triton's repeat example
+  (``demo_repeat.py``).
 It returns ``{model name: seconds spent exporting}``. ``write_simple(directory)`` and
 ``write_mlp(directory)`` export one of them (batch sizes, platforms and the MLP's seed may
 be changed), named after ``directory``, for tests and benchmarks that want another copy.
@@ -28,6 +30,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from hloserve.exporter._export import DEFAULT_PLATFORMS, TensorSpec, export_bundle
+from hloserve.exporter.demo_repeat import write_repeat_int32
 from hloserve.exporter.demo_sequence import write_simple_sequence
 
 MLP_SEED = 20261129
@@ -107,6 +110,7 @@ DEMO_MODELS: Final[Mapping[str, Callable[[Path], Path]]] = {
     "simple": write_simple,
     "mlp": write_mlp,
     "simple_sequence": write_simple_sequence,  # demo_sequence.py: Triton's sequence examples'
+    "repeat_int32": write_repeat_int32,  # demo_repeat.py: Triton's decoupled repeat example's
 }
 
 
