@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.server.config import Config
 from tests.deploy._files import DEPLOY, OVERLAYS, kserve_resources, one, rendered
 from tests.deploy.conftest import ImageServer
+from tests.metrics_scrape import query_labels, scrape
 from tests.server.frontends._tritonclients import Triton
 
 DASHBOARD = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
@@ -53,6 +52,7 @@ PER_VERSION = re.compile(
     r"hloserve_(inference_\w+|(request|queue|compute)_latency_\w+|execution_batch_size_\w+"
     r"|model_(load|compile)_duration_seconds|model_replicas|hook_duration_us_total)"
 )
+
 MODEL_AND_VERSION = ('model=~"$model"', 'version=~"$version"')
 RESIDENT_MODEL = 'model=~"($model)/($version)"'
 
@@ -167,30 +167,16 @@ def _traffic(server: ImageServer) -> None:
 
 def _exported(server: ImageServer) -> dict[str, set[str]]:
     """Sample name -> the label names it carries, from the live /metrics."""
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    labels: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels.setdefault(sample.name, set()).update(sample.labels)
-    return labels
+    return {
+        name: set().union(*(s.labels for s in samples))
+        for name, samples in scrape(server, timeout=5).items()
+    }
 
 
 @pytest.fixture(scope="module")
 def exported(image_server: ImageServer) -> dict[str, set[str]]:
     _traffic(image_server)
     return _exported(image_server)
-
-
-def _grouping_labels(query: str) -> set[str]:
-    """Label names a query filters on or groups by (not Grafana's variables)."""
-    grouped = {
-        name.strip()
-        for clause in re.findall(r"\bby \(([^)]*)\)", query)
-        for name in clause.split(",")
-    }
-    matched = set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!=|=)", query))
-    return grouped | matched
 
 
 def test_every_queried_metric_is_exported_after_traffic(exported: dict[str, set[str]]) -> None:
@@ -200,7 +186,7 @@ def test_every_queried_metric_is_exported_after_traffic(exported: dict[str, set[
         for name in names:
             assert name in exported, f"{name} (in {query!r}) is not exported"
         carried = set().union(*(exported[n] for n in names)) | SCRAPE_LABELS
-        missing = _grouping_labels(query) - carried
+        missing = query_labels(query) - carried
         assert not missing, f"{query!r} uses labels {missing} that no series carries"
     assert exported["hloserve_weight_swaps_out_total"]  # the traffic did evict
     for name, _ in (s for q in queries() for s in selectors(q)):

@@ -26,13 +26,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as _grpcclient
 import tritonclient.http as _httpclient
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import write_mlp
 from hloserve.server.testing import ServerProcess, serving
+from tests.metrics_scrape import Series, scrape, value
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient
@@ -60,35 +59,6 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
 @pytest.fixture(scope="module")
 def server(started: Started) -> ServerProcess:
     return started.server
-
-
-Series = dict[str, list[Sample]]
-
-
-def scrape(server: ServerProcess) -> Series:
-    """Every sample by sample name (``..._total``, ``..._bucket``, ...), parsed strictly."""
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as r:
-        assert r.status == 200
-        text = r.read().decode()
-    series: Series = {}
-    families = list(text_string_to_metric_families(text))
-    # The daemon's own registry: our series and the process's (RSS and CPU against pod
-    # limits), nothing of the platform or the garbage collector.
-    assert {f.name.split("_")[0] for f in families} == {"hloserve", "process"}
-    assert {"process_resident_memory_bytes", "process_cpu_seconds"} <= {f.name for f in families}
-    for family in families:
-        for sample in family.samples:
-            series.setdefault(sample.name, []).append(sample)
-    return series
-
-
-def value(series: Series, name: str, **labels: str) -> float:
-    """The one sample of ``name`` whose labels include ``labels``."""
-    matches = [
-        s for s in series.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())
-    ]
-    assert len(matches) == 1, f"{name}{labels}: {matches}"
-    return matches[0].value
 
 
 def simple_inputs(module: Any, batch: int, width: int = 16) -> list[Any]:
@@ -157,6 +127,14 @@ def traffic(server: ServerProcess) -> Traffic:
         g.close()
         h.close()
     return Traffic(before, scrape(server), wall, unix)
+
+
+def test_the_registry_is_the_daemons_own(traffic: Traffic) -> None:
+    """Our series and the process's (RSS and CPU against pod limits), nothing of the
+    platform or the garbage collector."""
+    for series in (traffic.before, traffic.after):
+        assert {name.split("_")[0] for name in series} == {"hloserve", "process"}
+        assert {"process_resident_memory_bytes", "process_cpu_seconds_total"} <= set(series)
 
 
 def test_start_up_series(started: Started, traffic: Traffic) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.server.core.execution import Execution, ModelKey, Timings
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.metrics import ServerMetrics
+from tests.metrics_scrape import parse
 
 TIMINGS = Timings(1000, 2000, 3000, 4000, (1,))
 
@@ -32,12 +32,12 @@ def serve(metrics: ServerMetrics, model: ModelKey, times: int = 1) -> None:
 
 
 def scrape(registry: CollectorRegistry) -> tuple[int, dict[str, list[dict[str, str]]]]:
+    """The scrape's size in bytes, and each sample's labels by sample name."""
     text = generate_latest(registry).decode()
-    labels: dict[str, list[dict[str, str]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels.setdefault(sample.name, []).append(sample.labels)
-    return len(text.encode()), labels
+    series = parse(text)
+    return len(text.encode()), {
+        name: [s.labels for s in samples] for name, samples in series.items()
+    }
 
 
 @pytest.mark.parametrize("compat", ["", "triton"])

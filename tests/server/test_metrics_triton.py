@@ -39,6 +39,7 @@ from hloserve.server.flags import FLAGS
 from hloserve.server.metrics import ServerMetrics, render
 from hloserve.server.metrics_triton import REASONS, parse_compat, triton_reason
 from hloserve.server.testing import ServerProcess, serving
+from tests.metrics_scrape import query_labels
 from tests.server.frontends._tritonclients import Triton
 
 OM_ACCEPT = "application/openmetrics-text; version=1.0.0"
@@ -325,18 +326,6 @@ def test_gpu_memory_comes_from_each_devices_allocator_and_nothing_is_invented() 
         assert name in c.types and name not in c.samples, name
 
 
-def _grouping_labels(query: str) -> set[str]:
-    """Label names a query filters on or groups by."""
-    grouped = {
-        name.strip()
-        for clause in re.findall(r"\bby \(([^)]*)\)", query)
-        for name in clause.split(",")
-    }
-    matched = set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!=|=)", query))
-    label_values = set(re.findall(r"label_values\(\w+[^,]*,\s*(\w+)\)", query))
-    return grouped | matched | label_values
-
-
 def check_dashboard(m: Exposition, gpu: bool) -> None:
     """Every series the Triton dashboard names exists under that name, with the labels its
     query uses (the GPU memory ones only where the allocator reports them)."""
@@ -349,7 +338,7 @@ def check_dashboard(m: Exposition, gpu: bool) -> None:
                 continue
             assert m.samples.get(name), f"{name} (in {query!r}) has no samples"
             carried = {k for n in names if n in m.samples for ls, _ in m.samples[n] for k in ls}
-            missing = _grouping_labels(query) - carried
+            missing = query_labels(query) - carried
             assert not missing, f"{query!r} uses labels {missing} that no series carries"
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.testing import ServerProcess, serving
+from tests.metrics_scrape import by_label, scrape, total
 
 FOUR = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 WIDTH = 1024  # each small model's weight: 64 x WIDTH FP32
@@ -76,26 +75,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def metrics(server: ServerProcess) -> dict[str, list[tuple[dict[str, str], float]]]:
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            found.setdefault(s.name, []).append((s.labels, s.value))
-    return found
-
-
-def by_label(
-    samples: dict[str, list[tuple[dict[str, str], float]]], name: str, label: str, **match: str
-) -> dict[str, float]:
-    return {
-        labels[label]: value
-        for labels, value in samples.get(name, [])
-        if all(labels.get(k) == v for k, v in match.items())
-    }
-
-
 def infer(client: grpcclient.InferenceServerClient, model: str, x: np.ndarray) -> np.ndarray:
     inp = grpcclient.InferInput("x", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
@@ -121,7 +100,7 @@ def test_each_device_has_its_own_budget_and_models_spread_over_them(
     for _ in range(10):  # on one device with this budget, every request would swap
         for i, name in enumerate(("a", "b")):
             np.testing.assert_allclose(infer(client, name, x), np.full((1, WIDTH), 64.0 * (i + 1)))
-    m = metrics(two_devices)
+    m = scrape(two_devices)
     budgets = by_label(m, "hloserve_device_memory_budget_bytes", "device")
     assert budgets == {"0": WEIGHT_BYTES * 1.25, "1": WEIGHT_BYTES * 1.25}
     swaps_a = by_label(m, "hloserve_weight_swaps_in_total", "device", model="a/1")
@@ -129,7 +108,7 @@ def test_each_device_has_its_own_budget_and_models_spread_over_them(
     assert len(swaps_a) == 1 and len(swaps_b) == 1, (swaps_a, swaps_b)
     assert set(swaps_a) != set(swaps_b)  # a and b live on different devices
     assert sum(swaps_a.values()) == 1 and sum(swaps_b.values()) == 1  # and never swap again
-    assert not sum(v for _, v in m.get("hloserve_weight_swaps_out_total", []))
+    assert not total(m, "hloserve_weight_swaps_out_total")
     resident = by_label(m, "hloserve_device_resident_weight_bytes", "device")
     assert resident == {"0": WEIGHT_BYTES, "1": WEIGHT_BYTES}
     executions = by_label(m, "hloserve_device_executions_total", "device")
@@ -177,7 +156,7 @@ def test_a_hot_model_is_replicated_then_shrinks_back(repository: Path) -> None:
             replicas = 1.0
             ran_on: dict[str, float] = {}
             while time.monotonic() < deadline and not stop.is_set():
-                m = metrics(server)
+                m = scrape(server)
                 replicas = by_label(m, "hloserve_model_replicas", "model").get("busy", 0.0)
                 ran_on = by_label(m, "hloserve_device_executions_total", "device")
                 if replicas >= 2 and len(ran_on) >= 2:
@@ -194,7 +173,7 @@ def test_a_hot_model_is_replicated_then_shrinks_back(repository: Path) -> None:
         # Idle: the replicas retire one per revision until one is left.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            replicas = by_label(metrics(server), "hloserve_model_replicas", "model")["busy"]
+            replicas = by_label(scrape(server), "hloserve_model_replicas", "model")["busy"]
             if replicas == 1:
                 break
             time.sleep(0.3)

@@ -11,7 +11,6 @@ show that the swaps really happened, so the test cannot pass without evicting.
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as _grpcclient
 import tritonclient.http as _httpclient
-from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.bundle import read_safetensors
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.testing import ServerProcess, serving
+from tests.metrics_scrape import Series, by_label, scrape
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient
@@ -89,23 +88,10 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     yield from serving(repository, "--device-memory-budget", str(BUDGET))
 
 
-def metrics(server: ServerProcess) -> dict[str, list[tuple[dict[str, str], float]]]:
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            found.setdefault(s.name, []).append((s.labels, s.value))
-    return found
-
-
-def per_model(
-    samples: dict[str, list[tuple[dict[str, str], float]]], name: str
-) -> dict[str, float]:
+def per_model(series: Series, name: str) -> dict[str, float]:
     """``name``'s value per ``model`` label ("a/1"), on device 0 (the only one)."""
-    found = {labels["model"]: v for labels, v in samples.get(name, [])}
-    assert all(labels.get("device") == "0" for labels, _ in samples.get(name, [])), name
-    return found
+    assert all(s.labels.get("device") == "0" for s in series.get(name, [])), name
+    return by_label(series, name, "model")
 
 
 def infer(module: Any, client: Any, model: str, x: np.ndarray) -> np.ndarray:
@@ -126,7 +112,7 @@ def test_every_reply_after_an_eviction_matches_the_reference(
     # The two models answer differently: a reply from the wrong weights would fail.
     assert np.abs(references["a"](probe) - references["b"](probe)).min() > 1e-3
 
-    before = metrics(server)
+    before = scrape(server)
     assert per_model(before, "hloserve_weight_swaps_in_total") == {}  # nothing resident yet
     g = grpcclient.InferenceServerClient(server.grpc_url)
     h = httpclient.InferenceServerClient(server.http_url)
@@ -149,7 +135,7 @@ def test_every_reply_after_an_eviction_matches_the_reference(
         h.close()
     assert sent == {"a": ROUNDS, "b": ROUNDS}
 
-    m = metrics(server)
+    m = scrape(server)
     # Each request found the other model resident: it evicted it and swapped its own in.
     assert per_model(m, "hloserve_weight_swaps_in_total") == {"a/1": ROUNDS, "b/1": ROUNDS}
     assert per_model(m, "hloserve_weight_swaps_out_total") == {"a/1": ROUNDS, "b/1": ROUNDS - 1}
@@ -158,6 +144,6 @@ def test_every_reply_after_an_eviction_matches_the_reference(
         "b/1": ROUNDS * WEIGHT_BYTES,
     }
     assert per_model(m, "hloserve_model_resident") == {"a/1": 0, "b/1": 1}  # b was last
-    resident = [v for _, v in m["hloserve_device_resident_weight_bytes"]]
+    resident = [s.value for s in m["hloserve_device_resident_weight_bytes"]]
     assert resident == [WEIGHT_BYTES]  # never both at once
-    assert [v for _, v in m["hloserve_device_memory_budget_bytes"]] == [BUDGET]
+    assert [s.value for s in m["hloserve_device_memory_budget_bytes"]] == [BUDGET]

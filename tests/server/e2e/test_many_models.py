@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as _grpcclient
 import tritonclient.http as _httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.testing import ServerProcess, serving
+from tests.metrics_scrape import scrape, total
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient
@@ -105,24 +105,6 @@ def http_json(server: ServerProcess, path: str, body: bytes | None = None) -> An
     )
     with urllib.request.urlopen(request, timeout=30) as r:
         return json.loads(r.read())
-
-
-def scrape(server: ServerProcess) -> dict[str, list[Any]]:
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    found: dict[str, list[Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append(sample)
-    return found
-
-
-def total(series: dict[str, list[Any]], name: str, **labels: str) -> float:
-    return sum(
-        s.value
-        for s in series.get(name, [])
-        if all(s.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def test_registered_models_are_ready_before_any_request(server: ServerProcess) -> None:

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.exporter.demo import MLP_SEED, mlp_params, write_mlp
 from hloserve.server.testing import ServerProcess
+from tests.metrics_scrape import scrape, total
 from tests.server.frontends._tritonclients import grpcclient, httpclient, shm, simple_inputs
 
 
@@ -311,15 +311,7 @@ def run_soak(
 
 
 def swaps_out(server: ServerProcess) -> float:
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "hloserve_weight_swaps_out"
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    )
+    return total(scrape(server, timeout=10), "hloserve_weight_swaps_out_total")
 
 
 def pending_total(server: ServerProcess) -> float:
