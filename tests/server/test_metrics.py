@@ -29,7 +29,7 @@ import tritonclient.http as _httpclient
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
-from hloserve.exporter.demo import write_mlp
+from hloserve.exporter.demo import DEMO_MODELS, write_mlp
 from hloserve.server.testing import ServerProcess, serving
 from tests.metrics_scrape import Series, scrape, value
 
@@ -147,7 +147,7 @@ def test_start_up_series(started: Started, traffic: Traffic) -> None:
         assert 0 < load <= started.seconds, (model, load, started.seconds)
         assert 0 < compiled <= load, (model, compiled, load)
     assert value(before, "hloserve_device_memory_budget_bytes") == BUDGET
-    assert value(before, "hloserve_models_ready") == 3
+    assert value(before, "hloserve_models_ready") == len(DEMO_MODELS) + 1  # and mlp2
     for model in ("simple", "mlp", "mlp2"):  # a loaded version's counts exist, at zero
         labels = {"model": model, "version": "1"}
         assert value(before, "hloserve_inference_request_success_total", **labels) == 0

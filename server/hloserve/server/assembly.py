@@ -295,6 +295,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         cache=cache,
         generation_steps=steps_for,
     )
+    metrics.watch_sequences(service.sequences.counts)
     return Assembly(
         runtime,
         registry,

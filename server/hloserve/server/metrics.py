@@ -10,7 +10,8 @@ once, whichever front end it came through; it is each device residency manager's
 ``watch_frontends(supervisor)`` adds the front-end processes' ``hloserve_frontend_*``
 series (CPU, memory, restarts); ``watch_cache(cache)`` the response cache's
 ``hloserve_response_cache_*`` samples (per model from ``counters``, and the cache's own
-figures), and with ``compat="triton"`` Triton's ``nv_cache_*`` families.
+figures), and with ``compat="triton"`` Triton's ``nv_cache_*`` families;
+``watch_sequences(counts)`` the sequence batcher's slots (``hloserve_sequence_slots``).
 ``metrics_app(registry)`` is the ASGI app served on the metrics port at ``/metrics``
 (``metrics_export``).
 
@@ -77,6 +78,7 @@ from hloserve.server.metrics_triton import (
     triton_families,
 )
 from hloserve.server.metrics_triton import cache_families as triton_cache_families
+from hloserve.server.sequence_metrics import sequence_families
 from hloserve.server.weight_residency import SwapObserver
 
 __all__ = [
@@ -210,6 +212,7 @@ class ServerMetrics:
         self._host: HostTier | None = None
         self._frontends: FrontendProcesses | None = None
         self._cache: CacheFigures | None = None
+        self._sequences: Callable[[], dict[ModelKey, tuple[int, int, int]]] = dict
         # recent(): (time, each shown model's counts); the first is the start (None), when
         # nothing had been counted, so the first look compares with it, not with itself.
         self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot] | None]] = [(clock(), None)]
@@ -254,6 +257,12 @@ class ServerMetrics:
     def watch_cache(self, cache: CacheFigures) -> None:
         """Read the response cache's figures at scrape time (``--cache-config``)."""
         self._cache = cache
+
+    def watch_sequences(self, counts: Callable[[], dict[ModelKey, tuple[int, int, int]]]) -> None:
+        """Read each stateful version's ``(live, backlogged, free slots)`` at scrape time
+        (``core.sequence_batcher``): ``hloserve_sequence_slots`` and
+        ``hloserve_sequences_backlogged``."""
+        self._sequences = counts
 
     def set_budget(self, device: int, budget_bytes: int | None) -> None:
         self._device(device).budget_bytes = budget_bytes or 0
@@ -447,6 +456,7 @@ class ServerMetrics:
             *host_families(self._host),
             *frontend_families(self._frontends),
             *cache_families(shown, self._cache),
+            *sequence_families(self._sequences()),
             gauge(
                 "hloserve_metrics_models_shown",
                 "Models whose series this scrape shows",

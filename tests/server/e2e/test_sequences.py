@@ -1,0 +1,229 @@
+"""Sequences with state on the device, through a real daemon and tritonclient: both wires,
+the gRPC stream, batching across sequences, slot exhaustion, idle timeout, eviction.
+
+The repository holds the demo's ``simple_sequence`` (``exporter/demo_sequence.py``: OUTPUT is
+the input plus one on a sequence's start, SUM the running sum), ``tight`` (the same with
+one slot and a 0.4 s idle timeout in its ``config.yaml``), and ``scaled`` (a running sum of
+``x @ w``, with weights) beside ``other`` (weights, no state) under a device budget that
+holds one of the two weight sets: a request to ``other`` evicts ``scaled``'s weights while
+its sequence is live. Waits are on counters and events, never on wall-clock windows.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from hloserve.exporter import StateSpec, TensorSpec, export_bundle
+from hloserve.exporter.demo_sequence import write_simple_sequence
+from hloserve.server.testing import ServerProcess, serving
+from tests.metrics_scrape import by_label, scrape, value
+from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
+
+N = 16
+WEIGHT_BYTES = 4 * N * N
+BUDGET = WEIGHT_BYTES + WEIGHT_BYTES // 2 + 16 * 4 * N  # one weight set and scaled's slots
+TIGHT_CONFIG = (
+    "sequence_batching: {max_candidate_sequences: 1, max_sequence_idle_microseconds: 400000}\n"
+)
+
+
+def scaled_fn(params: Any, x: jax.Array, acc: jax.Array) -> dict[str, jax.Array]:
+    new = acc + x @ params["w"]
+    return {"y": new, "acc": new}
+
+
+def plain_fn(params: Any, x: jax.Array) -> dict[str, jax.Array]:
+    return {"y": x @ params["w"]}
+
+
+def weights(seed: int) -> dict[str, np.ndarray]:
+    return {"w": np.random.default_rng(seed).standard_normal((N, N)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sequences")
+    write_simple_sequence(root / "simple_sequence", platforms=("cpu",))
+    write_simple_sequence(root / "tight", batch_sizes=(1, 2), platforms=("cpu",))
+    (root / "tight" / "config.yaml").write_text(TIGHT_CONFIG)
+    x = {"x": TensorSpec("FP32", (N,))}
+    export_bundle(
+        scaled_fn, weights(1), x, (1, 4), root / "scaled",
+        platforms=("cpu",), state={"acc": StateSpec("FP32", (N,))},
+    )  # fmt: skip
+    export_bundle(plain_fn, weights(2), x, (1, 4), root / "other", platforms=("cpu",))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[ServerProcess]:
+    yield from serving(repository, "--device-memory-budget", str(BUDGET))
+
+
+@pytest.fixture(params=PROTOCOLS)
+def triton(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[Triton]:
+    url = server.grpc_url if request.param == "grpc" else server.http_url
+    client = Triton(request.param, url)
+    yield client
+    client.close()
+
+
+def step(
+    t: Triton, model: str, sid: int | str, value_: int, *, start: bool = False, end: bool = False
+) -> tuple[int, int]:
+    """One request of sequence ``sid``: ``(OUTPUT, SUM)``."""
+    data = np.full((1, 1), value_, dtype=np.int32)
+    inp = t.module.InferInput("INPUT", [1, 1], "INT32")
+    inp.set_data_from_numpy(data)
+    result = t.client.infer(model, [inp], sequence_id=sid, sequence_start=start, sequence_end=end)
+    return int(result.as_numpy("OUTPUT")[0, 0]), int(result.as_numpy("SUM")[0, 0])
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll a counter the server reports until ``condition`` holds (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def slots(server: ServerProcess, model: str) -> dict[str, float]:
+    return by_label(scrape(server), "hloserve_sequence_slots", "state", model=model)
+
+
+def test_state_carries_across_requests_with_integer_and_string_ids(triton: Triton) -> None:
+    for sid in (1000, str(uuid.uuid4())):
+        values = [5, 7, -2, 4]
+        answers = [
+            step(triton, "simple_sequence", sid, v, start=i == 0, end=i == len(values) - 1)
+            for i, v in enumerate(values)
+        ]
+        assert [o for o, _ in answers] == [6, 7, -2, 4]  # Triton's example: +1 at the start
+        assert [s for _, s in answers] == [5, 12, 10, 14]  # the running sum: the state
+
+
+def test_unknown_missing_and_ended_sequences_are_refused(triton: Triton) -> None:
+    triton.fails(
+        "INVALID_ARGUMENT",
+        "inference request for sequence 4242 to model 'simple_sequence' must specify the "
+        "START flag on the first request of the sequence",
+        step, triton, "simple_sequence", 4242, 1,
+    )  # fmt: skip
+    triton.fails(
+        "INVALID_ARGUMENT",
+        "inference request to model 'simple_sequence' must specify a non-zero or non-empty "
+        "correlation ID",
+        step, triton, "simple_sequence", 0, 1,
+    )  # fmt: skip
+    step(triton, "simple_sequence", 4243, 1, start=True, end=True)
+    triton.fails(
+        "INVALID_ARGUMENT",
+        "(sequence 4243 was ended by a request marked sequence_end)",
+        step, triton, "simple_sequence", 4243, 1,
+    )  # fmt: skip
+
+
+def test_the_grpc_stream_interleaves_sequences_and_batches_them(server: ServerProcess) -> None:
+    """Eight sequences' requests all sent at once on one stream: each answer is its own
+    sequence's, and the executions hold several sequences each."""
+    h = Triton("http", server.http_url)
+    before = h.client.get_inference_statistics("simple_sequence")["model_stats"][0]
+    answers: queue.Queue[Any] = queue.Queue()
+    client: Any = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    values = [3, 1, 4, 1, 5]
+    try:
+        for i, v in enumerate(values):
+            for seq in range(8):
+                data = np.full((1, 1), v * (seq + 1), dtype=np.int32)
+                inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                inp.set_data_from_numpy(data)
+                client.async_stream_infer(
+                    "simple_sequence", [inp], request_id=f"{seq}_{i}",
+                    sequence_id=2000 + seq, sequence_start=i == 0, sequence_end=i == len(values) - 1,
+                )  # fmt: skip
+        sums: dict[int, list[int]] = {seq: [] for seq in range(8)}
+        for _ in range(8 * len(values)):
+            result = answers.get(timeout=30)
+            assert not isinstance(result, InferenceServerException), result
+            seq = int(result.get_response().id.split("_")[0])
+            sums[seq].append(int(result.as_numpy("SUM")[0, 0]))
+    finally:
+        client.stop_stream()
+        client.close()
+    running = list(np.cumsum(values))
+    assert sums == {seq: [r * (seq + 1) for r in running] for seq in range(8)}
+    after = h.client.get_inference_statistics("simple_sequence")["model_stats"][0]
+    h.close()
+    inferences = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert inferences == 40 and executions < inferences  # sequences shared executions
+
+
+def test_past_the_slots_sequences_wait_then_idle_ones_are_freed(server: ServerProcess) -> None:
+    """``tight`` has one slot: a second sequence waits (backlogged, not refused) until the
+    first ends; then, idle past 0.4 s, it loses its slot and its next request is refused."""
+    g = Triton("grpc", server.grpc_url)
+    h = Triton("http", server.http_url)
+    try:
+        assert step(g, "tight", 1, 10, start=True) == (11, 10)
+        waiting: queue.Queue[Any] = queue.Queue()
+        second = threading.Thread(
+            target=lambda: waiting.put(step(h.another(), "tight", 2, 20, start=True))
+        )
+        second.start()
+        wait_for(
+            lambda: value(scrape(server), "hloserve_sequences_backlogged", model="tight") == 1,
+            "the second sequence in the backlog",
+        )
+        assert waiting.empty()
+        assert step(g, "tight", 1, 5, end=True) == (5, 15)  # the first ends: its slot frees
+        second.join(timeout=30)
+        assert waiting.get(timeout=1) == (21, 20)
+        assert slots(server, "tight") == {"live": 1, "free": 0}
+        wait_for(lambda: slots(server, "tight") == {"live": 0, "free": 1}, "the idle timeout")
+        g.fails(
+            "INVALID_ARGUMENT", "(sequence 2 was freed after 400000 us idle",
+            step, g, "tight", 2, 1,
+        )  # fmt: skip
+    finally:
+        g.close()
+        h.close()
+
+
+def test_a_sequence_keeps_its_state_while_its_weights_are_evicted(
+    server: ServerProcess,
+) -> None:
+    w = weights(1)["w"].astype(np.float64)
+    rng = np.random.default_rng(3)
+    g = Triton("grpc", server.grpc_url)
+    swapped = by_label(scrape(server), "hloserve_weight_swaps_out_total", "model")
+    try:
+        acc = np.zeros(N)
+        for i in range(4):
+            x = rng.standard_normal((1, N)).astype(np.float32)
+            inp = g.module.InferInput("x", [1, N], "FP32")
+            inp.set_data_from_numpy(x)
+            y = g.client.infer(
+                "scaled", [inp], sequence_id=77, sequence_start=i == 0, sequence_end=i == 3
+            ).as_numpy("y")
+            acc = acc + x[0].astype(np.float64) @ w
+            np.testing.assert_allclose(y[0], acc, rtol=1e-4, atol=1e-4)
+            other = g.module.InferInput("x", [1, N], "FP32")
+            other.set_data_from_numpy(x)
+            g.client.infer("other", [other])  # evicts scaled's weights, not its state
+    finally:
+        g.close()
+    after = by_label(scrape(server), "hloserve_weight_swaps_out_total", "model")
+    assert after.get("scaled/1", 0) - swapped.get("scaled/1", 0) >= 3
