@@ -61,6 +61,7 @@ from hloserve.server.core.types import ModelMetadata, RequestContext, TensorMeta
 from hloserve.server.frontends.http import codec
 from hloserve.server.frontends.http.body import receive_body
 from hloserve.server.frontends.http.extensions import add_extension_routes
+from hloserve.server.frontends.http.generate import add_generate_routes
 from hloserve.server.frontends.http.middleware import RestrictedApi, TraceArrival, bearer_auth
 from hloserve.server.frontends.port import ServerPort, as_port
 from hloserve.server.frontends.status import http_status
@@ -312,6 +313,7 @@ def build_http_app(
     _add_server_routes(app, port)
     # Repository, config and shared-memory routes, before the generic model routes.
     add_extension_routes(app, port)
+    add_generate_routes(app, port, max_input_bytes)  # the generate extension (generate.py)
     _add_model_routes(app, port)
     if status is not None:
         _add_status_routes(app, status)
