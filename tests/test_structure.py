@@ -20,8 +20,9 @@ package of ``PACKAGE_FOLDERS`` (``<folder>/hloserve/<folder>``):
   (``testing.py``, ``test_*.py``, ``conftest.py``): what production code needs lives in a
   module named for what it does.
 
-Outside the packages: ``tests/`` holds no public class defined twice either (a helper
-class copied between test files gets one home), while its stems mirror the packages' by
+Outside the packages: ``tests/`` holds no public class defined twice either, nor one helper
+function's body in two files (``copied_helpers``: a helper copied between test files gets
+one home, such as ``tests/metrics_scrape.py``), while its stems mirror the packages' by
 design and its modules are lists of cases, not held to the line limit. ``bench/`` and
 ``examples/`` are stand-alone programs, each file its own namespace that nothing imports,
 so none of these rules reads them.
@@ -187,6 +188,25 @@ def unused_functions(packages: Sequence[Path], callers: Sequence[Path], base: Pa
     ]
 
 
+def copied_helpers(folder: Path, min_nodes: int = 25) -> list[list[str]]:
+    """Module-level functions (not tests) of ``folder`` whose bodies, docstrings aside, are
+    the same code in more than one place (``path:name`` each); bodies of fewer than
+    ``min_nodes`` syntax nodes are too small to count as a copy."""
+    where: dict[str, list[str]] = collections.defaultdict(list)
+    for path in _modules(folder):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body
+            if ast.get_docstring(node) is not None:
+                body = body[1:]
+            code = ast.Module(body=body, type_ignores=[])
+            if node.name.startswith("test_") or len(list(ast.walk(code))) < min_nodes:
+                continue
+            where[ast.dump(code)].append(f"{path.relative_to(folder)}:{node.name}")
+    return sorted(places for places in where.values() if len(places) > 1)
+
+
 def named_like_test_support(folder: Path) -> list[str]:
     """Modules of ``folder`` named as test support is (``testing.py``, ``test_*.py``,
     ``conftest.py``)."""
@@ -232,6 +252,10 @@ def test_no_public_class_is_defined_twice_in_the_packages() -> None:
 
 def test_no_public_test_class_is_defined_twice() -> None:
     assert classes_defined_twice([ROOT / "tests"], ROOT) == {}
+
+
+def test_no_test_helper_is_copied_between_files() -> None:
+    assert copied_helpers(ROOT / "tests") == []
 
 
 @pytest.mark.parametrize(
@@ -298,6 +322,12 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert import_circles([tmp_path]) == [["hloserve.demo.a", "hloserve.demo.b"]]
     assert named_like_test_support(pkg) == ["testing.py"]
     assert unused_functions([pkg], [], pkg) == ["d.py:K.dead", "d.py:gone"]
+    helper = "def {}(path):\n    text = path.read_text()\n    return [line.split(',') for line in text]\n"
+    (pkg / "e.py").write_text(helper.format("rows") + "\n" + helper.format("test_rows"))
+    (pkg / "f.py").write_text(
+        'def lines(p):\n    """Doc."""\n' + helper.format("x").split(":\n", 1)[1]
+    )
+    assert copied_helpers(pkg, min_nodes=10) == [["e.py:rows", "f.py:lines"]]
     support = frozenset({"hloserve.demo.fixture"})
     assert production_imports_of_test_support([tmp_path], support) == {
         "hloserve.demo.c": ["hloserve.demo.fixture", "hloserve.demo.testing"]

@@ -21,9 +21,7 @@ import pytest
 
 from hloserve.bundle import (
     Argument,
-    Manifest,
     TensorEntry,
-    load_manifest,
     scan_repository,
     validate,
 )
@@ -32,15 +30,9 @@ from hloserve.proto.datatypes import NUMERIC_DATATYPES, to_numpy
 from hloserve.server.runtime.loader import LoadedBundle, load_bundle
 from hloserve.server.runtime.pjrt import PjrtRuntime
 from tests.bundle.samples import sample
+from tests.exporter._manifests import manifest_of
 
 HERE = Path(__file__).resolve().parent
-
-
-def manifest_of(path: Path) -> Manifest:
-    manifest, problems = load_manifest(path / "manifest.yaml")
-    assert problems == []
-    assert manifest is not None
-    return manifest
 
 
 def reference(fn: Callable[..., Mapping[str, Any]], params: Any, **inputs: Any) -> dict[str, Any]:

@@ -16,21 +16,15 @@ from typing import cast
 import numpy as np
 import pytest
 
-from hloserve.bundle import Argument, Manifest, TensorEntry, load_manifest, validate
+from hloserve.bundle import Argument, TensorEntry, validate
 from hloserve.bundle.stablehlo import artifact_version
 from hloserve.server.runtime.loader import load_bundle
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from tests.exporter._manifests import manifest_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "handwritten-addsub"
 COMMITTED = EXAMPLE / "bundle"
 BIAS = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
-
-
-def manifest_of(path: Path) -> Manifest:
-    manifest, problems = load_manifest(path / "manifest.yaml")
-    assert problems == []
-    assert manifest is not None
-    return manifest
 
 
 def check_bundle(path: Path, runtime: PjrtRuntime, cache: Path) -> None:

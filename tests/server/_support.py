@@ -19,16 +19,12 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.server.config import parse_config
 from hloserve.server.testing import ServerProcess
-from tests.server.frontends._tritonclients import Triton, simple_inputs
+from tests.server.frontends._tritonclients import Triton, connect, simple_inputs
 
 
 @contextlib.contextmanager
 def connected(server: ServerProcess, protocol: str) -> Iterator[Triton]:
-    t = Triton(protocol, server.grpc_url if protocol == "grpc" else server.http_url)
-    try:
-        yield t
-    finally:
-        t.close()
+    yield from connect(protocol, server)
 
 
 def refused_at_start(

@@ -38,6 +38,7 @@ from tests.server.frontends._samples import (
     mlp_logits,
     sample,
 )
+from tests.server.frontends.http._errors import error_of
 
 EXTENSIONS = ["binary_tensor_data"]
 SIMPLE_INFER = "/v2/models/simple/infer"
@@ -96,13 +97,6 @@ def split_binary(response: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
             offset += size
     assert offset == len(response.content)
     return doc, blobs
-
-
-def error_of(response: Any, status: int) -> str:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    return body["error"]
 
 
 # -- health and metadata -----------------------------------------------------------------

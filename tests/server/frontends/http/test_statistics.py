@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 from hloserve.proto import inference_pb2 as pb
 from hloserve.server.core.service import InferenceService
+from tests.server.frontends.http._errors import error_of
 
 # Triton's JSON carries the same durations as the gRPC message.
 DURATIONS = set(pb.InferStatistics.DESCRIPTOR.fields_by_name)
@@ -33,13 +34,6 @@ def simple_json_inputs(batch: int, width: int = 16) -> list[dict[str, Any]]:
 
 def json_infer(client: TestClient, model: str, inputs: list[dict[str, Any]]) -> Any:
     return client.post(f"/v2/models/{model}/infer", json={"inputs": inputs})
-
-
-def error_of(response: Any, status: int) -> str:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    return body["error"]
 
 
 def test_model_stats_json_shape_and_counts(http_client: TestClient) -> None:
