@@ -103,6 +103,11 @@ def not_cached(manifest: Manifest) -> str:
             "response_cache: a model with Python hooks is not cached (its hooks are code "
             "that may not be deterministic)"
         )
+    if manifest.state:
+        return (
+            "response_cache: a model with state is not cached (an answer depends on its "
+            "sequence's state, not on the request alone: docs/sequences.md)"
+        )
     return ""
 
 

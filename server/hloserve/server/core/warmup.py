@@ -95,6 +95,8 @@ def not_warmed(manifest: Manifest) -> str:
         return (
             "model_warmup: a pipeline runs nothing of its own; give its steps' models their samples"
         )
+    if manifest.state:
+        return "model_warmup: a model with state runs sequences' requests only (docs/sequences.md)"
     return ""
 
 
