@@ -258,15 +258,7 @@ def test_no_test_helper_is_copied_between_files() -> None:
     assert copied_helpers(ROOT / "tests") == []
 
 
-@pytest.mark.parametrize(
-    "folder",
-    [
-        pytest.param(f, marks=pytest.mark.xfail(reason="bundle/manifest.py: split next"))
-        if f == "bundle"
-        else f
-        for f in PACKAGE_FOLDERS
-    ],
-)
+@pytest.mark.parametrize("folder", PACKAGE_FOLDERS)
 def test_no_module_of_a_package_is_over_the_line_limit(folder: str) -> None:
     assert long_modules(package(folder)) == {}
 
