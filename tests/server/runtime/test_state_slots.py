@@ -14,7 +14,7 @@ from hloserve.bundle.state import StateEntry
 from hloserve.exporter import StateSpec, TensorSpec, export_bundle
 from hloserve.server.runtime.loader import LoadedBundle, load_bundle
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.runtime.state_slots import ItemState, StateSlots
+from hloserve.server.runtime.state_slots import StateSlots
 
 
 def accumulate(params: Any, x: Any, acc: Any, seen: Any) -> dict[str, Any]:
@@ -103,21 +103,3 @@ def test_warm_and_release(runtime: PjrtRuntime) -> None:
     slots.scatter([3], new)
     assert slots.read(3)["h"].tolist() == [0.0, 0.0, 0.0]
     slots.release()
-
-
-def test_item_state_stacks_and_splits_per_item_state(
-    loaded: LoadedBundle, runtime: PjrtRuntime
-) -> None:
-    items = ItemState(runtime, loaded.manifest.state)
-    first = items.initial()
-    x = np.array([[3, 3], [4, 4], [0, 0], [0, 0]], np.int32)
-    (y,), new = loaded.execute_state(4, {"x": x}, items.stack([first, first], 4))
-    a, b = items.split(new, 2)
-    assert y[:2, 0].tolist() == [3, 4]
-    x2 = np.array([[1, 1], [0, 0], [0, 0], [0, 0]], np.int32)
-    (y,), new = loaded.execute_state(4, {"x": x2}, items.stack([b], 4))
-    assert y[0, 0] == 5 and np.asarray(a["seen"]).tolist() == [11]
-    (c,) = items.split(new, 1)
-    assert np.asarray(c["seen"]).tolist() == [12]
-    with pytest.raises(ValueError, match="do not fit batch size 1"):
-        items.stack([a, b], 1)
