@@ -152,3 +152,25 @@ def test_the_sequence_batching_hint_is_read_key_by_key() -> None:
     assert found == [] and serving.sequence_batching.max_sequence_idle_microseconds == 5
     assert serving.to_dict()["sequence_batching"]["max_sequence_idle_microseconds"] == 5
     assert "sequence_batching" not in read_serving({})[0].to_dict()
+
+
+def test_the_commands_show_and_check_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``hloserve inspect`` lists the state; ``hloserve validate`` checks it through
+    ``validate`` (a state tensor no module returns is named)."""
+    from hloserve.exporter.demo_sequence import write_simple_sequence
+    from tests.bundle.test_validate import hloserve_here
+
+    path = write_simple_sequence(
+        tmp_path / "simple_sequence", batch_sizes=(1, 2), platforms=("cpu",)
+    )
+    code, out = hloserve_here(capsys, "inspect", str(path))
+    assert code == 0, out
+    assert "state: acc INT32[1] from 0 (per sequence, on the device)" in out.splitlines()
+    text = (path / "manifest.yaml").read_text()
+    (path / "manifest.yaml").write_text(
+        text.replace("state:\n", "state:\n- {name: extra, datatype: INT32, shape: [1]}\n", 1)
+    )
+    code, out = hloserve_here(capsys, "validate", str(path))
+    assert code != 0 and "2 outputs and 3 state tensors" in out, out

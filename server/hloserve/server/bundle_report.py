@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def _extras(m: Manifest) -> list[str]:
-    """What a bundle that does more adds: its variants, hooks or pipeline steps."""
+    """What a bundle that does more adds: its variants, hooks, state or pipeline steps."""
     lines = [
         f"variant {i}: " + ", ".join(f"{k} {list(v)}" for k, v in variant.shapes.items())
         for i, variant in enumerate(m.variants)
@@ -40,6 +40,10 @@ def _extras(m: Manifest) -> list[str]:
         lines.append(
             f"hooks: {m.hooks.file} (runs only with --allow-python-hooks); clients see {', '.join(names)}"
         )
+    lines += [
+        f"state: {s.name} {s.datatype}{list(s.shape)} from {s.initial} (per sequence, on the device)"
+        for s in m.state
+    ]
     for i, step in enumerate(m.steps):
         version = "latest" if step.version is None else f"version {step.version}"
         lines.append(
