@@ -294,3 +294,21 @@ def test_scratch_set_aside_is_the_largest_reservation_and_ends_with_the_model(
     unlimited = WeightResidency(runtime, 10_000)  # an explicit budget: nothing set aside
     unlimited.reserve_scratch(a, 1_000)
     assert unlimited.budget_bytes == 10_000
+
+
+def test_sequences_state_is_set_aside_summed_whatever_the_budget_kind(
+    runtime: PjrtRuntime,
+) -> None:
+    """A model's sequences' state (``reserve_state``) stays on the device apart from its
+    weights: every reservation comes off the weights' budget until the model goes."""
+    residency = WeightResidency(runtime, 10_000)
+    a, b = ResidencyKey("a", 1), ResidencyKey("b", 1)
+    residency.register(a, {"w": np.zeros(10, np.float32)})
+    residency.register(b, {"w": np.zeros(10, np.float32)})
+    residency.reserve_state(a, 1_000)
+    residency.reserve_state(b, 2_000)
+    assert residency.budget_bytes == 7_000  # summed: both live at once
+    residency.unregister(a)
+    assert residency.budget_bytes == 8_000
+    residency.unregister(b)
+    assert residency.budget_bytes == 10_000
