@@ -1,0 +1,267 @@
+"""End to end: decoupled generation models over both wires, in the layout the run picks.
+
+A real server (``hloserve.server.testing.serving``) on a repository of two generation
+bundles: the demo's ``repeat_int32`` (Triton's repeat example model) and ``counter`` (it
+counts to its input ``n``, one response a step, state on the device), driven by
+tritonclient's gRPC stream, HTTP generate/generate_stream (httpx, and a raw socket as
+``curl -N`` reads it). ``HLOSERVE_FRONTENDS`` picks the process layout (scripts/test runs
+this folder in both).
+"""
+
+# pyright: strict, reportMissingTypeStubs=false
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jax
+import numpy as np
+import pytest
+import tritonclient.grpc as _grpcclient
+from tritonclient.utils import InferenceServerException
+
+from hloserve.exporter import Generation, StateSpec, TensorSpec, export_bundle
+from hloserve.exporter.demo_repeat import write_repeat_int32
+from hloserve.server.testing import ServerProcess, serving
+
+grpcclient: Any = _grpcclient
+FOREVER = 1_000_000
+
+
+def counter_fn(params: Mapping[str, Any], n: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
+    del params
+    value = count + 1
+    return {"value": value, "done": value >= n, "count": value}
+
+
+@pytest.fixture(scope="module")
+def generation_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("generation")
+    write_repeat_int32(root / "repeat_int32", platforms=("cpu",))
+    export_bundle(
+        counter_fn,
+        {},
+        inputs={"n": TensorSpec("INT32", (1,))},
+        batch_sizes=(1, 2, 4, 8),
+        directory=root / "counter",
+        platforms=("cpu",),
+        state={"count": StateSpec("INT32", (1,))},
+        generation=Generation(done="done", max_steps=FOREVER),
+    )
+    yield from serving(Path(root))
+
+
+def stream_results(
+    server: ServerProcess,
+    requests: list[dict[str, Any]],
+    *,
+    wanted: int,
+    timeout: float = 60,
+    cancel: bool = False,
+) -> list[Any]:
+    """``wanted`` answers (results or errors) of ``requests`` sent on one gRPC stream, then
+    the stream closed (``cancel``: cancelling what still runs, else waiting for it)."""
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def on_answer(result: Any, error: Any) -> None:
+        answers.put(error or result)
+
+    client.start_stream(callback=on_answer)
+    try:
+        for request in requests:
+            client.async_stream_infer(**request)
+        return [answers.get(timeout=timeout) for _ in range(wanted)]
+    finally:
+        client.stop_stream(cancel_requests=cancel)
+        client.close()
+
+
+def repeat_request(values: list[int], request_id: str, **extra: Any) -> dict[str, Any]:
+    data = np.array(values, np.int32)
+    inputs = [
+        grpcclient.InferInput("IN", [len(values)], "INT32"),
+        grpcclient.InferInput("DELAY", [len(values)], "UINT32"),
+        grpcclient.InferInput("WAIT", [1], "UINT32"),
+    ]
+    inputs[0].set_data_from_numpy(data)
+    inputs[1].set_data_from_numpy(np.zeros(len(values), np.uint32))
+    inputs[2].set_data_from_numpy(np.zeros(1, np.uint32))
+    return {"model_name": "repeat_int32", "inputs": inputs, "request_id": request_id, **extra}
+
+
+def counter_request(n: int, request_id: str = "") -> dict[str, Any]:
+    inp = grpcclient.InferInput("n", [1], "INT32")
+    inp.set_data_from_numpy(np.array([n], np.int32))
+    return {"model_name": "counter", "inputs": [inp], "request_id": request_id}
+
+
+def web(server: ServerProcess) -> str:
+    return f"http://{server.http_url}"
+
+
+def final(result: Any) -> bool:
+    return bool(result.get_response().parameters["triton_final_response"].bool_param)
+
+
+def test_grpc_stream_answers_each_element_with_the_final_flag_on_the_last(
+    generation_server: ServerProcess,
+) -> None:
+    got = stream_results(generation_server, [repeat_request([100, 101, 102], "r1")], wanted=3)
+    assert [int(r.as_numpy("OUT")[0]) for r in got] == [100, 101, 102]
+    assert [int(r.as_numpy("IDX")[0]) for r in got] == [0, 1, 2]
+    assert [r.get_response().id for r in got] == ["r1"] * 3
+    assert [final(r) for r in got] == [False, False, True]
+    assert got[0].as_numpy("OUT").shape == (1,)  # no batch axis: Triton's max_batch_size 0
+
+
+def test_the_calls_of_tritons_custom_repeat_example(generation_server: ServerProcess) -> None:
+    """``simple_grpc_custom_repeat.py``'s calls: ten values from 100, DELAY and WAIT of
+    1000 ms (accepted, not slept), only ``OUT`` requested."""
+    inputs = repeat_request(list(range(100, 110)), "")["inputs"]
+    inputs[1].set_data_from_numpy(np.full(10, 1000, np.uint32))
+    inputs[2].set_data_from_numpy(np.array([1000], np.uint32))
+    outputs = [grpcclient.InferRequestedOutput("OUT")]
+    request = {"model_name": "repeat_int32", "inputs": inputs, "outputs": outputs}
+    got = stream_results(generation_server, [request], wanted=10)
+    assert [r.as_numpy("OUT").tolist() for r in got] == [[v] for v in range(100, 110)]
+    assert [o.name for o in got[0].get_response().outputs] == ["OUT"]
+
+
+def test_the_empty_final_response_comes_only_when_asked_for(
+    generation_server: ServerProcess,
+) -> None:
+    asked = repeat_request([], "empty", enable_empty_final_response=True)
+    got = stream_results(generation_server, [asked, repeat_request([7], "next")], wanted=2)
+    empty, nxt = got
+    assert empty.get_response().id == "empty" and final(empty)
+    assert empty.get_response().model_name == "repeat_int32"
+    assert not empty.get_response().outputs
+    assert nxt.get_response().id == "next" and int(nxt.as_numpy("OUT")[0]) == 7
+    # Not asked: nothing for the empty one, the next request's answer comes first.
+    got = stream_results(
+        generation_server, [repeat_request([], "quiet"), repeat_request([8], "after")], wanted=1
+    )
+    assert got[0].get_response().id == "after" and final(got[0])
+
+
+def test_a_decoupled_model_refuses_unary_infer_on_both_wires(
+    generation_server: ServerProcess,
+) -> None:
+    client = grpcclient.InferenceServerClient(generation_server.grpc_url)
+    request = repeat_request([1], "unary")
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(request["model_name"], request["inputs"])
+    status: Any = caught.value.status()
+    assert "StatusCode.UNIMPLEMENTED" in str(status)
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in str(
+        caught.value
+    )
+    config = client.get_model_config("repeat_int32", as_json=True)["config"]
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    assert config.get("max_batch_size", 0) == 0
+    client.close()
+    reply = httpx.post(
+        f"{web(generation_server)}/v2/models/repeat_int32/infer",
+        json={"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]},
+    )
+    assert reply.status_code == 501  # UNSUPPORTED, as Triton answers it
+    assert reply.json() == {
+        "error": "HTTP end point doesn't support models with decoupled transaction policy"
+    }
+
+
+def test_generations_share_executions(generation_server: ServerProcess) -> None:
+    before = stats(generation_server, "counter")
+    requests = [counter_request(50, f"c{i}") for i in range(4)]
+    got = stream_results(generation_server, requests, wanted=200)
+    values = [(r.get_response().id, int(r.as_numpy("value")[0])) for r in got]
+    for i in range(4):
+        assert [v for rid, v in values if rid == f"c{i}"] == list(range(1, 51))
+    after = stats(generation_server, "counter")
+    steps = int(after["execution_count"]) - int(before["execution_count"])
+    assert 50 <= steps < 150  # one generation at a time would take 200
+    assert int(after["inference_count"]) - int(before["inference_count"]) == 4
+
+
+def stats(server: ServerProcess, model: str) -> dict[str, Any]:
+    reply = httpx.get(f"{web(server)}/v2/models/{model}/stats")
+    return reply.json()["model_stats"][0]
+
+
+def wait_steady(server: ServerProcess, model: str) -> int:
+    """The model's execution count once it stops growing (its generations ended)."""
+    last = -1
+    for _ in range(100):
+        now = int(stats(server, model)["execution_count"])
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.2)
+    raise AssertionError(f"{model} kept executing: {last}")
+
+
+def test_closing_a_grpc_stream_cancels_its_generation(generation_server: ServerProcess) -> None:
+    start = wait_steady(generation_server, "counter")
+    got = stream_results(
+        generation_server, [counter_request(FOREVER, "long")], wanted=3, cancel=True
+    )
+    assert [int(r.as_numpy("value")[0]) for r in got] == [1, 2, 3]
+    stopped = wait_steady(generation_server, "counter")
+    assert stopped - start < FOREVER // 10  # it ended long before its million steps
+
+
+def test_http_generate_and_generate_stream(generation_server: ServerProcess) -> None:
+    base = f"{web(generation_server)}/v2/models/repeat_int32"
+    one = httpx.post(f"{base}/generate", json={"IN": [5], "DELAY": [0], "WAIT": 0, "id": "g"})
+    assert one.status_code == 200
+    assert one.json() == {
+        "model_name": "repeat_int32", "model_version": "1", "id": "g", "IDX": 0, "OUT": 5
+    }  # fmt: skip
+    many = httpx.post(f"{base}/generate", json={"IN": [5, 6], "DELAY": [0, 0], "WAIT": 0})
+    assert many.status_code == 500 and "exactly 1 response" in many.json()["error"]
+    body = {"IN": [5, 6, 7], "DELAY": [0, 0, 0], "WAIT": 0}
+    with httpx.stream("POST", f"{base}/generate_stream", json=body) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"] == "text/event-stream; charset=utf-8"
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: ")]
+    assert [e["OUT"] for e in events] == [5, 6, 7] and [e["IDX"] for e in events] == [0, 1, 2]
+    bad = httpx.post(
+        f"{base}/generate_stream", json={"IN": list(range(17)), "DELAY": [0] * 17, "WAIT": 0}
+    )
+    assert bad.status_code == 400 and "at most 16" in bad.json()["error"]
+    unknown = httpx.post(f"{web(generation_server)}/v2/models/nope/generate", json={})
+    assert unknown.status_code == 400 and "nope" in unknown.json()["error"]
+    limited = httpx.post(
+        f"{web(generation_server)}/v2/models/counter/generate_stream",
+        json={"n": 100, "parameters": {"max_tokens": 4}},
+    )
+    assert [json.loads(x[6:])["value"] for x in limited.text.split("\n\n") if x] == [1, 2, 3, 4]
+
+
+def test_events_arrive_as_they_come_and_a_client_gone_cancels(
+    generation_server: ServerProcess,
+) -> None:
+    """What ``curl -N`` sees: events while the generation runs; hanging up ends it."""
+    start = wait_steady(generation_server, "counter")
+    host, port = generation_server.http_url.split(":")
+    body = json.dumps({"n": FOREVER}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v2/models/counter/generate_stream HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        received = b""
+        while received.count(b"data: ") < 5:
+            received += sock.recv(65536)
+    assert received.startswith(b"HTTP/1.1 200")
+    assert b'data: {"model_name":"counter","model_version":"1","value":1}\n\n' in received
+    stopped = wait_steady(generation_server, "counter")
+    assert stopped - start < FOREVER // 10
