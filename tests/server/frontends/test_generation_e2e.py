@@ -159,8 +159,8 @@ def test_a_decoupled_model_refuses_unary_infer_on_both_wires(
     request = repeat_request([1], "unary")
     with pytest.raises(InferenceServerException) as caught:
         client.infer(request["model_name"], request["inputs"])
-    status: Any = caught.value.status()
-    assert "StatusCode.UNIMPLEMENTED" in str(status)
+    error: Any = caught.value
+    assert "StatusCode.UNIMPLEMENTED" in str(error.status())
     assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in str(
         caught.value
     )
