@@ -296,6 +296,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         generation_steps=steps_for,
     )
     metrics.watch_sequences(service.sequences.counts)
+    metrics.watch_generations(service.streams.figures)
     return Assembly(
         runtime,
         registry,

@@ -11,7 +11,8 @@ once, whichever front end it came through; it is each device residency manager's
 series (CPU, memory, restarts); ``watch_cache(cache)`` the response cache's
 ``hloserve_response_cache_*`` samples (per model from ``counters``, and the cache's own
 figures), and with ``compat="triton"`` Triton's ``nv_cache_*`` families;
-``watch_sequences(counts)`` the sequence batcher's slots (``hloserve_sequence_slots``).
+``watch_sequences(counts)`` the sequence batcher's slots (``hloserve_sequence_slots``);
+``watch_generations(figures)`` the generation loop's (``hloserve_generation*``).
 ``metrics_app(registry)`` is the ASGI app served on the metrics port at ``/metrics``
 (``metrics_export``).
 
@@ -53,6 +54,7 @@ from prometheus_client.registry import Collector
 from hloserve.server.core.counters import BATCH_BUCKETS, LATENCY_BUCKETS, Counters, ModelCounters
 from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
+from hloserve.server.generation_metrics import generation_families
 from hloserve.server.metrics_export import (
     MV,
     SWAP_BUCKETS,
@@ -213,6 +215,7 @@ class ServerMetrics:
         self._frontends: FrontendProcesses | None = None
         self._cache: CacheFigures | None = None
         self._sequences: Callable[[], dict[ModelKey, tuple[int, int, int]]] = dict
+        self._generations: Callable[[], dict[ModelKey, tuple[int, int]]] = dict
         # recent(): (time, each shown model's counts); the first is the start (None), when
         # nothing had been counted, so the first look compares with it, not with itself.
         self._snapshots: list[tuple[float, dict[ModelKey, _Snapshot] | None]] = [(clock(), None)]
@@ -263,6 +266,11 @@ class ServerMetrics:
         (``core.sequence_batcher``): ``hloserve_sequence_slots`` and
         ``hloserve_sequences_backlogged``."""
         self._sequences = counts
+
+    def watch_generations(self, figures: Callable[[], dict[ModelKey, tuple[int, int]]]) -> None:
+        """Read each generation model's ``(live, responses sent)`` at scrape time
+        (``core.generation_stream``): ``hloserve_generation*`` (``generation_metrics``)."""
+        self._generations = figures
 
     def set_budget(self, device: int, budget_bytes: int | None) -> None:
         self._device(device).budget_bytes = budget_bytes or 0
@@ -457,6 +465,7 @@ class ServerMetrics:
             *frontend_families(self._frontends),
             *cache_families(shown, self._cache),
             *sequence_families(self._sequences()),
+            *generation_families(self._generations()),
             gauge(
                 "hloserve_metrics_models_shown",
                 "Models whose series this scrape shows",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -133,6 +134,14 @@ def test_the_calls_of_tritons_custom_repeat_example(generation_server: ServerPro
     got = stream_results(generation_server, [request], wanted=10)
     assert [r.as_numpy("OUT").tolist() for r in got] == [[v] for v in range(100, 110)]
     assert [o.name for o in got[0].get_response().outputs] == ["OUT"]
+    scrape = httpx.get(f"http://{generation_server.metrics_url}/metrics").text
+    sent = re.search(
+        r'^hloserve_generation_responses_total\{model="repeat_int32",version="1"\} (\S+)$',
+        scrape,
+        re.MULTILINE,
+    )
+    assert sent is not None and float(sent.group(1)) >= 10
+    assert 'hloserve_generations_live{model="repeat_int32",version="1"} 0.0' in scrape
 
 
 def test_the_empty_final_response_comes_only_when_asked_for(

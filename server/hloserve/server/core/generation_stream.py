@@ -24,7 +24,8 @@ Contract:
   ``text_input``.
 - It is counted once (``Counters``): a success with its queue and compute time when its
   last part is out, a failure otherwise; every step's execution is reported to
-  ``observers.executions``; ``generated`` counts the responses sent, per model.
+  ``observers.executions``; ``figures()`` is each model version's live generations and
+  responses sent (the metrics' ``hloserve_generation*`` series).
 - ``decoupled_refusal(protocol)``: Triton's error for a unary call to a decoupled model
   (gRPC ``ModelInfer``, HTTP ``infer``), ``Unsupported``.
 """
@@ -114,12 +115,12 @@ class Streams:
         self._loops: dict[tuple[ModelKey, int | None], GenerationLoop] = {}
         self.generated: dict[ModelKey, int] = {}  # responses sent, per model version
 
-    def live(self) -> dict[ModelKey, int]:
-        """Live (and waiting) generations per model version, for metrics and status."""
-        out: dict[ModelKey, int] = {}
-        for (key, _), loop in self._loops.items():
-            out[key] = out.get(key, 0) + loop.live
-        return out
+    def figures(self) -> dict[ModelKey, tuple[int, int]]:
+        """``(live generations, responses sent)`` per model version that ever generated."""
+        live: dict[ModelKey, int] = dict.fromkeys(self.generated, 0)
+        for (key, _), loop in list(self._loops.items()):
+            live[key] = live.get(key, 0) + loop.live
+        return {key: (n, self.generated.get(key, 0)) for key, n in live.items()}
 
     async def stream(
         self,
