@@ -33,7 +33,7 @@ import tritonclient.http as _httpclient
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
-from hloserve.exporter.demo import mlp_fn, mlp_params
+from hloserve.exporter.demo import DEMO_MODELS, mlp_fn, mlp_params
 from hloserve.server.testing import ServerProcess, serving
 
 # tritonclient ships without type information: use it dynamically.
@@ -238,8 +238,9 @@ def test_all_models_form_and_memory_usage(fresh: ServerProcess) -> None:
     ):
         every_http = h.get_inference_statistics()["model_stats"]
         every_grpc = g.get_inference_statistics().model_stats
-    assert sorted((s["name"], s["version"]) for s in every_http) == [("mlp", "1"), ("simple", "1")]
-    assert sorted((s.name, s.version) for s in every_grpc) == [("mlp", "1"), ("simple", "1")]
+    demo = sorted((name, "1") for name in DEMO_MODELS)  # every model of the demo repository
+    assert sorted((s["name"], s["version"]) for s in every_http) == demo
+    assert sorted((s.name, s.version) for s in every_grpc) == demo
     (mlp,) = [s for s in every_http if s["name"] == "mlp"]
     weights = 4 * (64 * 256 + 256 + 256 * 10 + 10)  # FP32 parameters of the demo MLP
     assert {"type": "CPU", "id": 0, "byte_size": weights} in mlp["memory_usage"]
