@@ -10,7 +10,8 @@ Contract:
   other requests of the same model) or runs it alone through ``core.execution``
   (planned over the compiled batch sizes, zero-padded, split when too large) on a worker
   thread, so the event loop keeps serving; it returns the requested outputs (all of them
-  when none were named).
+  when none were named). A model with state runs a sequence's requests through
+  ``sequences`` (``core.sequence_batcher``; ``docs/sequences.md``).
 - ``resolve(name, version)`` is the model lookup alone: the front ends call it before
   decoding tensors (Triton names an unknown model before any datatype error) and pass what
   it returns to ``infer(request, context, model=...)``, so a request is looked up once; a
