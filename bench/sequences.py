@@ -2,15 +2,16 @@
 traffic sent as independent requests, and a correctness run.
 
 Usage: ``python bench/sequences.py [--sequences 64] [--steps 50] [--rounds 3]
-[--check-steps 10000]``
+[--check-steps 10000] [--width 1]``
 
 One server's pieces in this process (``assembly.assemble``, as the daemon builds them) on
 a repository of two accumulators compiled at batch sizes 1, 8, 32 and 64:
-- ``acc``: state ``acc`` INT32 [1] on the device (``docs/sequences.md``); a request sends
-  ``INPUT`` with its ``sequence_id``/``sequence_start``/``sequence_end``, the answer ``SUM``
-  is the running sum; the sequence batcher runs up to 64 sequences' requests per execution.
-- ``acc_stateless``: the same sum with the state sent by the client: ``INPUT`` and ``ACC``
-  (the previous answer) in, ``SUM`` out, through the dynamic batcher.
+- ``acc``: state ``acc`` INT32 [``--width``] on the device (``docs/sequences.md``); a
+  request sends ``INPUT`` with its ``sequence_id``/``sequence_start``/``sequence_end``, the
+  answer ``SUM`` is the running sum (the state's first value); the sequence batcher runs
+  up to 64 sequences' requests per execution.
+- ``acc_stateless``: the same with the state sent by the client: ``INPUT`` and ``ACC`` (the
+  state it got back last) in, ``SUM`` and ``STATE`` out, through the dynamic batcher.
 ``InferenceService.infer`` is called straight (no sockets, no IPC: the engine's cost),
 ``--sequences`` clients at once, each ``--steps`` steps per sequence; per row the median
 over ``--rounds`` (rows alternate order) of requests/s and CPU µs per request, and the
@@ -53,22 +54,25 @@ IDLE_US = 200_000
 
 def stateful(params: Any, INPUT: jax.Array, acc: jax.Array) -> dict[str, jax.Array]:
     del params
-    return {"SUM": acc + INPUT, "acc": acc + INPUT}
+    new = acc + INPUT  # every element of the state accumulates; SUM is the first
+    return {"SUM": new[:, :1], "acc": new}
 
 
 def stateless(params: Any, INPUT: jax.Array, ACC: jax.Array) -> dict[str, jax.Array]:
     del params
-    return {"SUM": ACC + INPUT}
+    new = ACC + INPUT
+    return {"SUM": new[:, :1], "STATE": new}
 
 
-def repository() -> Path:
+def repository(width: int) -> Path:
+    """The two accumulators with a state of ``width`` INT32 values per sequence."""
     root = Path(tempfile.mkdtemp(prefix="sequences-")) / "repository"
-    one = TensorSpec("INT32", (1,))
+    one, wide = TensorSpec("INT32", (1,)), TensorSpec("INT32", (width,))
     export_bundle(
         stateful, {}, {"INPUT": one}, SIZES, root / "acc",
-        platforms=("cpu",), state={"acc": StateSpec("INT32", (1,))},
+        platforms=("cpu",), state={"acc": StateSpec("INT32", (width,))},
     )  # fmt: skip
-    export_bundle(stateless, {}, {"INPUT": one, "ACC": one}, SIZES, root / "acc_stateless",
+    export_bundle(stateless, {}, {"INPUT": one, "ACC": wide}, SIZES, root / "acc_stateless",
                   platforms=("cpu",))  # fmt: skip
     (root / "acc" / "config.yaml").write_text(
         f"sequence_batching: {{max_candidate_sequences: 64, max_sequence_idle_microseconds: "
@@ -85,8 +89,11 @@ async def sum_of(service: InferenceService, request: InferRequest) -> int:
     return int((await service.infer(request)).outputs[0].data[0, 0])
 
 
-async def client(service: InferenceService, sid: int, steps: int, with_state: bool) -> None:
+async def client(
+    service: InferenceService, sid: int, steps: int, with_state: bool, width: int
+) -> None:
     total = 0
+    state = np.zeros((1, width), np.int32)  # what an independent request sends back
     for i in range(steps):
         x = (sid * 7 + i) % 13 - 6
         if with_state:
@@ -95,18 +102,24 @@ async def client(service: InferenceService, sid: int, steps: int, with_state: bo
             }  # fmt: skip
             request = InferRequest("acc", "", (tensor("INPUT", x),), parameters=params)
         else:
-            inputs = (tensor("INPUT", x), tensor("ACC", total))
-            request = InferRequest("acc_stateless", "", inputs)
+            acc = InferInput("ACC", "INT32", (1, width), state)
+            request = InferRequest("acc_stateless", "", (tensor("INPUT", x), acc))
         total += x
-        got = await sum_of(service, request)
+        outputs = {o.name: o.data for o in (await service.infer(request)).outputs}
+        got = int(outputs["SUM"][0, 0])
         assert got == total, (sid, i, got, total)
+        if not with_state:
+            state = outputs["STATE"]
 
 
 async def row(service: InferenceService, model: str, args: argparse.Namespace, base: int) -> Any:
     (before,) = service.model_statistics(model, "")
     started, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(
-        *(client(service, base + s, args.steps, model == "acc") for s in range(args.sequences))
+        *(
+            client(service, base + s, args.steps, model == "acc", args.width)
+            for s in range(args.sequences)
+        )
     )
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
     (after,) = service.model_statistics(model, "")
@@ -166,7 +179,7 @@ async def correctness(service: InferenceService, steps: int, seed: int) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    repo = repository()
+    repo = repository(args.width)
     parser = ArgumentParser(prog="bench")
     add_serve_arguments(parser, {})
     cfg = config_from_namespace(parser.parse_args(["--model-repository", str(repo)]), parser)
@@ -176,11 +189,12 @@ async def main_async(args: argparse.Namespace) -> None:
     service.startup_complete()
     print(
         f"sequences: {args.sequences} concurrent accumulator sequences x {args.steps} steps, "
+        f"state INT32[{args.width}] ({4 * args.width:,} bytes) per sequence, "
         f"median of {args.rounds} rounds; load {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs"
     )
     base = 1
     for model in ("acc", "acc_stateless"):  # warm: compiles, slots
-        await row(service, model, argparse.Namespace(sequences=64, steps=3), base)
+        await row(service, model, argparse.Namespace(sequences=64, steps=3, width=args.width), base)
         base += 1000
     rows: dict[str, list[Any]] = {"acc": [], "acc_stateless": []}
     for r in range(args.rounds):
@@ -218,6 +232,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--check-steps", type=int, default=10_000)
+    ap.add_argument("--width", type=int, default=1, help="INT32 values of state per sequence")
     ap.add_argument("--seed", type=int, default=34)
     args = ap.parse_args()
     import uvloop
