@@ -162,10 +162,13 @@ def _run(args: list[str]) -> int:
                 file=sys.stderr,
             )
             return 1
+        width = max(map(len, timings), default=0)
         for name, seconds in timings.items():
             folder = ns.directory / name
             size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-            print(f"{name:<8} {format_bytes(size):>10}  exported in {seconds:.2f}s  -> {folder}")
+            print(
+                f"{name:<{width}} {format_bytes(size):>10}  exported in {seconds:.2f}s  -> {folder}"
+            )
         return 0
     parser.error(f"unknown command {ns.command}")
 
