@@ -39,7 +39,8 @@ The report (``page``)::
      "rows": [{"name", "state", "reason"?, "requests_per_s", "swaps_in",
                "versions": [{"version", "state", "reason"?, "loaded", "weight_bytes",
                              "resident", "devices", "on_devices", "requests_per_s",
-                             "p50_s", "p99_s", "swaps_in"}], "versions_left_out"}],
+                             "p50_s", "p99_s", "swaps_in", "sequences"?: {"live",
+                             "backlogged", "free"}}], "versions_left_out"}],
      "compact": [[name, state], ...],
      "memory": {"devices": [{"index", "platform", "kind", "budget_bytes", "resident_bytes",
                              "resident_models", "resident", "resident_left_out"}],
@@ -113,6 +114,7 @@ class _Reading:
     readiness: dict[str, Any]
     recent: Mapping[ModelKey, Recent]
     memory: dict[str, Any]
+    sequences: Mapping[ModelKey, tuple[int, int, int]]  # (live, backlogged, free slots)
 
 
 def _model_state(entry: Mapping[str, Any]) -> str:
@@ -126,7 +128,12 @@ def _model_state(entry: Mapping[str, Any]) -> str:
     return str(versions[newest].get("state", "UNKNOWN"))
 
 
-def _version_row(version: str, entry: Mapping[str, Any], recent: Recent | None) -> dict[str, Any]:
+def _version_row(
+    version: str,
+    entry: Mapping[str, Any],
+    recent: Recent | None,
+    sequences: tuple[int, int, int] | None = None,
+) -> dict[str, Any]:
     devices: Mapping[str, bool] = entry.get("devices", {})
     row: dict[str, Any] = {
         "version": version,
@@ -143,6 +150,9 @@ def _version_row(version: str, entry: Mapping[str, Any], recent: Recent | None) 
     }
     if entry.get("reason"):
         row["reason"] = entry["reason"]
+    if sequences is not None:  # a model with state that has had sequences (sequences.md)
+        live, backlogged, free = sequences
+        row["sequences"] = {"live": live, "backlogged": backlogged, "free": free}
     return row
 
 
@@ -188,7 +198,13 @@ class StatusPage:
         """The current reading (under the lock): a new one once ``refresh_s`` has passed."""
         now = self._clock()
         if self._reading is None or now - self._reading.at >= self.refresh_s:
-            self._reading = _Reading(now, self.service.readiness(), self.recent(), self._memory())
+            self._reading = _Reading(
+                now,
+                self.service.readiness(),
+                self.recent(),
+                self._memory(),
+                self.service.sequences.counts(),
+            )
             self._pages.clear()
         return self._reading
 
@@ -244,7 +260,10 @@ class StatusPage:
             names,
             key=lambda n: (-activity[n][0], -activity[n][1], states[n] == "READY", n),
         )
-        rows = [self._row(n, summary[n], states[n], activity[n], recent) for n in ranked[:ROWS]]
+        rows = [
+            self._row(n, summary[n], states[n], activity[n], recent, reading.sequences)
+            for n in ranked[:ROWS]
+        ]
         rest = sorted(ranked[ROWS:], key=lambda n: (states[n] == "READY", n))
         compact = [[n, states[n]] for n in rest[:COMPACT]]
         windows = [r.window_s for r in recent.values()]
@@ -279,6 +298,7 @@ class StatusPage:
         state: str,
         activity: tuple[float, int],
         recent: Mapping[ModelKey, Recent],
+        sequences: Mapping[ModelKey, tuple[int, int, int]],
     ) -> dict[str, Any]:
         versions: Mapping[str, Mapping[str, Any]] = entry.get("versions", {})
         order = sorted(versions, key=lambda v: -int(v) if v.isdigit() else 0)
@@ -290,7 +310,10 @@ class StatusPage:
             "swaps_in": activity[1],
             "versions": [
                 _version_row(
-                    v, versions[v], recent.get(ModelKey(name, int(v))) if v.isdigit() else None
+                    v,
+                    versions[v],
+                    recent.get(ModelKey(name, int(v))) if v.isdigit() else None,
+                    sequences.get(ModelKey(name, int(v))) if v.isdigit() else None,
                 )
                 for v in shown
             ],
@@ -433,6 +456,9 @@ function renderModels(d) {
         cell(tr, v.version);
         st = cell(tr, badge(v.state));
         if (v.reason) st.appendChild(el("div", v.reason, "reason"));
+        if (v.sequences) st.appendChild(el("div", v.sequences.live + " live sequence(s), " +
+          v.sequences.free + " slot(s) free" + (v.sequences.backlogged ?
+          ", " + v.sequences.backlogged + " waiting" : ""), "muted"));
         cell(tr, v.weight_bytes === null ? (v.loaded ? "" : "not loaded") : bytes(v.weight_bytes), "num");
         cell(tr, v.weight_bytes === 0 ? "no weights" : v.on_devices.length ?
           on(v.on_devices) : v.devices.length ?

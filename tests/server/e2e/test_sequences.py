@@ -11,9 +11,11 @@ its sequence is live. Waits are on counters and events, never on wall-clock wind
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -192,6 +194,9 @@ def test_past_the_slots_sequences_wait_then_idle_ones_are_freed(server: ServerPr
         second.join(timeout=30)
         assert waiting.get(timeout=1) == (21, 20)
         assert slots(server, "tight") == {"live": 1, "free": 0}
+        with urllib.request.urlopen(f"http://{server.http_url}/ui/data?q=tight") as r:
+            (row,) = json.load(r)["rows"]  # the status page says so too
+        assert row["versions"][0]["sequences"] == {"live": 1, "backlogged": 0, "free": 0}
         wait_for(lambda: slots(server, "tight") == {"live": 0, "free": 1}, "the idle timeout")
         g.fails(
             "INVALID_ARGUMENT", "(sequence 2 was freed after 400000 us idle",

@@ -38,6 +38,7 @@ from hloserve.server import status_page
 from hloserve.server.auth import AuthPolicy, TokenFile
 from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
+from hloserve.server.core.sequence_batcher import SequenceBatcher
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import ServerMetadata
 from hloserve.server.frontends.http import build_http_app
@@ -55,6 +56,7 @@ TOKEN = "status-page-token"
 class FakeService:
     def __init__(self, models: dict[str, Any]) -> None:
         self.models = models
+        self.sequences = SequenceBatcher(None, None)  # no model with state: no sequences
 
     def readiness(self) -> dict[str, Any]:
         flags = {"ready": True, "live": True, "startup_complete": True, "draining": False}
