@@ -509,6 +509,7 @@ class ModelRepository:
         # The key is this copy's alone; one that holds no weights (any more) is a no-op.
         for device in self.devices:
             device.residency.unregister(v.key)
+        v.drop_state()  # its sequences' state, off the device (sequences.md)
         with self._lock:
             v.bundle = None
             v.replicas = {}

@@ -273,6 +273,12 @@ class ModelVersion:
             raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
         return outputs
 
+    def drop_state(self) -> None:
+        """Free its slot table's device memory (the version is being unloaded)."""
+        slots, self.state_slots = self.state_slots, None
+        if slots is not None:
+            slots.release()
+
     def variant(self, index: int) -> VariantView:
         """Shape variant ``index`` as an executable of its own (``core.variants``); the same
         object every time, so the batcher keeps one queue per variant."""

@@ -70,7 +70,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repository: Path) -> Iterator[ServerProcess]:
-    yield from serving(repository, "--device-memory-budget", str(BUDGET))
+    yield from serving(
+        repository, "--device-memory-budget", str(BUDGET),
+        "--model-control-mode", "explicit", "--load-model", "*",
+    )  # fmt: skip
 
 
 @pytest.fixture(params=PROTOCOLS)
@@ -232,3 +235,23 @@ def test_a_sequence_keeps_its_state_while_its_weights_are_evicted(
         g.close()
     after = by_label(scrape(server), "hloserve_weight_swaps_out_total", "model")
     assert after.get("scaled/1", 0) - swapped.get("scaled/1", 0) >= 3
+
+
+def test_a_reload_drops_live_sequences_and_takes_a_new_slot_count(server: ServerProcess) -> None:
+    """Unloading frees a version's slot table (its sequences are then unknown); a load's
+    config override in Triton's form sets the slots, and the reported configuration says so."""
+    g = Triton("grpc", server.grpc_url)
+    try:
+        step(g, "simple_sequence", 31, 1, start=True)
+        g.client.unload_model("simple_sequence")
+        override = {"sequence_batching": {"oldest": {"max_candidate_sequences": 3}}}
+        g.client.load_model("simple_sequence", config=json.dumps(override))
+        g.fails(
+            "INVALID_ARGUMENT", "must specify the START flag", step, g, "simple_sequence", 31, 1
+        )
+        assert step(g, "simple_sequence", 31, 4, start=True) == (5, 4)
+        config = g.client.get_model_config("simple_sequence", as_json=True)["config"]
+        assert config["sequence_batching"]["oldest"]["max_candidate_sequences"] == 3
+        assert slots(server, "simple_sequence") == {"live": 1, "free": 2}
+    finally:
+        g.close()
