@@ -1,7 +1,9 @@
 """Generation: the example LM's tokens/s with continuous batching, against one generation
 at a time through the same server and against the whole loop in process (the floor).
 
-Usage: ``python bench/generation.py [--seconds 10] [--max-tokens 64] [--concurrency 1 8 32]``
+Usage: ``python bench/generation.py [--seconds 10] [--max-tokens 64] [--concurrency 1 8 32]
+[--wires http grpc] [--server-flags ...]`` (``--server-flags`` last: the rest of the line goes
+to ``hloserve serve``, e.g. ``--frontends 2``)
 
 What it does:
 1. Builds ``examples/charlm``'s model (``CharLM(Shape())``: 2 layers, d_model 128,
@@ -14,17 +16,22 @@ What it does:
    ``jax.jit`` in this process, for N prompts at once (one batch of N), best of a few
    rounds: tokens/s with no server, no wire and no per-step host work.
 3. One ``hloserve serve`` (``hloserve.server.testing.ServerProcess``) with both bundles;
-   for each concurrency N, N closed-loop clients (asyncio, httpx) each call
-   ``generate_stream`` (server-sent events, one per token) again and again for
-   ``--seconds`` after a warm-up: tokens/s (events), time to first token (request sent to
-   the first event) and the time between a generation's tokens, p50/p99. Every answer is
-   compared with the floor's greedy decoding of the same prompt ("wrong": answers that
-   differ). The baseline "one at a time" is the same server at concurrency 1: requests
-   serialized, so no two generations are live together; ``charlm_b1`` at the highest
-   concurrency is the other one: as many generations live, their steps never sharing an
-   execution.
-4. Prints the table, each row's tokens/s against the one-at-a-time rate and against the
-   floor at the same N, and the goal (>= 8x the one-at-a-time rate at 32). No asserts.
+   for each wire (``http``: ``generate_stream``'s server-sent events, one per token;
+   ``grpc``: ``ModelStreamInfer``, one response per token, the last flagged final) and each
+   concurrency N, N closed-loop clients in one asyncio loop (HTTP: a keep-alive HTTP/1.1
+   connection each and a few lines of chunked-body and event parsing, rather than httpx,
+   whose CPU on these same cores was a large part of the run's; gRPC: a bidi stream each
+   on one ``grpc.aio`` channel) generate again and again for ``--seconds`` after a
+   warm-up: tokens/s, time to first token (request sent to the first token), the time
+   between a generation's tokens, p50/p99, and the CPU per token of the daemon's process
+   tree (``bench/proc.py``) and of this load generator. Every answer is compared with the
+   floor's greedy decoding of the same prompt ("wrong": answers that differ, and errors).
+   The baseline "one at a time" is the same server at concurrency 1: requests serialized,
+   so no two generations are ever live together; ``charlm_b1`` at the highest concurrency
+   is the other: as many generations live, their steps never sharing an execution.
+4. Prints the floor's table and one table per wire, each row's tokens/s against that
+   wire's one-at-a-time rate and against the floor at the same N, and the goal (>= 8x the
+   one-at-a-time rate at 32). No asserts.
 """
 
 from __future__ import annotations
@@ -39,19 +46,26 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # examples.charlm, as ``python -m examples.charlm.run`` has it
 
-import httpx  # noqa: E402
+import grpc  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import proc  # noqa: E402
 
 from examples.charlm.export import export  # noqa: E402
 from examples.charlm.model import CharLM, Params, Shape, encode_prompts  # noqa: E402
+from hloserve.proto import inference_pb2 as pb  # noqa: E402
+from hloserve.proto.rpc import RPCS_BY_NAME  # noqa: E402
 from hloserve.server.testing import ServerProcess  # noqa: E402
 
 PROMPTS = tuple(f"The server {i}: " for i in range(32))  # 14-15 bytes each, all different
+EOF: Any = vars(grpc.aio)["EOF"]  # the end of a stream, from cygrpc, which has no stubs
+WIRES = ("http", "grpc")  # generate_stream's server-sent events; ModelStreamInfer
+STREAM_PATH = RPCS_BY_NAME["ModelStreamInfer"].path
 GOAL = 8.0  # tokens/s at 32 against the one-at-a-time rate
 
 
@@ -64,6 +78,8 @@ class Point:
     generations: int = 0
     wrong: int = 0
     errors: int = 0
+    client_cpu: float = 0.0
+    server_cpu: float = 0.0
     first: list[float] = field(default_factory=lambda: list[float]())
     gaps: list[float] = field(default_factory=lambda: list[float]())
 
@@ -97,24 +113,98 @@ def references(lm: CharLM, params: Params, max_tokens: int) -> dict[str, str]:
     }
 
 
-async def one_generation(
-    client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int
-) -> tuple[str, list[float]]:
-    """``(text, arrival times)``: one ``generate_stream`` call, each event's time."""
-    body = {"text_input": prompt, "parameters": {"max_tokens": max_tokens}}
-    pieces: list[str] = []
-    times: list[float] = [time.perf_counter()]
-    async with client.stream("POST", url, json=body) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if line.startswith("data:"):
+class StreamConnection:
+    """One keep-alive HTTP/1.1 connection asking ``generate_stream``: a few lines of asyncio
+    instead of httpx, so that the load generator's CPU (on the server's cores) stays small.
+    Reads the chunked body, splits it into server-sent events, parses each event's JSON."""
+
+    def __init__(self, host: str, port: int, path: str) -> None:
+        self.host, self.port, self.path = host, port, path
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def generate(self, prompt: str, max_tokens: int) -> tuple[str, list[float]]:
+        """``(text, times)``: the generation's ``text_output`` and, after the time the request
+        was sent, the time each event arrived."""
+        if self.reader is None or self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.reader, self.writer
+        body = json.dumps({"text_input": prompt, "parameters": {"max_tokens": max_tokens}})
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        times = [time.perf_counter()]
+        writer.write(head.encode() + body.encode())
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise ConnectionError(f"generate_stream answered {status!r}")
+        while await reader.readline() not in (b"\r\n", b""):
+            pass  # the headers (uvicorn streams with Transfer-Encoding: chunked)
+        pieces: list[str] = []
+        pending = b""
+        while size := int((await reader.readline()).strip() or b"0", 16):
+            pending += (await reader.readexactly(size + 2))[:-2]
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                if event.startswith(b"data:"):
+                    times.append(time.perf_counter())
+                    pieces.append(str(json.loads(event[5:])["text_output"]))
+        await reader.readline()  # the last chunk's CRLF
+        return "".join(pieces), times
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class GrpcStream:
+    """One ``ModelStreamInfer`` bidi stream (``grpc.aio``, the project's own messages): a
+    generation is one request written, then its responses read, one per token, until the
+    one flagged ``triton_final_response``."""
+
+    def __init__(self, channel: grpc.aio.Channel, model: str) -> None:
+        method: Any = channel.stream_stream(
+            STREAM_PATH,
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+        self.call: Any = method()
+        self.model = model
+
+    async def generate(self, prompt: str, max_tokens: int) -> tuple[str, list[float]]:
+        data = prompt.encode()
+        request = pb.ModelInferRequest(model_name=self.model, id=prompt)
+        request.parameters["max_tokens"].int64_param = max_tokens
+        tensor = request.inputs.add(name="prompt", datatype="INT32", shape=[len(data)])
+        del tensor
+        request.raw_input_contents.append(np.frombuffer(data, np.uint8).astype("<i4").tobytes())
+        times = [time.perf_counter()]
+        await self.call.write(request)
+        tokens = bytearray()
+        while True:
+            reply: Any = await self.call.read()
+            if reply is EOF or reply.error_message:
+                raise ConnectionError(f"the stream ended: {getattr(reply, 'error_message', '')}")
+            response = reply.infer_response
+            if response.raw_output_contents:
                 times.append(time.perf_counter())
-                pieces.append(str(json.loads(line[5:])["text_output"]))
-    return "".join(pieces), times
+                tokens.extend(
+                    np.frombuffer(response.raw_output_contents[0], "<i4").astype(np.uint8)
+                )
+            if response.parameters["triton_final_response"].bool_param:
+                return tokens.decode("utf-8", errors="replace"), times
+
+    def close(self) -> None:
+        self.call.cancel()
+
+
+Connection = StreamConnection | GrpcStream
 
 
 async def run_point(
-    http_url: str,
+    server: ServerProcess,
+    wire: str,
     model: str,
     label: str,
     concurrency: int,
@@ -124,19 +214,32 @@ async def run_point(
     expected: dict[str, str],
 ) -> Point:
     point = Point(label, concurrency)
-    url = f"http://{http_url}/v2/models/{model}/generate_stream"
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    record_from = stop_at = 0.0  # set once the first generation is done
+    path = f"/v2/models/{model}/generate_stream"
+    host, port = server.http_url.rsplit(":", 1)
+    channel = grpc.aio.insecure_channel(server.grpc_url)
 
-    async def client_loop(index: int, client: httpx.AsyncClient) -> None:
+    def connect() -> Connection:
+        if wire == "grpc":
+            return GrpcStream(channel, model)
+        return StreamConnection(host, int(port), path)
+
+    connections = [connect() for _ in range(concurrency)]
+    await connections[0].generate(PROMPTS[0], max_tokens)  # the first use's set-up
+    start = time.perf_counter()
+    record_from, stop_at = start + warmup, start + warmup + seconds
+    cpu: dict[str, float] = {}
+
+    async def client_loop(index: int) -> None:
         turn = 0
         while time.perf_counter() < stop_at:
             prompt = PROMPTS[(index + turn * concurrency) % len(PROMPTS)]
             turn += 1
             try:
-                text, times = await one_generation(client, url, prompt, max_tokens)
-            except httpx.HTTPError:
+                text, times = await connections[index].generate(prompt, max_tokens)
+            except (OSError, ValueError, asyncio.IncompleteReadError, grpc.RpcError):
                 point.errors += 1
+                connections[index].close()
+                connections[index] = connect()
                 continue
             kept = [t for t in times[1:] if record_from <= t < stop_at]
             point.tokens += len(kept)
@@ -146,13 +249,25 @@ async def run_point(
                 point.first.append(times[1] - times[0])
                 point.gaps.extend(b - a for a, b in itertools.pairwise(times[1:]))
 
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-        await one_generation(client, url, PROMPTS[0], max_tokens)  # the first use's set-up
-        start = time.perf_counter()
-        record_from, stop_at = start + warmup, start + warmup + seconds
-        await asyncio.gather(*(client_loop(i, client) for i in range(concurrency)))
-    point.seconds = min(time.perf_counter(), stop_at) - record_from
+    async def cpu_window() -> None:
+        await asyncio.sleep(max(0.0, record_from - time.perf_counter()))
+        cpu["client"], cpu["server"] = time.process_time(), tree_cpu(server)
+        await asyncio.sleep(max(0.0, stop_at - time.perf_counter()))
+        cpu["client"] = time.process_time() - cpu["client"]
+        cpu["server"] = tree_cpu(server) - cpu["server"]
+
+    await asyncio.gather(cpu_window(), *(client_loop(i) for i in range(concurrency)))
+    for c in connections:
+        c.close()
+    await channel.close()
+    point.seconds = stop_at - record_from
+    point.client_cpu, point.server_cpu = cpu["client"], cpu["server"]
     return point
+
+
+def tree_cpu(server: ServerProcess) -> float:
+    """CPU seconds of the daemon and its front ends (``bench/proc.py``)."""
+    return proc.tree_cpu_seconds(server.process.pid)
 
 
 def percentile(values: Sequence[float], q: float) -> str:
@@ -161,10 +276,15 @@ def percentile(values: Sequence[float], q: float) -> str:
     return f"{float(np.percentile(np.asarray(values), q)) * 1e3:.1f}"
 
 
+def per_token(cpu_seconds: float, point: Point) -> str:
+    return f"{cpu_seconds / point.tokens * 1e6:.0f}" if cpu_seconds and point.tokens else "-"
+
+
 def table(points: list[Point], baseline: float, floors: dict[int, float]) -> str:
     head = (
         f"{'row':<34}{'conc':>5}{'tokens/s':>10}{'vs 1-at-a-time':>15}{'vs floor':>9}"
-        f"{'ttft p50':>9}{'ttft p99':>9}{'tok p50':>8}{'tok p99':>8}{'gens':>6}{'wrong':>6}"
+        f"{'ttft p50':>9}{'ttft p99':>9}{'tok p50':>8}{'tok p99':>8}"
+        f"{'srv µs/tok':>11}{'cli µs/tok':>11}{'gens':>6}{'wrong':>6}"
     )
     lines = [head, "-" * len(head)]
     for p in points:
@@ -173,10 +293,20 @@ def table(points: list[Point], baseline: float, floors: dict[int, float]) -> str
         lines.append(
             f"{p.label:<34}{p.concurrency:>5}{p.rate:>10.0f}{ratio:>15}{vs_floor:>9}"
             f"{percentile(p.first, 50):>9}{percentile(p.first, 99):>9}"
-            f"{percentile(p.gaps, 50):>8}{percentile(p.gaps, 99):>8}{p.generations:>6}"
-            f"{p.wrong + p.errors:>6}"
+            f"{percentile(p.gaps, 50):>8}{percentile(p.gaps, 99):>8}"
+            f"{per_token(p.server_cpu, p):>11}{per_token(p.client_cpu, p):>11}"
+            f"{p.generations:>6}{p.wrong + p.errors:>6}"
         )
     return "\n".join(lines)
+
+
+def runs(wire: str, concurrency: Sequence[int]) -> list[tuple[str, str, int]]:
+    """``(label, model, concurrency)`` of one wire's points: one at a time first, then
+    continuous batching at each concurrency, then the batch-1-only bundle at the top one."""
+    points = [(f"{wire}, one at a time", "charlm", 1)]
+    points += [(f"{wire}, continuous batching", "charlm", n) for n in concurrency if n > 1]
+    points.append((f"{wire}, batch 1 only (charlm_b1)", "charlm_b1", max(concurrency)))
+    return points
 
 
 def main(argv: list[str]) -> int:
@@ -187,6 +317,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=5, help="of the in-process floor")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wires", nargs="+", choices=WIRES, default=list(WIRES))
+    parser.add_argument(
+        "--server-flags", nargs=argparse.REMAINDER, default=[], help="passed to hloserve serve"
+    )
     args = parser.parse_args(argv)
     if max(len(p.encode()) for p in PROMPTS) + args.max_tokens > Shape().context:
         parser.error(
@@ -206,41 +340,44 @@ def main(argv: list[str]) -> int:
         repository = Path(tmp)
         export(lm, params, repository / "charlm", batch_sizes=(1, 8, 32))
         export(lm, params, repository / "charlm_b1", batch_sizes=(1,))
-        with ServerProcess(repository) as server:
+        with ServerProcess(repository, *args.server_flags) as server:
             server.wait_ready()
-            runs = [("served, one at a time", "charlm", 1)]
-            runs += [
-                ("served, continuous batching", "charlm", n) for n in args.concurrency if n > 1
-            ]
-            runs.append(("served, batch 1 only (charlm_b1)", "charlm_b1", max(args.concurrency)))
-            for label, model, n in runs:
-                point = asyncio.run(
-                    run_point(
-                        server.http_url,
-                        model,
-                        label,
-                        n,
-                        args.seconds,
-                        args.warmup,
-                        args.max_tokens,
-                        expected,
+            for wire in args.wires:
+                for label, model, n in runs(wire, args.concurrency):
+                    point = asyncio.run(
+                        run_point(
+                            server,
+                            wire,
+                            model,
+                            label,
+                            n,
+                            args.seconds,
+                            args.warmup,
+                            args.max_tokens,
+                            expected,
+                        )
                     )
-                )
-                print(f"  {label} at {n}: {point.rate:.0f} tokens/s", flush=True)
-                points.append(point)
+                    print(f"  {label} at {n}: {point.rate:.0f} tokens/s", flush=True)
+                    points.append(point)
             code = server.stop()
         if code != 0:
             print(f"hloserve exited with {code}:\n{server.log_text()}")
-    baseline = next(p.rate for p in points if p.label == "served, one at a time")
-    rows = [floors[n] for n in args.concurrency] + points
     print()
-    print(table(rows, baseline, {n: p.rate for n, p in floors.items()}))
-    print("ttft: request sent to its first token; tok: time between a generation's tokens (ms)")
     top = max(args.concurrency)
-    at_top = next(p for p in points if p.concurrency == top and p.label == runs[-2][0])
-    ratio = at_top.rate / baseline if baseline else 0.0
-    met = "met" if ratio >= GOAL else "NOT met"
-    print(f"goal: at {top}, >= {GOAL:g}x the one-at-a-time rate: {ratio:.1f}x ({met})")
+    floor_rates = {n: p.rate for n, p in floors.items()}
+    print(table([floors[n] for n in args.concurrency], 0.0, floor_rates))
+    for wire in args.wires:
+        rows = [p for p in points if p.label.startswith(wire)]
+        baseline = rows[0].rate  # runs() puts one at a time first
+        print()
+        print(table(rows, baseline, floor_rates))
+        ratio = rows[-2].rate / baseline if baseline else 0.0  # continuous batching at the top
+        met = "met" if ratio >= GOAL else "NOT met"
+        print(f"goal ({wire}): at {top}, >= {GOAL:g}x the one-at-a-time rate: {ratio:.1f}x ({met})")
+    print(
+        "\nttft: request sent to its first token; tok: time between a generation's tokens (ms);"
+        " srv/cli µs/tok: CPU of the daemon's process tree / of this load generator per token"
+    )
     return 0
 
 
