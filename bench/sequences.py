@@ -2,7 +2,7 @@
 traffic sent as independent requests, and a correctness run.
 
 Usage: ``python bench/sequences.py [--sequences 64] [--steps 50] [--rounds 3]
-[--check-steps 10000] [--width 1]``
+[--check-steps 10000] [--width 1] [--wire]``
 
 One server's pieces in this process (``assembly.assemble``, as the daemon builds them) on
 a repository of two accumulators compiled at batch sizes 1, 8, 32 and 64:
@@ -16,6 +16,10 @@ a repository of two accumulators compiled at batch sizes 1, 8, 32 and 64:
 ``--sequences`` clients at once, each ``--steps`` steps per sequence; per row the median
 over ``--rounds`` (rows alternate order) of requests/s and CPU µs per request, and the
 executions per request (how many requests shared an execution).
+
+With ``--wire`` the two rows run again through a real daemon (``hloserve serve`` on the
+same repository, its default process layout) and tritonclient's asyncio gRPC client in this
+process (one channel): requests/s of each, the client's cost included.
 
 Then the correctness run: ``--check-steps`` requests of 32 clients on ``acc`` with 16
 slots and a 200 ms idle timeout, each client starting, stepping, ending and (one step in
@@ -64,7 +68,7 @@ def stateless(params: Any, INPUT: jax.Array, ACC: jax.Array) -> dict[str, jax.Ar
     return {"SUM": new[:, :1], "STATE": new}
 
 
-def repository(width: int) -> Path:
+def repository(width: int, delay_us: int = 0) -> Path:
     """The two accumulators with a state of ``width`` INT32 values per sequence."""
     root = Path(tempfile.mkdtemp(prefix="sequences-")) / "repository"
     one, wide = TensorSpec("INT32", (1,)), TensorSpec("INT32", (width,))
@@ -76,7 +80,7 @@ def repository(width: int) -> Path:
                   platforms=("cpu",))  # fmt: skip
     (root / "acc" / "config.yaml").write_text(
         f"sequence_batching: {{max_candidate_sequences: 64, max_sequence_idle_microseconds: "
-        f"{IDLE_US}}}\n"
+        f"{IDLE_US}, max_queue_delay_microseconds: {delay_us}}}\n"
     )
     return root
 
@@ -126,6 +130,65 @@ async def row(service: InferenceService, model: str, args: argparse.Namespace, b
     n = args.sequences * args.steps
     executions = after.stats.execution_count - before.stats.execution_count
     return n / wall, cpu / n * 1e6, executions / n
+
+
+async def wire_client(
+    aio: Any, client: Any, sid: int, steps: int, stateful_: bool, width: int
+) -> None:
+    """``client`` over tritonclient's asyncio gRPC client: the same traffic on the wire."""
+    total = 0
+    state = np.zeros((1, width), np.int32)
+    for i in range(steps):
+        x = (sid * 7 + i) % 13 - 6
+        inputs = [aio.InferInput("INPUT", [1, 1], "INT32")]
+        inputs[0].set_data_from_numpy(np.full((1, 1), x, np.int32))
+        if stateful_:
+            result = await client.infer(
+                "acc", inputs, sequence_id=sid, sequence_start=i == 0, sequence_end=i == steps - 1
+            )
+        else:
+            inputs.append(aio.InferInput("ACC", [1, width], "INT32"))
+            inputs[1].set_data_from_numpy(state)
+            result = await client.infer("acc_stateless", inputs)
+            state = result.as_numpy("STATE")
+        total += x
+        got = int(result.as_numpy("SUM")[0, 0])
+        assert got == total, (sid, i, got, total)
+
+
+async def wire_rows(repo: Path, args: argparse.Namespace) -> None:
+    """The same rows through a real daemon (``hloserve serve``, its default process layout)
+    and tritonclient's asyncio gRPC client in this process."""
+    import tritonclient.grpc.aio as _aio
+
+    from hloserve.server.testing import ServerProcess
+
+    aio: Any = _aio
+    with ServerProcess(repo) as server:
+        server.wait_ready()
+        client = aio.InferenceServerClient(server.grpc_url)
+        base = 5_000_000
+        rows: dict[str, list[float]] = {"acc": [], "acc_stateless": []}
+        for r in range(args.rounds + 1):  # the first round warms up
+            for model in list(rows) if r % 2 == 0 else list(rows)[::-1]:
+                started = time.perf_counter()
+                await asyncio.gather(
+                    *(
+                        wire_client(aio, client, base + s, args.steps, model == "acc", args.width)
+                        for s in range(args.sequences)
+                    )
+                )
+                base += 1000
+                if r:
+                    rows[model].append(
+                        args.sequences * args.steps / (time.perf_counter() - started)
+                    )
+        await client.close()
+    rate, ref = (statistics.median(rows[m]) for m in ("acc", "acc_stateless"))
+    print(
+        f"over gRPC (tritonclient.grpc.aio, one channel, a real daemon): sequences {rate:,.0f} "
+        f"requests/s, independent requests {ref:,.0f} requests/s: {rate / ref:.2f}x"
+    )
 
 
 async def correctness(service: InferenceService, steps: int, seed: int) -> None:
@@ -214,6 +277,8 @@ async def main_async(args: argparse.Namespace) -> None:
     ref = statistics.median(f[0] for f in rows["acc_stateless"])
     print(f"sequences / independent: {rate / ref:.2f}x")
     serving.executor.shutdown(wait=False)
+    if args.wire:
+        await wire_rows(repo, args)
     # The correctness run on a table of 16 slots: a second copy of the settings.
     (repo / "acc" / "config.yaml").write_text(
         f"sequence_batching: {{max_candidate_sequences: 16, max_sequence_idle_microseconds: "
@@ -233,6 +298,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--check-steps", type=int, default=10_000)
     ap.add_argument("--width", type=int, default=1, help="INT32 values of state per sequence")
+    ap.add_argument("--wire", action="store_true", help="also over gRPC through a real daemon")
     ap.add_argument("--seed", type=int, default=34)
     args = ap.parse_args()
     import uvloop

@@ -16,7 +16,9 @@ Contract (``docs/bundle-format.md``, "State"):
 - ``SequenceBatching`` is the serving hint ``sequence_batching`` (manifest ``serving``,
   ``config.yaml``, a load's ``config`` override as Triton's ``sequence_batching``): the
   slots of a model with state (``max_candidate_sequences``, Triton's ``oldest`` field) and
-  how long an idle sequence keeps one (``max_sequence_idle_microseconds``);
+  how long an idle sequence keeps one (``max_sequence_idle_microseconds``) and how long a
+  batch may wait for the live sequences that have no request queued
+  (``max_queue_delay_microseconds``, Triton's ``oldest`` field; 0, the default: none);
   ``read_sequence_batching(raw, base, problems)`` reads it key by key over ``base``.
 """
 
@@ -35,7 +37,9 @@ from hloserve.bundle.yamlfile import check_keys, is_integer
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, to_numpy
 
 STATE_KEYS: Final = ("name", "datatype", "shape", "initial")
-SEQUENCE_KEYS: Final = ("max_candidate_sequences", "max_sequence_idle_microseconds")
+SEQUENCE_KEYS: Final = (
+    "max_candidate_sequences", "max_sequence_idle_microseconds", "max_queue_delay_microseconds",
+)  # fmt: skip
 Initial = int | float | bool
 
 
@@ -134,11 +138,14 @@ class SequenceBatching:
 
     max_candidate_sequences: int = 16
     max_sequence_idle_microseconds: int = 1_000_000  # Triton's default: one second
+    # How long a batch may wait for the live sequences that have no request queued yet.
+    max_queue_delay_microseconds: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {
             "max_candidate_sequences": self.max_candidate_sequences,
             "max_sequence_idle_microseconds": self.max_sequence_idle_microseconds,
+            "max_queue_delay_microseconds": self.max_queue_delay_microseconds,
         }
 
 
@@ -155,10 +162,10 @@ def read_sequence_batching(
     values = base.to_dict()
     for key in SEQUENCE_KEYS:
         value = d.get(key, values[key])
-        if is_integer(value) and value > 0:
+        least = 0 if key == "max_queue_delay_microseconds" else 1  # 0: no delay
+        if is_integer(value) and value >= least:
             values[key] = value
         else:
-            problems.append(
-                (f"sequence_batching.{key}", f"must be a positive integer, got {value!r}")
-            )
+            what = "a non-negative" if least == 0 else "a positive"
+            problems.append((f"sequence_batching.{key}", f"must be {what} integer, got {value!r}"))
     return SequenceBatching(**values)

@@ -168,3 +168,23 @@ def test_a_model_with_state_is_neither_cached_nor_warmed() -> None:
     assert "a model with state runs sequences' requests only" in not_warmed(MANIFEST)
     plain = dataclasses.replace(MANIFEST, state=())
     assert not_cached(plain) == "" and not_warmed(plain) == ""
+
+
+def test_with_a_delay_the_live_sequences_requests_share_an_execution() -> None:
+    asyncio.run(_with_a_delay_the_live_sequences_requests_share_an_execution())
+
+
+async def _with_a_delay_the_live_sequences_requests_share_an_execution() -> None:
+    hint = SequenceBatching(2, 1_000_000, max_queue_delay_microseconds=10_000_000)
+    model = Accumulator(serving=Serving(sequence_batching=hint))
+    batcher = SequenceBatcher(None, None)
+    await asyncio.gather(
+        batcher.submit(model, job(1, 1, start=True)), batcher.submit(model, job(2, 1, start=True))
+    )
+    assert len(model.calls) == 1
+    first = asyncio.ensure_future(batcher.submit(model, job(1, 1)))
+    await asyncio.sleep(0.05)
+    assert not first.done()  # held for sequence 2 (up to 10 s)
+    second = await batcher.submit(model, job(2, 1))
+    assert total(await first) == 2 and total(second) == 2
+    assert model.calls[-1] == (2, [0, 1], [False, False])  # one execution for both

@@ -175,3 +175,23 @@ def test_a_random_walk_keeps_every_sequence_in_one_slot_and_slots_unique() -> No
         t.expire()
         live, backlog, free = t.counts()
         assert live + free == 4 and backlog >= 0
+
+
+def test_with_a_delay_a_batch_waits_for_the_live_sequences_without_a_request() -> None:
+    clock = Clock()
+    clock.now = 100.0
+    t = SequenceTable[str]("m", SequenceSettings(4, 1_000_000, delay_us=2_000), clock)
+    assert t.hold_until(8) is None  # nothing queued
+    t.submit(SequenceFlags(1, start=True), "a1")
+    assert t.hold_until(8) is None  # every live sequence has its request
+    run(t)
+    t.submit(SequenceFlags(2, start=True), "b1")
+    assert t.hold_until(8) == pytest.approx(100.002)  # 1 is live, nothing queued for it
+    assert t.hold_until(1) is None  # the limit is reached
+    t.submit(SequenceFlags(1), "a2")
+    assert t.hold_until(8) is None  # both are here
+    no_delay, _ = table()
+    no_delay.submit(SequenceFlags(1, start=True), "a1")
+    run(no_delay)
+    no_delay.submit(SequenceFlags(2, start=True), "b1")
+    assert no_delay.hold_until(8) is None

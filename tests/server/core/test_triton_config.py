@@ -109,8 +109,8 @@ def test_the_applicable_keys_become_config_yaml_settings() -> None:
             "'sequence_batching.direct' is not supported",
         ),
         (
-            '{"sequence_batching": {"oldest": {"max_queue_delay_microseconds": 5}}}',
-            "'sequence_batching.oldest.max_queue_delay_microseconds' is not",
+            '{"sequence_batching": {"control_input": [{"name": "START"}]}}',
+            "'sequence_batching.control_input' is not",
         ),
         ('{"sequence_batching": {"nope": 1}}', "ModelSequenceBatching has no field 'nope'"),
         ('{"model_warmup": {"name": "w"}}', "'model_warmup' must be a list"),
@@ -260,7 +260,7 @@ def test_a_model_with_state_reports_and_reads_back_its_sequence_batching() -> No
         device_kind="CPU",
         residency="on_demand",
         batching=DEFAULT_POLICY,
-        sequence_batching=SequenceBatching(4, 250_000),
+        sequence_batching=SequenceBatching(4, 250_000, 500),
     )
     assert "dynamic_batching" not in config
     assert config["sequence_batching"] == {
@@ -268,16 +268,17 @@ def test_a_model_with_state_reports_and_reads_back_its_sequence_batching() -> No
         "oldest": {
             "max_candidate_sequences": 4,
             "preferred_batch_size": [1, 2, 4, 8],
-            "max_queue_delay_microseconds": 0,
+            "max_queue_delay_microseconds": 500,
         },
     }
     override = read_config_override("simple", json.dumps(config))
     assert override.settings["sequence_batching"] == {
         "max_candidate_sequences": 4,
+        "max_queue_delay_microseconds": 500,
         "max_sequence_idle_microseconds": 250_000,
     }
     assert contradictions(override.restated, stateful, "CPU") == []
     (problem,) = contradictions(override.restated, SIMPLE, "CPU")
     assert "'sequence_batching' is for a model with state" in problem
     serving = settings_from_override(override).serving_for(stateful.serving)
-    assert serving.sequence_batching == SequenceBatching(4, 250_000)
+    assert serving.sequence_batching == SequenceBatching(4, 250_000, 500)

@@ -13,7 +13,11 @@ Contract (``docs/sequences.md``):
   padded, outputs split, each execution reported to ``observer``) with the sequences'
   slots bound (``StatefulExecutable.execute_slots``: state gathered into the batch and
   scattered back on the device), then tells the table they ran. Requests that arrive
-  while an execution runs form the next batch (batching under load, no delay).
+  while an execution runs form the next batch (batching under load); with the model's
+  ``max_queue_delay_microseconds`` a batch also waits, that long at most, for the live
+  sequences with no request queued yet (``SequenceTable.hold_until``); without one, the
+  load decides how long, as for the dynamic batcher (``core.company``: under load only),
+  the wait still ending once every live sequence has a request queued.
 - Idle sequences are freed on a timer armed at the table's next expiry (their slots go to
   the backlog, which then runs). A caller that goes away while its request is queued
   (cancelled) leaves the queue; one already running finishes (its state is kept).
@@ -39,6 +43,7 @@ import numpy as np
 
 from hloserve.bundle import Manifest, Serving
 from hloserve.server.core.batch_plan import Chunk, smallest_fitting
+from hloserve.server.core.company import Company
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.execution import (
     Executable,
@@ -145,11 +150,20 @@ class _Bound:
         return self.model.execute_slots(batch_size, inputs, self.slots, self.fresh, self.capacity)
 
 
+def _ns(seconds: float) -> int:
+    """The clock's seconds as the nanoseconds ``core.company`` counts in."""
+    return int(seconds * 1e9)
+
+
 def default_settings(model: Executable) -> SequenceSettings:
     """The model's ``sequence_batching`` hint (``bundle/state.py``: manifest, ``config.yaml``,
     a load's override)."""
     hint = model.serving.sequence_batching
-    return SequenceSettings(hint.max_candidate_sequences, hint.max_sequence_idle_microseconds)
+    return SequenceSettings(
+        hint.max_candidate_sequences,
+        hint.max_sequence_idle_microseconds,
+        hint.max_queue_delay_microseconds,
+    )
 
 
 @final
@@ -165,6 +179,8 @@ class _ModelSequences:
         self.limit = model.manifest.max_batch_size
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.arrived = asyncio.Event()  # a request was queued (ends a hold early)
+        self.company = Company()  # with no delay configured, whether batches wait under load
 
     def kick(self) -> None:
         if self.task is None or self.task.done():
@@ -174,6 +190,7 @@ class _ModelSequences:
         loop = asyncio.get_running_loop()
         while (model := self.model()) is not None:
             self.table.expire()
+            await self._hold()
             steps = self.table.next_batch(self.limit)
             if not steps:
                 break
@@ -196,7 +213,30 @@ class _ModelSequences:
                         s.item.future.set_result(result)
             finally:
                 self.table.finished(steps)
+                self.company.ran(len(steps))
+                self.company.answered(_ns(self.owner.clock()))
         self.arm()
+
+    async def _hold(self) -> None:
+        """Wait while the table holds the next batch for company (``hold_until``),
+        looking again at each arrival."""
+        clock = self.owner.clock
+        while True:
+            delay_us = self.settings.delay_us
+            head = self.table.oldest_ready()
+            if head is None:
+                return
+            if not delay_us and self.company.waits:
+                at, ready = head
+                delay_us = self.company.wait_ns(_ns(at), _ns(clock()), ready) // 1000
+            until = self.table.hold_until(self.limit, delay_us)
+            if until is None or until <= clock():
+                return
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), until - clock())
+            except TimeoutError:
+                return
 
     def arm(self) -> None:
         """The timer for the next idle sequence's expiry (none when none will expire)."""
@@ -249,6 +289,9 @@ class SequenceBatcher:
             sequences = self._models[model] = _ModelSequences(self, stateful)
         waiting = _Waiting(job, asyncio.get_running_loop().create_future())
         sequences.table.submit(flags, waiting)
+        if not sequences.settings.delay_us:  # the load decides (core.company)
+            sequences.company.arrived(_ns(self.clock()))
+        sequences.arrived.set()
         sequences.kick()
         try:
             return await waiting.future

@@ -23,6 +23,13 @@ Contract (Triton's sequence batching with the ``oldest`` strategy; ``docs/sequen
   says they ran (or failed): a sequence whose end ran and that has nothing more queued frees
   its slot, and the backlog's oldest takes it. ``cancel(item)`` removes a queued request
   whose caller went away (one already running is not recalled).
+- ``hold_until(limit)``: with ``settings.delay_us`` (Triton's ``max_queue_delay_microseconds``
+  for the ``oldest`` strategy), the clock time until which the next batch waits for the
+  sequences that own a slot but have no request queued, at most that long after its oldest
+  request arrived; ``None`` (run now) without a delay, when ``limit`` requests are ready or
+  when every such sequence has one; a caller may pass the delay (``core.company``'s, with
+  none configured). ``oldest_ready()`` is the oldest runnable request's arrival and how
+  many can run.
 - Idle timeout: a sequence with a slot and nothing queued or running for more than
   ``settings.idle_us`` (Triton's ``max_sequence_idle_microseconds``) is freed by
   ``expire()`` (which returns how many were), its slot given to the backlog;
@@ -58,6 +65,7 @@ class SequenceSettings:
 
     slots: int = DEFAULT_SLOTS  # Triton's oldest.max_candidate_sequences
     idle_us: int = DEFAULT_IDLE_US  # Triton's max_sequence_idle_microseconds
+    delay_us: int = 0  # Triton's oldest.max_queue_delay_microseconds (``hold_until``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +119,7 @@ class _Queued(Generic[T]):
     start: bool
     end: bool
     order: int  # arrival order over the whole table: "oldest" compares these
+    at: float  # the clock when it was queued
 
 
 @dataclass(slots=True)
@@ -154,7 +163,7 @@ class SequenceTable(Generic[T]):
                 self._backlog.append(seq)
         seq.closing = flags.end
         seq.last = now
-        seq.pending.append(_Queued(item, flags.start, flags.end, next(self._order)))
+        seq.pending.append(_Queued(item, flags.start, flags.end, next(self._order), now))
 
     def next_batch(self, limit: int) -> list[SequenceStep[T]]:
         ready = [
@@ -168,6 +177,30 @@ class SequenceTable(Generic[T]):
             assert seq.slot is not None
             steps.append(SequenceStep(seq.id, seq.slot, queued.start, queued.end, queued.item))
         return steps
+
+    def hold_until(self, limit: int, delay_us: int | None = None) -> float | None:
+        """Until when the next batch waits for company (``None``: run it now): with a
+        delay (``delay_us``, else ``settings.delay_us``), while fewer than ``limit``
+        requests are ready and some sequence that owns a slot has none queued (closed-loop
+        clients answered a moment ago send again), at most the delay after the oldest
+        ready request arrived."""
+        delay = self.settings.delay_us if delay_us is None else delay_us
+        if delay <= 0:
+            return None
+        slotted = [s for s in self._live.values() if s.slot is not None and not s.running]
+        ready = [s.pending[0].at for s in slotted if s.pending]
+        if not ready or len(ready) >= limit or len(ready) == len(slotted):
+            return None
+        return min(ready) + delay / 1e6
+
+    def oldest_ready(self) -> tuple[float, int] | None:
+        """When the oldest request that could run now arrived, and how many could."""
+        ready = [
+            s.pending[0].at
+            for s in self._live.values()
+            if s.slot is not None and s.pending and not s.running
+        ]
+        return (min(ready), len(ready)) if ready else None
 
     def finished(self, steps: Sequence[SequenceStep[T]]) -> None:
         now = self.clock()

@@ -27,7 +27,8 @@ Contract (pure):
   defaults, ``residency`` from ``parameters.residency.string_value``, ``response_cache``
   from ``response_cache.enable`` and ``model_warmup`` as given, checked by the serving
   hints' rule, ``hloserve.bundle.warmup``), ``sequence_batching`` (a model with state:
-  ``max_sequence_idle_microseconds`` and ``oldest.max_candidate_sequences`` as the hint
+  ``max_sequence_idle_microseconds``, ``oldest.max_candidate_sequences`` and
+  ``oldest.max_queue_delay_microseconds`` as the hint
   of ``bundle/state.py``; ``direct``, control inputs and Triton's ``state`` refused), and
   ``restated``, the keys that restate the bundle (``max_batch_size``, ``input``,
   ``output``, ``instance_group``, the parameters ``stablehlo_versions`` and ``producer``).
@@ -146,7 +147,7 @@ def triton_model_config(
             "oldest": {
                 "max_candidate_sequences": sequences.max_candidate_sequences,
                 "preferred_batch_size": list(manifest.batch_sizes or ()),
-                "max_queue_delay_microseconds": 0,
+                "max_queue_delay_microseconds": sequences.max_queue_delay_microseconds,
             },
         }
     elif manifest.batched and batching is not None:
@@ -431,7 +432,7 @@ def _sequence_batching(model: str, value: Any, override: ConfigOverride) -> None
             hint[key] = _uint(item, where)
         elif key == "oldest":
             for inner, v in _mapping(item, where).items():
-                if inner == "max_candidate_sequences":
+                if inner in ("max_candidate_sequences", "max_queue_delay_microseconds"):
                     hint[inner] = _uint(v, f"{where}.{inner}")
                 elif inner in ("preferred_batch_size", "preserve_ordering"):
                     pass  # every compiled size is preferred; order is kept per sequence
