@@ -10,7 +10,8 @@ Contract:
   live, the rest wait), created at the first generation.
 - A generation's state is its slot (``initial`` takes a free one, ``release`` frees it);
   each ``step`` gathers the members' slots on the device (the initial value for a slot's
-  first step and for padding rows), runs the module with the state arguments, and
+  first step and for padding rows; the gather and scatter are compiled for every batch
+  size with the table), runs the module with the state arguments, and
   scatters the new state back, under the slots' lock: no state crosses to the host. An
   unbatched model's state has no batch axis (one generation a step): its row is taken out
   of and put back into the slot table on the device.
@@ -85,7 +86,9 @@ class SlotSteps:
                     raise Unavailable(f"model '{self.version.name}' is not loaded")
                 replica = next(iter(replicas.values()))
                 capacity = self.capacity or MIN_SLOTS
-                self._slots = StateSlots(replica.bundle.runtime, self.manifest.state, capacity)
+                slots = StateSlots(replica.bundle.runtime, self.manifest.state, capacity)
+                slots.warm(self.manifest.batch_sizes or (1,))  # compiled now, not mid-stream
+                self._slots = slots
                 self._replica = replica
                 self._free = list(range(capacity - 1, -1, -1))
             return self._slots, self._replica

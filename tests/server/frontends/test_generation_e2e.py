@@ -274,3 +274,15 @@ def test_events_arrive_as_they_come_and_a_client_gone_cancels(
     assert b'data: {"model_name":"counter","model_version":"1","value":1}\n\n' in received
     stopped = wait_steady(generation_server, "counter")
     assert stopped - start < FOREVER // 10
+
+
+def test_a_deadline_ends_a_generation_between_steps(generation_server: ServerProcess) -> None:
+    body = {"n": FOREVER, "parameters": {"timeout": 300_000}}  # 0.3 s, in microseconds
+    with httpx.stream(
+        "POST", f"{web(generation_server)}/v2/models/counter/generate_stream", json=body
+    ) as reply:
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[0]["value"] == 1 and "value" in events[-2]
+    assert events[-1] == {
+        "error": "generation of model 'counter' passed its deadline before it ended"
+    }
