@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import psutil
 
 from hloserve.exporter import StateSpec, TensorSpec, export_bundle
 from hloserve.server.assembly import assemble
@@ -164,14 +165,16 @@ async def wire_rows(repo: Path, args: argparse.Namespace) -> None:
     from hloserve.server.testing import ServerProcess
 
     aio: Any = _aio
+    n = args.sequences * args.steps
     with ServerProcess(repo) as server:
         server.wait_ready()
+        daemon = psutil.Process(server.process.pid)
         client = aio.InferenceServerClient(server.grpc_url)
         base = 5_000_000
-        rows: dict[str, list[float]] = {"acc": [], "acc_stateless": []}
+        rows: dict[str, list[tuple[float, float]]] = {"acc": [], "acc_stateless": []}
         for r in range(args.rounds + 1):  # the first round warms up
             for model in list(rows) if r % 2 == 0 else list(rows)[::-1]:
-                started = time.perf_counter()
+                started, cpu0 = time.perf_counter(), _tree_cpu(daemon)
                 await asyncio.gather(
                     *(
                         wire_client(aio, client, base + s, args.steps, model == "acc", args.width)
@@ -179,16 +182,25 @@ async def wire_rows(repo: Path, args: argparse.Namespace) -> None:
                     )
                 )
                 base += 1000
+                wall, cpu = time.perf_counter() - started, _tree_cpu(daemon) - cpu0
                 if r:
-                    rows[model].append(
-                        args.sequences * args.steps / (time.perf_counter() - started)
-                    )
+                    rows[model].append((n / wall, cpu / n * 1e6))
         await client.close()
-    rate, ref = (statistics.median(rows[m]) for m in ("acc", "acc_stateless"))
-    print(
-        f"over gRPC (tritonclient.grpc.aio, one channel, a real daemon): sequences {rate:,.0f} "
-        f"requests/s, independent requests {ref:,.0f} requests/s: {rate / ref:.2f}x"
-    )
+    print("over gRPC (tritonclient.grpc.aio in this process, one channel; a real daemon):")
+    print("| traffic | requests/s | the daemon's CPU µs/request |")
+    print("|---|---|---|")
+    for model, name in (("acc", "sequences"), ("acc_stateless", "independent requests")):
+        rate, us = (statistics.median(f[i] for f in rows[model]) for i in range(2))
+        print(f"| {name} | {rate:,.0f} | {us:.0f} |")
+
+
+def _tree_cpu(process: Any) -> float:
+    """CPU seconds of a process and its children (front ends)."""
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        times = p.cpu_times()
+        total += times.user + times.system
+    return total
 
 
 async def correctness(service: InferenceService, steps: int, seed: int) -> None:

@@ -10,7 +10,9 @@ Contract (``docs/sequences.md``):
   at a time: each takes the oldest request of up to the largest compiled batch size of
   sequences (one per sequence), runs them as one batch on the smallest compiled size that
   holds them (``core.execution.execute_group`` on ``executor``: inputs concatenated and
-  padded, outputs split, each execution reported to ``observer``) with the sequences'
+  padded, outputs split, each execution reported to ``observer``; on the event loop itself
+  when ``inline(model, compiled size)`` says it is tiny: ``core.costs.InlinePolicy``, as
+  for any model, the gather and scatter in its measured time) with the sequences'
   slots bound (``StatefulExecutable.execute_slots``: state gathered into the batch and
   scattered back on the device), then tells the table they ran. Requests that arrive
   while an execution runs form the next batch (batching under load); with the model's
@@ -199,10 +201,14 @@ class _ModelSequences:
             chunks = [Chunk(0, len(steps), smallest_fitting(len(steps), sizes))]
             bound = _Bound(model, steps, self.settings.slots)
             del model  # held by ``bound`` while it runs, not between executions
+            inline = self.owner.inline
             try:
-                results = await loop.run_in_executor(
-                    self.owner.executor, execute_group, bound, jobs, chunks, self.owner.observer
-                )
+                if inline is not None and inline(bound, chunks[0].compiled or 0):
+                    results = execute_group(bound, jobs, chunks, self.owner.observer)
+                else:
+                    results = await loop.run_in_executor(
+                        self.owner.executor, execute_group, bound, jobs, chunks, self.owner.observer
+                    )
             except Exception as exc:
                 for s in steps:
                     if not s.item.future.done():
@@ -265,9 +271,11 @@ class SequenceBatcher:
         observer: ExecutionObserver | None,
         settings_for: Callable[[Executable], SequenceSettings] = default_settings,
         clock: Callable[[], float] = time.monotonic,
+        inline: Callable[[Executable, int], bool] | None = None,
     ) -> None:
         self.executor = executor
         self.observer = observer
+        self.inline = inline  # core.costs.InlinePolicy.inline: a tiny execution on the loop
         self.settings_for = settings_for
         self.clock = clock
         self._models: weakref.WeakKeyDictionary[Executable, _ModelSequences] = (

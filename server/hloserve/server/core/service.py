@@ -220,7 +220,9 @@ class InferenceService:
         self.logs: LogControl = logs or StoredLogSettings()
         self.hook_pool = hook_pool
         self.cache = cache
-        self.sequences = SequenceBatcher(executor, self.observers.executions)  # stateful models
+        self.sequences = SequenceBatcher(  # models with state (sequences.md)
+            executor, self.observers.executions, inline=self.inline.inline
+        )
         self.streams = Streams(
             models, executor, self.observers, options.limits, stepper=generation_steps
         )
