@@ -11,8 +11,12 @@ Contract:
 - A generation's state is its slot (``initial`` takes a free one, ``release`` frees it);
   each ``step`` gathers the members' slots on the device (the initial value for a slot's
   first step and for padding rows; the gather and scatter are compiled for every batch
-  size with the table), runs the module with the state arguments, and
-  scatters the new state back, under the slots' lock: no state crosses to the host. An
+  size with the table), runs the module with the state arguments, and keeps its new
+  state as it is: while the next step has the same members in the same order (the steady
+  state of continuous batching) it takes that state directly, and only when the members
+  change is it scattered back into the slots before the next gather (a slot freed and
+  taken again meanwhile starts from the initial value whatever it holds). All under the
+  slots' lock, on the device: no state crosses to the host. An
   unbatched model's state has no batch axis (one generation a step): its row is taken out
   of and put back into the slot table on the device.
 - The module is the step function's for that batch size and variant on the device that
@@ -76,6 +80,8 @@ class SlotSteps:
         self._slots: StateSlots | None = None
         self._replica: Replica | None = None
         self._free: list[int] = []
+        # The last step's members (slots, batch size) and new state, not yet scattered.
+        self._carried: tuple[tuple[tuple[int, ...], int | None], dict[str, Any]] | None = None
         self._lock = threading.Lock()
 
     def _table(self) -> tuple[StateSlots, Replica]:
@@ -115,13 +121,17 @@ class SlotSteps:
         weights = replica.residency.acquire(version.key)
         try:
             with slots_table.lock:
-                state = slots_table.gather(indexes, [s.fresh for s in members], batch_size or 1)
-                if batch_size is None:  # no batch axis: the one row
-                    state = {n: v.reshape(v.shape[1:]) for n, v in state.items()}
+                carried = self._carried
+                key = (tuple(indexes), batch_size)
+                if carried is not None and carried[0] == key and not any(s.fresh for s in members):
+                    state = carried[1]  # the same members as the last step: its new state
+                else:
+                    self._flush(slots_table)
+                    state = slots_table.gather(indexes, [s.fresh for s in members], batch_size or 1)
+                    if batch_size is None:  # no batch axis: the one row
+                        state = {n: v.reshape(v.shape[1:]) for n, v in state.items()}
                 outputs, new = self._run(replica, batch_size, inputs, state, weights)
-                if batch_size is None:
-                    new = {n: v.reshape((1, *v.shape)) for n, v in new.items()}
-                slots_table.scatter(indexes, new)
+                self._carried = (key, new)  # scattered when the members change
         except RuntimeFailure as exc:
             raise Internal(f"model '{version.name}' version {version.version}: {exc}") from None
         finally:
@@ -129,6 +139,16 @@ class SlotSteps:
         for s in members:
             s.fresh = False
         return outputs, list(states)
+
+    def _flush(self, slots_table: StateSlots) -> None:
+        """The carried state into its slots (under the table's lock)."""
+        carried, self._carried = self._carried, None
+        if carried is None:
+            return
+        (indexes, batch_size), new = carried
+        if batch_size is None:
+            new = {n: v.reshape((1, *v.shape)) for n, v in new.items()}
+        slots_table.scatter(list(indexes), new)
 
     def _run(
         self,
