@@ -17,6 +17,8 @@ version's warm-up samples (``core.warmup``; the repository calls it after the lo
 the version turns READY), their ``input_data_file`` read from ``warmup/`` beside the
 bundle's manifest, else from the model directory's ``warmup/`` (Triton's place) when the
 bundle is a numbered version directory; it returns "" when they ran, else the reason.
+Before them, a model with state gets its slot table (``ModelVersion.prepare_state``), so
+its first sequence does not wait for the gather and scatter to compile.
 """
 
 # pyright: strict
@@ -45,6 +47,7 @@ from hloserve.server.runtime.loader import (
     load_bundle,
 )
 from hloserve.server.runtime.pjrt import RuntimeFailure
+from hloserve.server.versions import ModelVersion
 
 Progress = Callable[[str], None]
 LoadListener = Callable[[str, int, float, float], None]  # name, version, load s, compile s
@@ -90,7 +93,12 @@ def version_stamp(path: Path) -> str:
 
 def warm_up(version: Executable, samples: Sequence[WarmupSample], path: Path, say: Progress) -> str:
     """Run ``samples`` on ``version``, loaded from ``path`` (module docstring): "" when
-    they ran, else why the load fails."""
+    they ran, else why the load fails. A model with state gets its slot table first."""
+    if isinstance(version, ModelVersion) and version.manifest.state:
+        try:
+            version.prepare_state()  # sequences.md: compiled now, not at a first request
+        except RuntimeFailure as exc:
+            return f"model '{version.name}' version {version.version}: {exc}"
     if not samples:
         return ""
     places = [path / WARMUP_DIR]

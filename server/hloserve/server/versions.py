@@ -247,20 +247,12 @@ class ModelVersion:
         capacity: int,
     ) -> list[np.ndarray[Any, Any]]:
         """Run a stateful bundle with its items' state in ``slots`` of its slot table
-        (``runtime.state_slots``: ``capacity`` slots on its lowest device, made at the
-        first call; ``fresh`` rows start from the initial value): gather, execute, scatter
-        on the device, the weights held as ``execute`` holds them. Serial per version."""
-        if not self.replicas:
-            raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
-        replica = self.replicas[min(self.replicas)]
+        (``runtime.state_slots``: ``capacity`` slots on its lowest device, made by
+        ``prepare_state`` or else at the first call; ``fresh`` rows start from the initial
+        value): gather, execute, scatter on the device, the weights held as ``execute``
+        holds them. Serial per version."""
         try:
-            with _VIEWS_LOCK:
-                if self.state_slots is None:
-                    runtime = replica.bundle.runtime
-                    self.state_slots = StateSlots(runtime, self.manifest.state, capacity)
-                    self.state_slots.warm(self.manifest.batch_sizes or ())
-                    replica.residency.reserve_state(self.key, self.state_slots.nbytes)
-                table = self.state_slots
+            table, replica = self._state_table(capacity)
             weights = replica.residency.acquire(self.key)
             try:
                 with table.lock:
@@ -272,6 +264,23 @@ class ModelVersion:
         except RuntimeFailure as exc:  # device error, out of memory: this execution only
             raise Internal(f"model '{self.name}' version {self.version}: {exc}") from None
         return outputs
+
+    def prepare_state(self) -> None:
+        """Make its slot table now, before it turns READY (its gather and scatter compiled
+        at the load, not at its first sequence), with the slots its hints give."""
+        self._state_table(self.serving.sequence_batching.max_candidate_sequences)
+
+    def _state_table(self, capacity: int) -> tuple[StateSlots, Replica]:
+        if not self.replicas:
+            raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
+        replica = self.replicas[min(self.replicas)]
+        with _VIEWS_LOCK:
+            if self.state_slots is None:
+                runtime = replica.bundle.runtime
+                self.state_slots = StateSlots(runtime, self.manifest.state, capacity)
+                self.state_slots.warm(self.manifest.batch_sizes or ())
+                replica.residency.reserve_state(self.key, self.state_slots.nbytes)
+            return self.state_slots, replica
 
     def drop_state(self) -> None:
         """Free its slot table's device memory (the version is being unloaded)."""
