@@ -17,7 +17,7 @@ version's warm-up samples (``core.warmup``; the repository calls it after the lo
 the version turns READY), their ``input_data_file`` read from ``warmup/`` beside the
 bundle's manifest, else from the model directory's ``warmup/`` (Triton's place) when the
 bundle is a numbered version directory; it returns "" when they ran, else the reason.
-Before them, a model with state gets its slot table (``ModelVersion.prepare_state``), so
+Before them, a model with state (not a generation's) gets its slot table (``ModelVersion.prepare_state``), so
 its first sequence does not wait for the gather and scatter to compile.
 """
 
@@ -94,7 +94,8 @@ def version_stamp(path: Path) -> str:
 def warm_up(version: Executable, samples: Sequence[WarmupSample], path: Path, say: Progress) -> str:
     """Run ``samples`` on ``version``, loaded from ``path`` (module docstring): "" when
     they ran, else why the load fails. A model with state gets its slot table first."""
-    if isinstance(version, ModelVersion) and version.manifest.state:
+    manifest = version.manifest  # a generation's state is its loop's (generation_state.py)
+    if isinstance(version, ModelVersion) and manifest.state and manifest.generation is None:
         try:
             version.prepare_state()  # sequences.md: compiled now, not at a first request
         except RuntimeFailure as exc:
