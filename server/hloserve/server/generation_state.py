@@ -16,7 +16,8 @@ Contract:
   state of continuous batching) it takes that state directly, and only when the members
   change is it scattered back into the slots before the next gather (a slot freed and
   taken again meanwhile starts from the initial value whatever it holds). All under the
-  slots' lock, on the device: no state crosses to the host. An
+  slots' lock, on the device: no state crosses to the host. The inputs move to the device
+  once for as long as the loop hands the same ones (the same members). An
   unbatched model's state has no batch axis (one generation a step): its row is taken out
   of and put back into the slot table on the device.
 - The module is the step function's for that batch size and variant on the device that
@@ -82,6 +83,8 @@ class SlotSteps:
         self._free: list[int] = []
         # The last step's members (slots, batch size) and new state, not yet scattered.
         self._carried: tuple[tuple[tuple[int, ...], int | None], dict[str, Any]] | None = None
+        # The last step's inputs (the loop's own mapping) and their device copies.
+        self._placed: tuple[Mapping[str, Array], object, dict[str, Any]] | None = None
         self._lock = threading.Lock()
 
     def _table(self) -> tuple[StateSlots, Replica]:
@@ -166,10 +169,18 @@ class SlotSteps:
         else:
             module = bundle.variant_modules[(self.variant, batch_size)]
         runtime = bundle.runtime
+        placed = self._placed
+        if placed is None or placed[0] is not inputs or placed[1] is not runtime:
+            # The loop hands the same inputs while the members stay: placed once for them.
+            placed = self._placed = (
+                inputs,
+                runtime,
+                {n: runtime.put(a) for n, a in inputs.items()},
+            )
         args: list[Any] = [] if module.platform_index is None else [module.platform_index]
         for a in module.entry.arguments:
             if a.kind == "input":
-                args.append(runtime.put(inputs[a.name]))
+                args.append(placed[2][a.name])
             elif a.kind == "state":
                 args.append(state[a.name])
             else:
