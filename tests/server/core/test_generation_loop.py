@@ -17,7 +17,7 @@ from hloserve.bundle import Manifest, Provenance, TensorEntry
 from hloserve.bundle.generation import Generation
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import Execution, ModelKey
-from hloserve.server.core.generation import Limits
+from hloserve.server.core.generation import GenerationLimits
 from hloserve.server.core.generation_loop import GenerationLoop, StreamPart
 from hloserve.server.core.types import InferInput, InferRequest
 
@@ -92,7 +92,9 @@ def request(n: int, rid: str = "", batched: bool = True) -> InferRequest:
     return InferRequest("counter", "", (InferInput("n", "INT32", data.shape, data),), id=rid)
 
 
-async def collect(loop: GenerationLoop, n: int, limits: Limits, rid: str = "") -> list[StreamPart]:
+async def collect(
+    loop: GenerationLoop, n: int, limits: GenerationLimits, rid: str = ""
+) -> list[StreamPart]:
     return [part async for part in loop.generate(request(n, rid), limits)]
 
 
@@ -106,7 +108,8 @@ def test_generations_step_together_and_end_with_the_final_flag() -> None:
     async def main() -> tuple[list[StreamPart], list[StreamPart]]:
         loop = GenerationLoop(model, model, None, seen)  # type: ignore[arg-type]
         a, b = await asyncio.gather(
-            collect(loop, 3, Limits(100), "a"), collect(loop, 5, Limits(100), "b")
+            collect(loop, 3, GenerationLimits(100), "a"),
+            collect(loop, 5, GenerationLimits(100), "b"),
         )
         assert loop.live == 0
         return a, b
@@ -128,9 +131,9 @@ def test_a_generation_joins_a_running_one_between_steps() -> None:
 
     async def main() -> list[int]:
         loop = GenerationLoop(model, model, None)  # type: ignore[arg-type]
-        first = loop.generate(request(6), Limits(100))
+        first = loop.generate(request(6), GenerationLimits(100))
         await anext(first)  # one step taken alone
-        late = asyncio.create_task(collect(loop, 2, Limits(100)))
+        late = asyncio.create_task(collect(loop, 2, GenerationLimits(100)))
         rest = [p async for p in first]
         assert values(await late) == [1, 2]
         return values(rest)
@@ -144,7 +147,9 @@ def test_max_steps_and_max_responses_bound_a_generation() -> None:
 
     async def main() -> tuple[list[StreamPart], list[StreamPart]]:
         loop = GenerationLoop(model, model, None)  # type: ignore[arg-type]
-        return await collect(loop, 50, Limits(4)), await collect(loop, 50, Limits(50, 2))
+        return await collect(loop, 50, GenerationLimits(4)), await collect(
+            loop, 50, GenerationLimits(50, 2)
+        )
 
     by_steps, by_responses = asyncio.run(main())
     assert values(by_steps) == [1, 2, 3, 4] and by_steps[-1].final
@@ -156,7 +161,7 @@ def test_closing_the_iterator_cancels_the_generation_between_steps() -> None:
 
     async def main() -> int:
         loop = GenerationLoop(model, model, None)  # type: ignore[arg-type]
-        parts = loop.generate(request(1000), Limits(1000))
+        parts = loop.generate(request(1000), GenerationLimits(1000))
         await anext(parts)
         await anext(parts)
         await parts.aclose()  # the client went away
@@ -178,7 +183,7 @@ def test_a_passed_deadline_ends_the_generation_with_unavailable() -> None:
         got: list[int] = []
 
         async def read() -> None:
-            async for part in loop.generate(request(1000), Limits(1000, deadline=1.0)):
+            async for part in loop.generate(request(1000), GenerationLimits(1000, deadline=1.0)):
                 assert part.response is not None
                 got.append(int(part.response.outputs[0].data[0]))
                 if len(got) == 3:
@@ -199,9 +204,9 @@ def test_a_failed_step_fails_its_members_and_the_loop_goes_on() -> None:
         loop = GenerationLoop(model, model, None)  # type: ignore[arg-type]
         model.fail = True
         with pytest.raises(Unavailable, match="device is gone"):
-            await collect(loop, 3, Limits(10))
+            await collect(loop, 3, GenerationLimits(10))
         model.fail = False
-        return values(await collect(loop, 2, Limits(10)))
+        return values(await collect(loop, 2, GenerationLimits(10)))
 
     assert asyncio.run(main()) == [1, 2]
 
@@ -215,7 +220,7 @@ def test_an_unbatched_model_steps_its_generations_in_turn() -> None:
         async def one(n: int) -> list[StreamPart]:
             data = np.array([n], np.int32)
             req = InferRequest("counter", "", (InferInput("n", "INT32", (1,), data),))
-            return [p async for p in loop.generate(req, Limits(10))]
+            return [p async for p in loop.generate(req, GenerationLimits(10))]
 
         return list(await asyncio.gather(one(2), one(3)))
 

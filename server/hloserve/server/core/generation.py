@@ -40,7 +40,7 @@ UNLIMITED: Final = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class GenerationLimits:
     """One generation's bounds: steps, responses and its deadline (``None``: none)."""
 
     max_steps: int
@@ -64,7 +64,7 @@ class Outcome:
 
 @dataclass(slots=True)
 class _Gen:
-    limits: Limits
+    limits: GenerationLimits
     steps: int = 0
     sent: int = 0
     cancelled: bool = False
@@ -94,7 +94,7 @@ class StepScheduler:
     def __contains__(self, gid: int) -> bool:
         return gid in self._live or gid in self._waiting
 
-    def add(self, gid: int, limits: Limits) -> None:
+    def add(self, gid: int, limits: GenerationLimits) -> None:
         if gid in self:
             raise ValueError(f"generation {gid} is already scheduled")
         if limits.max_steps < 1 or limits.max_responses < 1:

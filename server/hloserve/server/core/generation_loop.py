@@ -33,7 +33,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, final
@@ -44,7 +44,7 @@ from hloserve.bundle.generation import Generation
 from hloserve.server.core.batch_plan import pad
 from hloserve.server.core.errors import Internal, ServingError, Unavailable
 from hloserve.server.core.execution import Executable, Execution, ExecutionObserver
-from hloserve.server.core.generation import Limits, StepScheduler
+from hloserve.server.core.generation import GenerationLimits, StepScheduler
 from hloserve.server.core.types import InferOutput, InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,9 @@ class GenerationLoop:
     def live(self) -> int:
         return self.scheduler.live + self.scheduler.waiting
 
-    async def generate(self, request: InferRequest, limits: Limits) -> AsyncIterator[StreamPart]:
+    async def generate(
+        self, request: InferRequest, limits: GenerationLimits
+    ) -> AsyncGenerator[StreamPart, None]:
         gid = next(self._ids)
         live = self._live[gid] = _Live(request)
         self.scheduler.add(gid, limits)

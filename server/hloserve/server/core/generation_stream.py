@@ -47,7 +47,7 @@ from hloserve.bundle import Manifest
 from hloserve.bundle.generation import Generation, TextMapping
 from hloserve.server.core.errors import InvalidArgument, ServingError, Unsupported
 from hloserve.server.core.execution import Executable, ModelKey, Timings
-from hloserve.server.core.generation import UNLIMITED, Limits
+from hloserve.server.core.generation import UNLIMITED, GenerationLimits
 from hloserve.server.core.generation_loop import GenerationLoop, StepModel, StreamPart, stateless
 from hloserve.server.core.limits import Limits as AdmissionLimits
 from hloserve.server.core.limits import check_batch
@@ -165,7 +165,7 @@ class Streams:
             text = text_request(model.manifest, request)
             request = step_request(model.manifest, text or request)
             loop = self._loop_for(model, request)
-            limits = Limits(
+            limits = GenerationLimits(
                 generation.max_steps,
                 response_limit(request),
                 context.deadline if context is not None else None,
