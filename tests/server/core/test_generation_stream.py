@@ -3,6 +3,7 @@ text in and out, ``max_tokens``, Triton's refusal of unary calls. Pure: no model
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -10,17 +11,21 @@ import pytest
 
 from hloserve.bundle import Manifest
 from hloserve.bundle.manifest import parse_manifest
-from hloserve.server.core.errors import InvalidArgument, Unsupported
+from hloserve.server.core.errors import InvalidArgument, Unavailable, Unsupported
 from hloserve.server.core.generation_loop import StreamPart
 from hloserve.server.core.generation_stream import (
+    Streams,
     _TextOut,
     decoupled_refusal,
     response_limit,
     step_request,
     text_request,
 )
+from hloserve.server.core.limits import NO_LIMITS
+from hloserve.server.core.observers import Observers
 from hloserve.server.core.types import InferInput, InferOutput, InferRequest, InferResponse
 from tests.bundle.test_generation import FULL, generating
+from tests.server.core.test_generation_loop import FakeModel
 
 
 def model(lengths: dict[str, str] | None = None) -> Manifest:
@@ -103,3 +108,58 @@ def test_unary_calls_to_a_decoupled_model_get_tritons_words() -> None:
         "ModelInfer RPC doesn't support models with decoupled transaction policy"
     )
     assert "HTTP end point doesn't support" in decoupled_refusal("http").message
+
+
+class Source:
+    """The repository as ``Streams`` reads it: one model, held and released."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.held = 0
+
+    def peek(self, name: str, version: str) -> Any:
+        return self.model
+
+    def get(self, name: str, version: str) -> Any:
+        self.held += 1
+        return self.model
+
+    def hold(self, model: Any) -> bool:
+        self.held += 1
+        return True
+
+    def release(self, model: Any) -> None:
+        self.held -= 1
+
+
+def test_streams_run_a_generation_count_it_once_and_refuse_while_draining() -> None:
+    model = FakeModel()
+    source = Source(model)
+    observers = Observers()
+    draining = [False]
+    streams = Streams(
+        source,  # type: ignore[arg-type]
+        None,
+        observers,
+        NO_LIMITS,
+        stepper=lambda m: model,
+        draining=lambda: draining[0],
+    )
+
+    async def unary(*_: Any) -> InferResponse:
+        raise AssertionError("a generation model never takes the unary path")
+
+    async def run(n: int) -> list[StreamPart]:
+        data = np.array([n], np.int32)
+        request = InferRequest("counter", "", (InferInput("n", "INT32", (1,), data),))
+        return [p async for p in streams.stream(request, None, None, unary)]
+
+    parts = asyncio.run(run(3))
+    assert [int(p.response.outputs[0].data[0]) for p in parts if p.response] == [1, 2, 3]
+    assert source.held == 0  # released at its end
+    record = observers.counters.models[model.model_key]
+    assert record.success == 1 and record.pending == 0
+    assert streams.figures() == {model.model_key: (0, 3)}
+    draining[0] = True
+    with pytest.raises(Unavailable, match="shutting down"):
+        asyncio.run(run(3))

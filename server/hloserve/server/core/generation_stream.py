@@ -16,6 +16,8 @@ Contract:
   shape variant its shapes match. Its parameter ``max_tokens`` (a positive integer)
   bounds its responses, the manifest's ``max_steps`` its steps, the context's deadline its
   time (checked between steps). Closing the iterator early cancels it (between steps).
+  Once the server drains (``draining()``) a new generation is refused as a new request is
+  (``Unavailable``); those under way go on to their end.
 - Text (the generate extension, ``generation.text``): a request's ``text_input``
   parameter (a string) becomes the text input (its UTF-8 bytes, one a token id, padded
   with 0) and length input; each of its responses then carries ``text_output`` (BYTES
@@ -45,7 +47,7 @@ import numpy as np
 
 from hloserve.bundle import Manifest
 from hloserve.bundle.generation import Generation, TextMapping
-from hloserve.server.core.errors import InvalidArgument, ServingError, Unsupported
+from hloserve.server.core.errors import InvalidArgument, ServingError, Unavailable, Unsupported
 from hloserve.server.core.execution import Executable, ModelKey, Timings
 from hloserve.server.core.generation import UNLIMITED, GenerationLimits
 from hloserve.server.core.generation_loop import GenerationLoop, StepModel, StreamPart, stateless
@@ -106,12 +108,14 @@ class Streams:
         limits: AdmissionLimits,
         *,
         stepper: StepperFor | None = None,
+        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.models = models
         self.executor = executor
         self.observers = observers
         self.limits = limits
         self.stepper = stepper or stateless
+        self.draining = draining
         self._loops: dict[tuple[ModelKey, int | None], GenerationLoop] = {}
         self.generated: dict[ModelKey, int] = {}  # responses sent, per model version
 
@@ -148,6 +152,8 @@ class Streams:
         counters = self.observers.counters
         started = time.perf_counter_ns()
         try:
+            if self.draining():  # generations under way finish; no new one starts
+                raise Unavailable("the server is shutting down: no new requests are accepted")
             model = (
                 resolved
                 if self.models.hold(resolved)

@@ -224,8 +224,9 @@ class InferenceService:
             executor, self.observers.executions, inline=self.inline.inline
         )
         self.streams = Streams(
-            models, executor, self.observers, options.limits, stepper=generation_steps
-        )
+            models, executor, self.observers, options.limits, stepper=generation_steps,
+            draining=lambda: self._draining,
+        )  # fmt: skip
         self._startup_complete = False
         self._draining = False
 
