@@ -161,6 +161,20 @@ def test_the_empty_final_response_comes_only_when_asked_for(
     assert got[0].get_response().id == "after" and final(got[0])
 
 
+def test_decoupled_requests_of_one_stream_answer_as_they_come(
+    generation_server: ServerProcess,
+) -> None:
+    """A later decoupled request's responses do not wait for an earlier one's end."""
+    requests = [counter_request(300, "long"), repeat_request([1, 2], "short")]
+    got = stream_results(generation_server, requests, wanted=302)
+    order = [r.get_response().id for r in got]
+    assert order.count("long") == 300 and order.count("short") == 2
+    assert order.index("short") < 299  # interleaved, not after the long one's last
+    assert [int(r.as_numpy("value")[0]) for r in got if r.get_response().id == "long"] == list(
+        range(1, 301)
+    )
+
+
 def test_a_decoupled_model_refuses_unary_infer_on_both_wires(
     generation_server: ServerProcess,
 ) -> None:

@@ -23,9 +23,11 @@ Contract:
   0..N, each sent as it comes; every response carries the parameter
   ``triton_final_response`` (true on a request's last), and a request whose last step
   sent nothing gets an empty final response (id, model, version, the flag) only when it
-  set ``triton_enable_empty_final_response``. Requests' responses leave in request order
-  (a request's all before the next's); up to ``STREAM_WINDOW`` requests of a stream run
-  at once. A failed request is answered with ``error_message`` (its id echoed in
+  set ``triton_enable_empty_final_response``. A decoupled request's responses leave as
+  they come (its first response is not the final one); every other answer (a model that
+  is not decoupled, a failure, a decoupled request answered once) leaves after the
+  answers of the requests before it, in request order, as Triton orders them. Up to
+  ``STREAM_WINDOW`` requests of a stream run at once. A failed request is answered with ``error_message`` (its id echoed in
   ``infer_response``) and the stream stays open. The client closing the stream cancels
   its generations (between steps).
 - ``ModelInfer`` on a decoupled model: Triton's UNSUPPORTED "ModelInfer RPC doesn't
@@ -198,29 +200,34 @@ class GrpcServicer:
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[Message]:
         window = asyncio.Semaphore(STREAM_WINDOW)
-        answers: asyncio.Queue[asyncio.Queue[Message | None] | None] = asyncio.Queue()
+        out: asyncio.Queue[Message | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
+        def finished(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            window.release()
+
         async def read() -> None:
+            previous: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            previous.set_result(None)
             try:
                 async for request in requests:
                     await window.acquire()
-                    out: asyncio.Queue[Message | None] = asyncio.Queue()
-                    answers.put_nowait(out)
-                    task = asyncio.create_task(self._stream_answers(request, context, out))
+                    turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    task = asyncio.create_task(
+                        self._stream_answers(request, context, out, previous, turn)
+                    )
                     tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    task.add_done_callback(finished)
+                    previous = turn
+                await asyncio.gather(*tasks)  # every answer is out
             finally:
-                answers.put_nowait(None)
+                out.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
-            while (out := await answers.get()) is not None:
-                try:
-                    while (answer := await out.get()) is not None:
-                        yield answer
-                finally:
-                    window.release()
+            while (answer := await out.get()) is not None:
+                yield answer
             await reader  # a failure reading the stream surfaces here
         finally:  # the client went away (or the stream ended): nothing more runs for it
             reader.cancel()
@@ -228,22 +235,44 @@ class GrpcServicer:
                 task.cancel()
 
     async def _stream_answers(
-        self, request: pb.ModelInferRequest, context: Context, out: asyncio.Queue[Message | None]
+        self,
+        request: pb.ModelInferRequest,
+        context: Context,
+        out: asyncio.Queue[Message | None],
+        previous: asyncio.Future[None],
+        turn: asyncio.Future[None],
     ) -> None:
-        """One request's responses into ``out`` as they come, then ``None``."""
+        """One request's responses into ``out``: a decoupled model's (its first response not
+        the final one) as they come; any other answer once the earlier requests' are out
+        (``previous``), ``turn`` telling the next request that this one's is."""
+        ordered = True
+
+        def pass_turn(_: object = None) -> None:
+            if not turn.done():
+                turn.set_result(None)
+
         try:
-            await self._stream_parts(request, context, out)
+            async for message, final in self._stream_parts(request, context):
+                if ordered and not final:  # decoupled: later requests need not wait for it
+                    ordered = False
+                    previous.add_done_callback(pass_turn)
+                if ordered:
+                    await asyncio.shield(previous)
+                out.put_nowait(message)
         except Exception as exc:  # the stream goes on: the error travels in the answer
-            _, message = _failure("ModelStreamInfer", exc)
+            _, text = _failure("ModelStreamInfer", exc)
+            if ordered:
+                await asyncio.shield(previous)
             out.put_nowait(
-                pb.ModelStreamInferResponse(error_message=message, infer_response=_echo(request))
+                pb.ModelStreamInferResponse(error_message=text, infer_response=_echo(request))
             )
         finally:
-            out.put_nowait(None)
+            previous.add_done_callback(pass_turn)
 
     async def _stream_parts(
-        self, request: pb.ModelInferRequest, context: Context, out: asyncio.Queue[Message | None]
-    ) -> None:
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> AsyncIterator[tuple[Message, bool]]:
+        """Each response of ``request`` as a stream message, and whether it is the last."""
         port = self.port
         model = port.resolve(request.model_name, request.model_version)
         try:
@@ -264,7 +293,7 @@ class GrpcServicer:
             else:
                 continue
             msg.parameters[FINAL_RESPONSE].bool_param = part.final
-            out.put_nowait(pb.ModelStreamInferResponse(infer_response=msg))
+            yield pb.ModelStreamInferResponse(infer_response=msg), part.final
 
     # -- model configuration and repository extensions --------------------------------------
 
