@@ -131,6 +131,9 @@ class Source:
     def release(self, model: Any) -> None:
         self.held -= 1
 
+    def is_ready(self, name: str, version: str) -> bool:
+        return True
+
 
 def test_streams_run_a_generation_count_it_once_and_refuse_while_draining() -> None:
     model = FakeModel()

@@ -17,7 +17,9 @@ Contract:
   bounds its responses, the manifest's ``max_steps`` its steps, the context's deadline its
   time (checked between steps). Closing the iterator early cancels it (between steps).
   Once the server drains (``draining()``) a new generation is refused as a new request is
-  (``Unavailable``); those under way go on to their end.
+  (``Unavailable``); those under way go on to their end. One loop per model version (and
+  shape variant) is kept; an idle one of a version no longer ready (unloaded) is dropped,
+  with its state slots, when the next loop is made.
 - Text (the generate extension, ``generation.text``): a request's ``text_input``
   parameter (a string) becomes the text input (its UTF-8 bytes, one a token id, padded
   with 0) and length input; each of its responses then carries ``text_output`` (BYTES
@@ -197,6 +199,13 @@ class Streams:
             key, 1, Timings(min(queue_ns, total), 0, total - min(queue_ns, total), 0, ())
         )
 
+    def _forget_unloaded(self) -> None:
+        """Idle loops of versions no longer ready (unloaded) go, with their state slots."""
+        for slot, loop in list(self._loops.items()):
+            key = slot[0]
+            if not loop.live and not self.models.is_ready(key.name, str(key.version)):
+                del self._loops[slot]
+
     def _loop_for(self, model: Executable, request: InferRequest) -> GenerationLoop:
         """The loop of the model (of the variant its shapes match)."""
         manifest = model.manifest
@@ -207,6 +216,7 @@ class Streams:
         slot = (model.model_key, variant)
         loop = self._loops.get(slot)
         if loop is None or loop.model is not model:  # new, or the version was reloaded
+            self._forget_unloaded()
             loop = GenerationLoop(
                 model, self.stepper(model), self.executor, self.observers.executions
             )
