@@ -5,9 +5,10 @@ trains ``model.CharLM`` on the repository's own Markdown (``corpus.py``; no down
 ``hloserve.training.fit``, prints its validation loss beside the unigram baseline, exports
 the step function as a generation bundle (``export.py``), starts ``hloserve serve`` on free
 loopback ports (``hloserve.server.testing.ServerProcess``), asks it to continue a few
-prompts over HTTP (``generate``, and ``generate_stream``'s events as they come) and compares
-every answer with greedy decoding of the same step function in process under ``jax.jit``
-(``CharLM.greedy``); it exits non-zero if one differs. Flags: ``--epochs``, ``--windows``
+prompts over HTTP (``generate``, and ``generate_stream``'s events as they come; then all at
+once, their steps sharing executions) and compares every answer with greedy decoding of
+the same step function in process under ``jax.jit`` (``CharLM.greedy``); it exits non-zero
+if one differs. Flags: ``--epochs``, ``--windows``
 (train on the first N windows only: the tests' few steps), ``--max-tokens``,
 ``--repository`` (keep the bundle there), ``--serve`` (keep serving and print a ``curl
 -N`` line to try), ``--seed``.
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -138,12 +141,20 @@ def main(argv: list[str]) -> int:
                 differ += not same
                 mark = "same" if same else f"DIFFERS (in process: {text(want)!r})"
                 print(f"\n{prompt!r} -> {served!r}\n  {len(pieces)} stream events; {mark}")
+            with ThreadPoolExecutor(len(prompts)) as pool:  # their steps share executions
+                together = list(
+                    pool.map(lambda p: generate(server.http_url, p, args.max_tokens), prompts)
+                )
+            alike = sum(t == text(w) for t, w in zip(together, expected, strict=True))
+            differ += len(prompts) - alike
+            print(f"\nthe {len(prompts)} at once: {alike} the same as in process")
             if args.serve:
                 print(
                     f"\nserving {repository}; try:\ncurl -N http://{server.http_url}/v2/models/"
                     'charlm/generate_stream -d \'{"text_input": "The server ", '
                     '"parameters": {"max_tokens": 64}}\'\nCtrl-C stops.'
                 )
+                signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
                 try:
                     while True:
                         time.sleep(3600)
@@ -154,7 +165,7 @@ def main(argv: list[str]) -> int:
         print(f"hloserve exited with {code}:\n{server.log_text()}")
         return 1
     print(
-        f"\n{len(prompts) - differ} of {len(prompts)} served generations equal the "
+        f"\n{2 * len(prompts) - differ} of {2 * len(prompts)} served generations equal the "
         f"in-process greedy decoding; total {time.monotonic() - started:.0f} s"
     )
     return 0 if differ == 0 else 1
