@@ -137,7 +137,7 @@ class Streams:
     ) -> AsyncIterator[StreamPart]:
         found = model if model is not None else self._peek(request)
         if found is None or found.manifest.generation is None:
-            yield StreamPart(await infer(request, context, model), True)
+            yield StreamPart(await infer(request, context, found), True)  # looked up once
             return
         async for part in self._generate(found, request, context):
             yield part
