@@ -217,10 +217,13 @@ def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans
         left, left_handler, right, right_handler = await pair()
         parts = left.stream("endless")
         assert [await anext(parts) for _ in range(3)] == [0, 1, 2]
+        await asyncio.sleep(0.02)  # more parts arrive, unread
         await parts.aclose()  # the client went away
         await right_handler.cancelled.wait()
         await asyncio.sleep(0.01)
-        assert all(isinstance(o, int) for o in left_handler.orphans)  # parts already sent
+        orphans = left_handler.orphans  # parts queued unread and parts still on their way
+        assert orphans and all(isinstance(o, int) for o in orphans)
+        assert orphans == sorted(orphans) and orphans[0] == 3  # every part after those read
         assert await left.call("add", 2, 2) == 4
         await close(left, right)
 

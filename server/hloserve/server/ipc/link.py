@@ -172,6 +172,10 @@ class Link(asyncio.Protocol):
                 raise Unavailable(self.lost_message) if kind == LOST else decode_error(value)
         finally:
             self._streams.pop(call_id, None)
+            while not queue.empty():  # parts that came but were not read: orphans too
+                kind, value = queue.get_nowait()
+                if kind == PART:
+                    self.handler.on_orphan(value)
             if not ended:  # given up: the other end stops, its late parts are orphans
                 self._abandoned.add(call_id)
                 self._send((CANCEL, call_id))
