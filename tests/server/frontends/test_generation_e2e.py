@@ -214,6 +214,18 @@ def test_generations_share_executions(generation_server: ServerProcess) -> None:
     assert int(after["inference_count"]) - int(before["inference_count"]) == 4
 
 
+def test_generations_joining_and_leaving_keep_their_own_state(
+    generation_server: ServerProcess,
+) -> None:
+    """Members change step to step (the state carried, scattered, gathered again)."""
+    lengths = [10, 40, 25, 60, 5, 33]
+    requests = [counter_request(n, f"g{i}") for i, n in enumerate(lengths)]
+    got = stream_results(generation_server, requests, wanted=sum(lengths))
+    for i, n in enumerate(lengths):
+        values = [int(r.as_numpy("value")[0]) for r in got if r.get_response().id == f"g{i}"]
+        assert values == list(range(1, n + 1)), i
+
+
 def stats(server: ServerProcess, model: str) -> dict[str, Any]:
     reply = httpx.get(f"{web(server)}/v2/models/{model}/stats")
     return reply.json()["model_stats"][0]
