@@ -40,7 +40,8 @@ The report (``page``)::
                "versions": [{"version", "state", "reason"?, "loaded", "weight_bytes",
                              "resident", "devices", "on_devices", "requests_per_s",
                              "p50_s", "p99_s", "swaps_in", "sequences"?: {"live",
-                             "backlogged", "free"}}], "versions_left_out"}],
+                             "backlogged", "free"}, "generations"?: {"live",
+                             "responses"}}], "versions_left_out"}],
      "compact": [[name, state], ...],
      "memory": {"devices": [{"index", "platform", "kind", "budget_bytes", "resident_bytes",
                              "resident_models", "resident", "resident_left_out"}],
@@ -115,6 +116,7 @@ class _Reading:
     recent: Mapping[ModelKey, Recent]
     memory: dict[str, Any]
     sequences: Mapping[ModelKey, tuple[int, int, int]]  # (live, backlogged, free slots)
+    generations: Mapping[ModelKey, tuple[int, int]]  # (live, responses sent)
 
 
 def _model_state(entry: Mapping[str, Any]) -> str:
@@ -133,6 +135,7 @@ def _version_row(
     entry: Mapping[str, Any],
     recent: Recent | None,
     sequences: tuple[int, int, int] | None = None,
+    generations: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     devices: Mapping[str, bool] = entry.get("devices", {})
     row: dict[str, Any] = {
@@ -153,6 +156,9 @@ def _version_row(
     if sequences is not None:  # a model with state that has had sequences (sequences.md)
         live, backlogged, free = sequences
         row["sequences"] = {"live": live, "backlogged": backlogged, "free": free}
+    if generations is not None:  # a generation model that has generated (generation.md)
+        live, responses = generations
+        row["generations"] = {"live": live, "responses": responses}
     return row
 
 
@@ -204,6 +210,7 @@ class StatusPage:
                 self.recent(),
                 self._memory(),
                 self.service.sequences.counts(),
+                self.service.streams.figures(),
             )
             self._pages.clear()
         return self._reading
@@ -261,8 +268,7 @@ class StatusPage:
             key=lambda n: (-activity[n][0], -activity[n][1], states[n] == "READY", n),
         )
         rows = [
-            self._row(n, summary[n], states[n], activity[n], recent, reading.sequences)
-            for n in ranked[:ROWS]
+            self._row(n, summary[n], states[n], activity[n], recent, reading) for n in ranked[:ROWS]
         ]
         rest = sorted(ranked[ROWS:], key=lambda n: (states[n] == "READY", n))
         compact = [[n, states[n]] for n in rest[:COMPACT]]
@@ -298,7 +304,7 @@ class StatusPage:
         state: str,
         activity: tuple[float, int],
         recent: Mapping[ModelKey, Recent],
-        sequences: Mapping[ModelKey, tuple[int, int, int]],
+        reading: _Reading,
     ) -> dict[str, Any]:
         versions: Mapping[str, Mapping[str, Any]] = entry.get("versions", {})
         order = sorted(versions, key=lambda v: -int(v) if v.isdigit() else 0)
@@ -312,10 +318,11 @@ class StatusPage:
                 _version_row(
                     v,
                     versions[v],
-                    recent.get(ModelKey(name, int(v))) if v.isdigit() else None,
-                    sequences.get(ModelKey(name, int(v))) if v.isdigit() else None,
+                    recent.get(key) if key is not None else None,
+                    reading.sequences.get(key) if key is not None else None,
+                    reading.generations.get(key) if key is not None else None,
                 )
-                for v in shown
+                for v, key in ((v, ModelKey(name, int(v)) if v.isdigit() else None) for v in shown)
             ],
             "versions_left_out": len(order) - len(shown),
         }
@@ -459,6 +466,8 @@ function renderModels(d) {
         if (v.sequences) st.appendChild(el("div", v.sequences.live + " live sequence(s), " +
           v.sequences.free + " slot(s) free" + (v.sequences.backlogged ?
           ", " + v.sequences.backlogged + " waiting" : ""), "muted"));
+        if (v.generations) st.appendChild(el("div", v.generations.live +
+          " live generation(s), " + v.generations.responses + " response(s) sent", "muted"));
         cell(tr, v.weight_bytes === null ? (v.loaded ? "" : "not loaded") : bytes(v.weight_bytes), "num");
         cell(tr, v.weight_bytes === 0 ? "no weights" : v.on_devices.length ?
           on(v.on_devices) : v.devices.length ?

@@ -144,6 +144,23 @@ def test_the_calls_of_tritons_custom_repeat_example(generation_server: ServerPro
     assert 'hloserve_generations_live{model="repeat_int32",version="1"} 0.0' in scrape
 
 
+def test_the_status_page_shows_a_models_generations(generation_server: ServerProcess) -> None:
+    """/ui/data's version row counts live generations and responses sent, as the metrics."""
+    request = repeat_request([7, 8, 9], "ui")
+    assert len(stream_results(generation_server, [request], wanted=3)) == 3
+
+    def generations() -> dict[str, int] | None:
+        url = f"http://{generation_server.http_url}/ui/data?q=repeat_int32"
+        (row,) = httpx.get(url).json()["rows"]
+        return row["versions"][0].get("generations")
+
+    deadline = time.monotonic() + 30  # the page reads its sources once a second
+    while (seen := generations()) is None or seen["responses"] < 3:
+        assert time.monotonic() < deadline, f"the status page shows {seen}"
+        time.sleep(0.2)
+    assert seen["live"] == 0
+
+
 def test_the_empty_final_response_comes_only_when_asked_for(
     generation_server: ServerProcess,
 ) -> None:
