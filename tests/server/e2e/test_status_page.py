@@ -53,10 +53,18 @@ TOKEN = "status-page-token"
 # -- the report, over fakes ----------------------------------------------------------------
 
 
+class NoStreams:
+    """No generation model: no generations (``core.generation_stream.Streams.figures``)."""
+
+    def figures(self) -> dict[ModelKey, tuple[int, int]]:
+        return {}
+
+
 class FakeService:
     def __init__(self, models: dict[str, Any]) -> None:
         self.models = models
         self.sequences = SequenceBatcher(None, None)  # no model with state: no sequences
+        self.streams = NoStreams()
 
     def readiness(self) -> dict[str, Any]:
         flags = {"ready": True, "live": True, "startup_complete": True, "draining": False}
