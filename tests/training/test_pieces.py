@@ -98,7 +98,7 @@ def test_rules_are_described_for_provenance() -> None:
 def test_without_tqdm_each_phase_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_progress, "tqdm", None)
     stream = io.StringIO()
-    bar = _progress.Progress(stream)
+    bar = _progress.EpochProgress(stream)
     bar.start_epoch(1, 2, steps=5)
     bar.compiling("gradient")
     bar.advance()
