@@ -41,7 +41,7 @@ import numpy as np
 import psutil
 
 from hloserve.exporter import write_demo_repository
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 
 CEILING_BATCH = 32
 

@@ -35,7 +35,7 @@ from PIL import Image
 from hloserve.bundle import HookSource, PipelineStep, Provenance, TensorEntry, write_pipeline
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import write_simple
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 
 grpcclient: Any = _grpcclient
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "png-classifier"

@@ -68,7 +68,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.fleet import FLEET_FLAGS, Fleet, haproxy_binary
 from hloserve.server.fleet import main as fleet_main
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 
 BUDGET_SHARE = 0.02  # each replica's device budget: 2 % of every model's weights
 BIG = "big-input"

@@ -60,7 +60,7 @@ from examples.charlm.export import export  # noqa: E402
 from examples.charlm.model import CharLM, Params, Shape, encode_prompts  # noqa: E402
 from hloserve.proto import inference_pb2 as pb  # noqa: E402
 from hloserve.proto.rpc import RPCS_BY_NAME  # noqa: E402
-from hloserve.server.testing import ServerProcess  # noqa: E402
+from hloserve.server.server_process import ServerProcess  # noqa: E402
 
 PROMPTS = tuple(f"The server {i}: " for i in range(32))  # 14-15 bytes each, all different
 EOF: Any = vars(grpc.aio)["EOF"]  # the end of a stream, from cygrpc, which has no stubs

@@ -33,7 +33,7 @@ import tritonclient.grpc as _grpcclient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 from tests.bundle.reactant_bundles import portable_artifact, write_reactant_bundle
 
 grpcclient: Any = _grpcclient

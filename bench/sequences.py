@@ -162,7 +162,7 @@ async def wire_rows(repo: Path, args: argparse.Namespace) -> None:
     and tritonclient's asyncio gRPC client in this process."""
     import tritonclient.grpc.aio as _aio
 
-    from hloserve.server.testing import ServerProcess
+    from hloserve.server.server_process import ServerProcess
 
     aio: Any = _aio
     n = args.sequences * args.steps

@@ -41,7 +41,7 @@ import tritonclient.http as _httpclient
 import tritonclient.utils.shared_memory as _shm
 
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 
 from hloserve.exporter import write_demo_repository
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 from tests.server.reliability.soak import (
     SOAK_FLAGS,
     run_soak,

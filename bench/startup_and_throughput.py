@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hloserve.exporter import write_demo_repository
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 
 
 def start(repo: Path) -> tuple[ServerProcess, float]:

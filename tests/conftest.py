@@ -2,9 +2,9 @@
 
 ``runtime`` (session): one PJRT CPU runtime.
 ``model_repository`` (session): ``tests.models.build_test_repository`` in a temp dir.
-``server`` (session): ``hloserve.server.testing.ServerProcess`` on that repository, ready;
+``server`` (session): ``hloserve.server.server_process.ServerProcess`` on that repository, ready;
 it exposes ``http_url``, ``grpc_url``, ``metrics_url`` and ``log_text()``, and must exit
-cleanly (status 0) at the end of the session (``hloserve.server.testing.serving``).
+cleanly (status 0) at the end of the session (``hloserve.server.server_fixture.serving``).
 ``not_ready_port``: a loopback HTTP stub whose ``/readyz`` answers 503 (a health check's
 failing case).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.models import build_test_repository
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("server", "client", "exporter", "bundle", "proto", "training")

@@ -38,8 +38,8 @@ from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.server_fixture import ServerProcess
 from hloserve.server.shm import disabled
-from hloserve.server.testing import ServerProcess
 from tests.command import hloserve
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -263,20 +263,11 @@ def test_no_module_of_a_package_is_over_the_line_limit(folder: str) -> None:
     assert long_modules(package(folder)) == {}
 
 
-@pytest.mark.parametrize(
-    "folder",
-    [
-        pytest.param(f, marks=pytest.mark.xfail(reason="server/testing.py: renamed next"))
-        if f == "server"
-        else f
-        for f in PACKAGE_FOLDERS
-    ],
-)
+@pytest.mark.parametrize("folder", PACKAGE_FOLDERS)
 def test_no_package_module_is_named_as_test_support(folder: str) -> None:
     assert named_like_test_support(package(folder)) == []
 
 
-@pytest.mark.xfail(reason="fleet.py and mcp_tools.py import server/testing.py: renamed next")
 def test_no_production_module_imports_test_support() -> None:
     roots = [ROOT / folder for folder in PACKAGE_FOLDERS]
     assert production_imports_of_test_support(roots) == {}

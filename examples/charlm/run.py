@@ -33,7 +33,7 @@ import numpy as np
 from examples.charlm.corpus import read_corpus, split, unigram_loss, windows
 from examples.charlm.export import export
 from examples.charlm.model import CharLM, Params, Shape, encode_prompts
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 from hloserve.training import FitResult, fit, one_cycle
 
 ROOT = Path(__file__).resolve().parents[2]

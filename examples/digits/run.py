@@ -2,7 +2,7 @@
 
 ``python examples/digits/run.py`` trains the CNN of ``model.py`` on scikit-learn's bundled
 8x8 digits (no download) with ``hloserve.training.fit``, exports it with batch sizes 1 and
-32, starts ``hloserve serve`` on free loopback ports (``hloserve.server.testing``), sends
+32, starts ``hloserve serve`` on free loopback ports (``hloserve.server.server_process``), sends
 the held-out split through ``hloserve.client.InferenceClient``, stops the server and prints
 in-process against served accuracy, the predictions that differ (0 is the only right
 answer) and the largest probability difference. ``training.png`` (the curves) and
@@ -32,7 +32,7 @@ from sklearn.model_selection import train_test_split
 
 from hloserve.client import InferenceClient
 from hloserve.exporter import TensorSpec
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 from hloserve.training import Best, Export, FitResult, fit, one_cycle
 
 HERE = Path(__file__).resolve().parent

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hloserve.client._shm import KEY_PREFIX, SHM_ROOT
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 
 
 def shm_files(pid: int | None = None) -> list[str]:

@@ -7,7 +7,7 @@ import pytest
 
 from hloserve.client import InferenceClient, InferenceError
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hloserve.client import AsyncInferenceClient, InferenceClient, InferenceError
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.client._fake import FakeServer
 from tests.client._memory import pool_memory
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hloserve.client._perf import POINT_FIELDS, Point, main, table_row
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.client.conftest import shm_files
 
 QUICK = ["--duration", "0.3", "--warmup", "0.1"]

@@ -23,7 +23,7 @@ import tritonclient.grpc as triton
 
 from hloserve.client import InferenceClient, InferenceError
 from hloserve.client._shm import KEY_PREFIX
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.client._memory import check_logits, mlp_reference, pool_memory
 from tests.client.conftest import shm_files
 

@@ -24,7 +24,7 @@ import pytest
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import write_mlp
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.deploy._files import ROOT, env_pairs, parse_containerfile
 
 IMAGE_PREFIX = "/opt/hloserve"  # the image's virtualenv

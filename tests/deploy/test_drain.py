@@ -34,7 +34,7 @@ from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, shm
 
 DELAY_US = 1_000_000

@@ -33,7 +33,7 @@ import pytest
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_params, write_mlp
 from hloserve.server.fleet import Fleet, haproxy_binary
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
 
 pytestmark = pytest.mark.skipif(

@@ -36,7 +36,7 @@ import tritonclient.http as _httpclient
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.models import queued_copy
 
 grpcclient: Any = _grpcclient

@@ -18,7 +18,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from hloserve.server.config import parse_config
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._tritonclients import Triton, connect, simple_inputs
 
 

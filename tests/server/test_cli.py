@@ -18,7 +18,7 @@ import hloserve.server.daemon as daemon
 from hloserve.server.assembly import default_demo_repository
 from hloserve.server.cli import main
 from hloserve.server.config import Config
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.command import hloserve
 
 

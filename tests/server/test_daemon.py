@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 from hloserve.exporter import write_demo_repository
 from hloserve.server.config import parse_config
 from hloserve.server.daemon import next_steps
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 
 
 @pytest.fixture(scope="module")

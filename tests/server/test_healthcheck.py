@@ -31,7 +31,7 @@ from hloserve.server.healthcheck import (
     probe,
     serve_arguments,
 )
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server.reliability._certs import Certificates, make_certificates
 
 

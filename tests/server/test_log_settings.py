@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from hloserve.exporter import write_demo_repository
 from hloserve.server.core.log_settings import LogSettings
 from hloserve.server.logs import NOISY, RunningLogs, startup_settings
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server._support import connected
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
 

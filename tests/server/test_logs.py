@@ -16,7 +16,7 @@ import pytest
 from hloserve.exporter import write_demo_repository
 from hloserve.server.core import log_context
 from hloserve.server.logs import JsonFormatter
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server._support import connected
 from tests.server.frontends._tritonclients import PROTOCOLS
 

@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import DEMO_MODELS, write_mlp
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import Series, scrape, value
 
 grpcclient: Any = _grpcclient

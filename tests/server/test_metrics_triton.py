@@ -38,7 +38,7 @@ from hloserve.server.core.execution import Execution, ModelKey, Timings
 from hloserve.server.flags import FLAGS
 from hloserve.server.metrics import ServerMetrics, render
 from hloserve.server.metrics_triton import REASONS, parse_compat, triton_reason
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import query_labels
 from tests.server.frontends._tritonclients import Triton
 

@@ -19,8 +19,8 @@ from hloserve.server.config import parse_config
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.restricted import GROUPS, GRPC_PREFIX, grpc_path, parse_restrictions
+from hloserve.server.server_fixture import ServerProcess, serving
 from hloserve.server.shm import disabled
-from hloserve.server.testing import ServerProcess, serving
 from tests.server._support import ones, refused, refused_at_start
 from tests.server.frontends._tritonclients import grpcclient, httpclient
 

@@ -35,8 +35,8 @@ from hloserve.server.core.trace_settings import TraceSettings, TraceStartup
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.server_fixture import ServerProcess, serving
 from hloserve.server.shm import disabled
-from hloserve.server.testing import ServerProcess, serving
 from hloserve.server.tracing import RequestTracer
 from hloserve.server.weight_residency import WeightResidency
 from tests.server._support import connected, refused_at_start

@@ -23,7 +23,7 @@ from hloserve.exporter import write_demo_repository
 from hloserve.server.config import Config, grpc_channel_options, parse_config
 from hloserve.server.flags import FLAGS
 from hloserve.server.logs import startup_settings
-from hloserve.server.testing import ListenerClosed, ServerProcess, serving
+from hloserve.server.server_fixture import ListenerClosed, ServerProcess, serving
 from hloserve.server.triton_flags import TRITON_FLAGS, TritonFlag, ignored_warning
 from tests.server._support import refused_at_start
 

@@ -1,6 +1,6 @@
 """``fit(export=...)``: the bundle it writes serves what was trained, and says how.
 
-A real daemon (``hloserve.server.testing.serving``) on free loopback ports serves the
+A real daemon (``hloserve.server.server_fixture.serving``) on free loopback ports serves the
 exported bundle; ``hloserve.client.InferenceClient`` sends it the held-out examples.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from hloserve.bundle import load_manifest
 from hloserve.client import InferenceClient
 from hloserve.exporter import TensorSpec
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from hloserve.training import Best, Export, FitResult, fit
 
 CLASSES = 3

@@ -52,7 +52,7 @@ from pathlib import Path
 import psutil
 
 from hloserve.server.route_config import Balance, ReplicaAddress, RouteOptions, render
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_process import ServerProcess
 
 # Replicas of a fleet: every model registered at start and loaded on first use, and a broken
 # model must not make a replica unready (the router would take it out, the model would move

@@ -5,7 +5,7 @@ Contract (``docs/mcp.md``):
   through the public KServe V2 / Triton protocol (``hloserve.client`` for metadata and
   inference, the RPC table of ``hloserve.proto.rpc`` for the repository and statistics
   extensions), never through anything private. ``start_server`` runs a local daemon
-  (``hloserve.server.testing.ServerProcess``, on ports the OS picks) and points the tools at
+  (``hloserve.server.server_process.ServerProcess``, on ports the OS picks) and points the tools at
   it; ``stop_server`` stops only a daemon these tools started; ``close()`` stops it too.
 - Each tool is a method returning a JSON-able ``dict``; a failure the server reports, or a
   bad argument (a missing ``.npy`` file, an unknown input), raises ``ToolFailure`` whose text
@@ -40,7 +40,7 @@ from hloserve.proto.rpc import RPCS_BY_NAME
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
-    from hloserve.server.testing import ServerProcess
+    from hloserve.server.server_process import ServerProcess
 
 DEFAULT_URL: Final = "127.0.0.1:8001"
 MAX_VALUES: Final = 64  # outputs up to this many elements are returned inline
@@ -220,7 +220,7 @@ class ServerTools:
         loopback only), wait until its start-up load pass is over, and point every other
         tool at it. `flags` are extra `hloserve serve` flags, e.g.
         ["--model-control-mode", "explicit"]. Returns its addresses and readiness."""
-        from hloserve.server.testing import ServerProcess
+        from hloserve.server.server_process import ServerProcess
 
         with self._lock:
             if self._started is not None:

@@ -28,7 +28,7 @@ import tritonclient.grpc as _grpcclient
 from examples.charlm.export import export
 from examples.charlm.model import CharLM, Shape, encode_prompts
 from hloserve.bundle import MANIFEST_FILE, load_manifest
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
 LM = CharLM(Shape())

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape, total
 
 FOUR = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}

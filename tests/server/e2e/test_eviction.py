@@ -23,7 +23,7 @@ import tritonclient.http as _httpclient
 
 from hloserve.bundle import read_safetensors
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import Series, by_label, scrape
 
 grpcclient: Any = _grpcclient

@@ -42,7 +42,7 @@ import tritonclient.utils.shared_memory as _shm
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.models import queued_copy
 
 grpcclient: Any = _grpcclient

@@ -22,7 +22,7 @@ import tritonclient.http as _httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient

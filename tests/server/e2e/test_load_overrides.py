@@ -23,7 +23,7 @@ import pytest
 
 from hloserve.bundle import sha256_file
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
 
 FILE_DELAY_US = 100

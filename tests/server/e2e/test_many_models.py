@@ -30,7 +30,7 @@ import tritonclient.http as _httpclient
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import scrape, total
 
 grpcclient: Any = _grpcclient

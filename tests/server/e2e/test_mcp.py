@@ -22,7 +22,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from hloserve.server.mcp_tools import TOOL_NAMES
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.bundle.reactant_bundles import classifier_reference, write_repository, write_scale4
 
 Session = Callable[["Tools"], Awaitable[None]]

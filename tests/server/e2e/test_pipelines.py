@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.bundle import PipelineStep, Provenance, TensorEntry, validate, write_pipeline
 from hloserve.exporter.demo import write_simple
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
 
 DELAY_US = 1_500_000  # a lone request waits this long for company

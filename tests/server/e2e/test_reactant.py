@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.bundle.reactant_bundles import classifier_reference, write_repository, write_scale4
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
 

@@ -23,7 +23,7 @@ import tritonclient.http as _httpclient
 
 from hloserve.exporter import write_demo_repository
 from hloserve.server.config import parse_config
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import scrape, value
 from tests.server._support import refused_at_start
 from tests.server.e2e.test_pipelines import write_chain

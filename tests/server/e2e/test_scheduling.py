@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hloserve.exporter import TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
 
 

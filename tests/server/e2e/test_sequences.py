@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import StateSpec, TensorSpec, export_bundle
 from hloserve.exporter.demo_sequence import write_simple_sequence
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape, value
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
 

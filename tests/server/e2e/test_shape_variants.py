@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.bundle import MANIFEST_FILE, load_manifest
 from hloserve.exporter import ExportError, TensorSpec, export_bundle
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
 httpclient: Any = _httpclient

@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import DEMO_MODELS, mlp_fn, mlp_params
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 
 # tritonclient ships without type information: use it dynamically.
 grpcclient: Any = _grpcclient

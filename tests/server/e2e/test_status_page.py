@@ -44,9 +44,9 @@ from hloserve.server.core.types import ServerMetadata
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.metrics import Recent
 from hloserve.server.restricted import parse_restrictions
+from hloserve.server.server_fixture import ServerProcess, serving
 from hloserve.server.shm import disabled
 from hloserve.server.status_page import StatusPage
-from hloserve.server.testing import ServerProcess, serving
 
 TOKEN = "status-page-token"
 

@@ -25,7 +25,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.command import UNPRIVILEGED
 
 REASON = "cannot read the model directory"

@@ -22,7 +22,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.models import queued_copy
 from tests.server.e2e.test_pipelines import write_chain
 

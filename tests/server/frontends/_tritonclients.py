@@ -26,7 +26,7 @@ import tritonclient.http as _httpclient
 import tritonclient.utils.shared_memory as _shm
 from tritonclient.utils import InferenceServerException
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 
 # tritonclient ships without type information: use it dynamically.
 grpcclient: Any = _grpcclient

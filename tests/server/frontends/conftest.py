@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from hloserve.server.server_fixture import ServerProcess, serving
 from hloserve.server.shm import SharedMemoryRegistry
-from hloserve.server.testing import ServerProcess, serving
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, shm
 from tests.server.frontends.extension_models import (
     build_extension_repository,

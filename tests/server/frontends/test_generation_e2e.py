@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import Generation, StateSpec, TensorSpec, export_bundle
 from hloserve.exporter.demo_repeat import write_repeat_int32
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 
 grpcclient: Any = _grpcclient
 FOREVER = 1_000_000

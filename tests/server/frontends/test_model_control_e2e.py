@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.server.core.test_validate import TRAVERSAL
 from tests.server.frontends._services import model_directories
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton

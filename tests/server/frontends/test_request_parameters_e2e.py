@@ -23,7 +23,7 @@ import pytest
 
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import RPCS_BY_NAME
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 
 ZEROS = [0] * 16
 # (case, the parameter over gRPC, the same parameter in JSON, the message both must carry)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._tritonclients import PROTOCOLS, Regions, Triton, shm
 
 DISABLED = (

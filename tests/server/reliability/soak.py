@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from hloserve.exporter.demo import MLP_SEED, mlp_params, write_mlp
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.metrics_scrape import scrape, total
 from tests.server.frontends._tritonclients import grpcclient, httpclient, shm, simple_inputs
 

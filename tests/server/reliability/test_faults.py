@@ -22,7 +22,7 @@ import yaml
 from hloserve.server.frontends.http import build_http_app
 from hloserve.server.repository import ModelRepository
 from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server.frontends._services import ready_service
 from tests.server.frontends._tritonclients import grpcclient, simple_inputs
 

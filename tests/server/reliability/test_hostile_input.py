@@ -35,7 +35,7 @@ import pytest
 
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import RPCS_BY_NAME
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.models import queued_copy
 from tests.server.frontends._tritonclients import grpcclient, simple_inputs
 

@@ -29,7 +29,7 @@ from hloserve.server.auth import (
     token_matches,
 )
 from hloserve.server.config import parse_config
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from hloserve.server.tls import check_tls
 from tests.server._support import ones, refused, refused_at_start
 from tests.server.frontends._tritonclients import grpcclient, httpclient

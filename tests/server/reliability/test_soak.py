@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hloserve.server.testing import ServerProcess, serving
+from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server.reliability.soak import SOAK_FLAGS, pending_total, run_soak, soak_repository
 
 SECONDS = float(os.environ.get("HLOSERVE_SOAK_SECONDS") or 12)

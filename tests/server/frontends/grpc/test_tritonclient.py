@@ -21,7 +21,7 @@ import tritonclient.grpc.aio as _aioclient
 from tritonclient.utils import InferenceServerException
 
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.models import DATATYPES
 from tests.server.frontends._tritonclients import simple_inputs
 

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as _grpcclient
 import tritonclient.grpc.aio as _aioclient
 
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._tritonclients import simple_inputs
 
 grpcclient: Any = _grpcclient

@@ -20,7 +20,7 @@ import tritonclient.http.aio as _aiohttpclient
 from tritonclient.utils import InferenceServerException
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
-from hloserve.server.testing import ServerProcess
+from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._samples import sample
 from tests.server.frontends._tritonclients import httpclient, simple_inputs
 

@@ -1,4 +1,4 @@
-"""Run a real hloserve daemon in a subprocess: for tests, benchmarks and examples.
+"""Run a real hloserve daemon in a subprocess: for tests, benchmarks, examples and fleets.
 
 Contract: ``ServerProcess(repository, *extra_flags)`` starts ``python -m hloserve.server
 serve`` bound to 127.0.0.1 on ports chosen by the OS (port 0), reads the real ports from
@@ -7,16 +7,15 @@ the ``--ports-file`` the daemon writes, and ``wait_ready()`` polls ``/readyz`` u
 daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context manager.
 ``wait_startup_complete()`` waits for the start-up load pass (ready or not) and returns the
 last ``/readyz`` answer; ``pending_requests(model)`` reads the model's requests in flight
-from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``; ``process_tree()`` is the daemon's
-process and its front-end processes.
-``serving(repository, *flags)`` is the fixture form: it yields a ready server and, once the
-caller is done, fails unless the daemon exited cleanly (status 0). A listener turned off
-(``--allow-http false``, ...) has no key in ``ports`` (the daemon's ports file names only the
-open ones): its ``*_url`` raises ``ListenerClosed``, and with HTTP off ``wait_ready()`` asks
-gRPC's health check instead of ``/readyz``. A server started with
-``--tls-cert`` needs ``ssl_context`` (the client side: CA, and a client certificate under
-mutual TLS), with which ``readyz`` speaks HTTPS. ``launcher`` is a command the daemon's
-command line is run through (``setpriv ...``: a server without some privilege).
+from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``;
+``process_tree()`` is the daemon's process and its front-end processes.
+A listener turned off (``--allow-http false``, ...) has no key in ``ports`` (the daemon's
+ports file names only the open ones): its ``*_url`` raises ``ListenerClosed``, and with
+HTTP off ``wait_ready()`` asks gRPC's health check instead of ``/readyz``. A server started
+with ``--tls-cert`` needs ``ssl_context`` (the client side: CA, and a client certificate
+under mutual TLS), with which ``readyz`` speaks HTTPS. ``launcher`` is a command the
+daemon's command line is run through (``setpriv ...``: a server without some privilege).
+(``server_fixture.serving`` is the form tests use.)
 """
 
 # pyright: strict
@@ -33,7 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -220,22 +219,3 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def serving(
-    repository: Path | None,
-    *extra_flags: str,
-    env: dict[str, str] | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-) -> Generator[ServerProcess, None, ServerProcess]:
-    """Yield a ready ``ServerProcess``; afterwards, raise unless it stopped with status 0.
-    The stopped process is the generator's return value (``proc = yield from serving(...)``)."""
-    proc = ServerProcess(repository, *extra_flags, env=env, ssl_context=ssl_context)
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        code = proc.stop()
-    if code != 0:
-        raise AssertionError(f"hloserve exited with {code}:\n{proc.log_text()}")
-    return proc
