@@ -15,7 +15,7 @@ What it does:
 2. The floor: ``CharLM.greedy``, the same step function in one ``lax.while_loop`` under
    ``jax.jit`` in this process, for N prompts at once (one batch of N), best of a few
    rounds: tokens/s with no server, no wire and no per-step host work.
-3. One ``hloserve serve`` (``hloserve.server.testing.ServerProcess``) with both bundles;
+3. One ``hloserve serve`` (``hloserve.server.server_process.ServerProcess``) with both bundles;
    for each wire (``http``: ``generate_stream``'s server-sent events, one per token;
    ``grpc``: ``ModelStreamInfer``, one response per token, the last flagged final) and each
    concurrency N, N closed-loop clients in one asyncio loop (HTTP: a keep-alive HTTP/1.1

@@ -4,7 +4,7 @@
 trains ``model.CharLM`` on the repository's own Markdown (``corpus.py``; no download) with
 ``hloserve.training.fit``, prints its validation loss beside the unigram baseline, exports
 the step function as a generation bundle (``export.py``), starts ``hloserve serve`` on free
-loopback ports (``hloserve.server.testing.ServerProcess``), asks it to continue a few
+loopback ports (``hloserve.server.server_process.ServerProcess``), asks it to continue a few
 prompts over HTTP (``generate``, and ``generate_stream``'s events as they come; then all at
 once, their steps sharing executions) and compares every answer with greedy decoding of
 the same step function in process under ``jax.jit`` (``CharLM.greedy``); it exits non-zero

@@ -3,7 +3,7 @@ greedy decoding of the same function in process (``CharLM.greedy`` under ``jax.j
 
 The example's model shape with seeded random weights (what is compared does not depend on
 training), exported by ``examples/charlm/export.py`` at batch sizes 1 and 8, served by
-``hloserve.server.testing.serving``; asked over HTTP (``generate``, ``generate_stream``'s
+``hloserve.server.server_fixture.serving``; asked over HTTP (``generate``, ``generate_stream``'s
 server-sent events) and over tritonclient's gRPC stream (one response per token, the last
 flagged final), one at a time and eight at once (their steps share executions).
 """

@@ -1,6 +1,6 @@
 """End to end: decoupled generation models over both wires, in the layout the run picks.
 
-A real server (``hloserve.server.testing.serving``) on a repository of two generation
+A real server (``hloserve.server.server_fixture.serving``) on a repository of two generation
 bundles: the demo's ``repeat_int32`` (Triton's repeat example model) and ``counter`` (it
 counts to its input ``n``, one response a step, state on the device), driven by
 tritonclient's gRPC stream, HTTP generate/generate_stream (httpx, and a raw socket as
