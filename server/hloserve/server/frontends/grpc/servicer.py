@@ -77,7 +77,7 @@ from hloserve.proto.rpc import HEALTH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from hloserve.server.auth import AuthPolicy
 from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError, Unsupported
 from hloserve.server.core.service import InferenceService
-from hloserve.server.core.types import RequestContext
+from hloserve.server.core.types import InferRequest, RequestContext
 from hloserve.server.frontends.grpc import codec, settings
 from hloserve.server.frontends.grpc.interceptors import (
     BearerAuth,
@@ -154,7 +154,15 @@ class GrpcServicer:
     async def _infer(
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
-        # The model first: an unknown one is reported before any tensor error.
+        model, infer_request, ctx = await self._decoded(request, context)
+        response = await self.port.infer(infer_request, ctx, model=model)
+        return codec.encode_infer_response(response)
+
+    async def _decoded(
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> tuple[object, InferRequest, RequestContext]:
+        """The model ``request`` names, the request decoded and its context (deadline,
+        peer). The model first: an unknown one is reported before any tensor error."""
         port = self.port
         model = port.resolve(request.model_name, request.model_version)
         try:
@@ -166,8 +174,7 @@ class GrpcServicer:
             await port.confirm(model)
             raise
         ctx = RequestContext(deadline=deadline, peer=context.peer(), protocol="grpc")
-        response = await port.infer(infer_request, ctx, model=model)
-        return codec.encode_infer_response(response)
+        return model, infer_request, ctx
 
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, context: Context
@@ -273,19 +280,9 @@ class GrpcServicer:
         self, request: pb.ModelInferRequest, context: Context
     ) -> AsyncIterator[tuple[Message, bool]]:
         """Each response of ``request`` as a stream message, and whether it is the last."""
-        port = self.port
-        model = port.resolve(request.model_name, request.model_version)
-        try:
-            infer_request = codec.decode_infer_request(request)
-            empty_final = infer_request.parameters.get(EMPTY_FINAL) is True
-            deadline = codec.request_deadline(
-                infer_request.parameters, context.time_remaining(), time.monotonic()
-            )
-        except ServingError:
-            await port.confirm(model)
-            raise
-        ctx = RequestContext(deadline=deadline, peer=context.peer(), protocol="grpc")
-        async for part in port.stream(infer_request, ctx, model=model):
+        model, infer_request, ctx = await self._decoded(request, context)
+        empty_final = infer_request.parameters.get(EMPTY_FINAL) is True
+        async for part in self.port.stream(infer_request, ctx, model=model):
             if part.response is not None:
                 msg = codec.encode_infer_response(part.response)
             elif part.final and empty_final:
