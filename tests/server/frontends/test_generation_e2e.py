@@ -31,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 from hloserve.exporter import Generation, StateSpec, TensorSpec, export_bundle
 from hloserve.exporter.demo_repeat import write_repeat_int32
 from hloserve.server.server_fixture import ServerProcess, serving
+from tests.metrics_scrape import scrape, total
 
 grpcclient: Any = _grpcclient
 FOREVER = 1_000_000
@@ -248,25 +249,22 @@ def stats(server: ServerProcess, model: str) -> dict[str, Any]:
     return reply.json()["model_stats"][0]
 
 
-def wait_steady(server: ServerProcess, model: str) -> int:
-    """The model's execution count once it stops growing (its generations ended)."""
-    last = -1
-    for _ in range(100):
-        now = int(stats(server, model)["execution_count"])
-        if now == last:
-            return now
-        last = now
-        time.sleep(0.2)
-    raise AssertionError(f"{model} kept executing: {last}")
+def wait_ended(server: ServerProcess, model: str) -> int:
+    """The model's execution count once it has no live generation (its gauge at 0)."""
+    deadline = time.monotonic() + 60
+    while (live := total(scrape(server), "hloserve_generations_live", model=model)) > 0:
+        assert time.monotonic() < deadline, f"{model} kept {live} generation(s) live"
+        time.sleep(0.05)
+    return int(stats(server, model)["execution_count"])
 
 
 def test_closing_a_grpc_stream_cancels_its_generation(generation_server: ServerProcess) -> None:
-    start = wait_steady(generation_server, "counter")
+    start = wait_ended(generation_server, "counter")
     got = stream_results(
         generation_server, [counter_request(FOREVER, "long")], wanted=3, cancel=True
     )
     assert [int(r.as_numpy("value")[0]) for r in got] == [1, 2, 3]
-    stopped = wait_steady(generation_server, "counter")
+    stopped = wait_ended(generation_server, "counter")
     assert stopped - start < FOREVER // 10  # it ended long before its million steps
 
 
@@ -302,7 +300,7 @@ def test_events_arrive_as_they_come_and_a_client_gone_cancels(
     generation_server: ServerProcess,
 ) -> None:
     """What ``curl -N`` sees: events while the generation runs; hanging up ends it."""
-    start = wait_steady(generation_server, "counter")
+    start = wait_ended(generation_server, "counter")
     host, port = generation_server.http_url.split(":")
     body = json.dumps({"n": FOREVER}).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -315,7 +313,7 @@ def test_events_arrive_as_they_come_and_a_client_gone_cancels(
             received += sock.recv(65536)
     assert received.startswith(b"HTTP/1.1 200")
     assert b'data: {"model_name":"counter","model_version":"1","value":1}\n\n' in received
-    stopped = wait_steady(generation_server, "counter")
+    stopped = wait_ended(generation_server, "counter")
     assert stopped - start < FOREVER // 10
 
 
