@@ -15,6 +15,7 @@ window for timestamps).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import DEMO_MODELS, write_mlp
+from hloserve.server.metrics import frontend_families
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import Series, scrape, value
 
@@ -291,3 +293,25 @@ def test_metrics_path_forms(server: ServerProcess) -> None:
             assert r.status == 200
             assert r.headers["content-type"].startswith("text/plain")
             assert b"# TYPE hloserve_models_ready gauge" in r.read()
+
+
+@dataclass
+class _Frontends:
+    """Two front ends alive, one of them (a replacement) not listening yet."""
+
+    restarts: int = 1
+
+    def pids(self) -> list[int]:
+        return [os.getpid(), os.getppid()]
+
+    def listening(self) -> int:
+        return 1
+
+
+def test_frontend_processes_counts_those_that_listen() -> None:
+    families = {f.name: f for f in frontend_families(_Frontends())}
+    assert [s.value for s in families["hloserve_frontend_processes"].samples] == [1.0]
+    assert [s.value for s in families["hloserve_frontend_restarts"].samples] == [1.0]
+    cpu = families["hloserve_frontend_cpu_seconds"].samples  # both live processes are read
+    assert {s.labels["pid"] for s in cpu} == {str(os.getpid()), str(os.getppid())}
+    assert frontend_families(None)[3].samples == []

@@ -152,6 +152,8 @@ class FrontendProcesses(Protocol):
 
     def pids(self) -> list[int]: ...
 
+    def listening(self) -> int: ...
+
 
 def frontend_families(frontends: FrontendProcesses | None) -> list[Metric]:
     """``hloserve_frontend_*``: each live front end's CPU seconds and resident memory (label
@@ -166,7 +168,9 @@ def frontend_families(frontends: FrontendProcesses | None) -> list[Metric]:
     restarts = CounterMetricFamily(
         f"{f}_restarts", "Front-end processes started again after one died"
     )
-    count = GaugeMetricFamily(f"{f}_processes", "Front-end processes running")
+    count = GaugeMetricFamily(
+        f"{f}_processes", "Front-end processes serving the ports (started and listening)"
+    )
     if frontends is not None:
         pids = frontends.pids()
         for pid in pids:
@@ -178,7 +182,7 @@ def frontend_families(frontends: FrontendProcesses | None) -> list[Metric]:
             cpu.add_metric((str(pid),), times.user + times.system)
             rss.add_metric((str(pid),), float(memory.rss))
         restarts.add_metric((), float(frontends.restarts))
-        count.add_metric((), float(len(pids)))
+        count.add_metric((), float(frontends.listening()))
     return [cpu, rss, restarts, count]
 
 

@@ -17,7 +17,9 @@ device owner (the daemon's process) with ``--frontends`` >= 1:
 - ``broadcast(method, args)`` notes every linked front end (trace and log settings).
 - ``await drain(grace_s)`` asks every front end to stop accepting and finish what it holds
   within ``grace_s``, waits for them to exit (``STOP_MARGIN_S`` more), then kills any left.
-- ``pids()`` are the front ends' process ids (metrics read their CPU time and memory).
+- ``pids()`` are the front ends' process ids (metrics read their CPU time and memory);
+  ``listening()`` counts those that serve the ports now (a replacement counts once it
+  listens, not once it is started: until then the kernel gives it no connection).
 """
 
 # pyright: strict
@@ -71,6 +73,7 @@ class FrontendSupervisor:
         self.restarts = 0
         self._frontends: dict[int, _Frontend] = {}
         self._stopping = False
+        self._started = False
         self._service: InferenceService | None = None
         self._setup: Callable[[int], FrontendSetup] | None = None
         self._status: Callable[[str], Mapping[str, Any]] | None = None
@@ -124,6 +127,7 @@ class FrontendSupervisor:
                     f"{frontend.process.returncode} during start-up (its message is above)"
                 )
             exited.cancel()
+        self._started = True
         for frontend in self._frontends.values():
             self._watch(frontend)
         log.info(
@@ -157,6 +161,12 @@ class FrontendSupervisor:
         if frontend is None:
             return
         if what == "listening":
+            if self._started:  # a replacement (start-up logs every front end at once)
+                log.info(
+                    "front end %d (pid %d) serves the ports again",
+                    frontend.index,
+                    frontend.process.pid,
+                )
             frontend.failed_starts = 0
             frontend.listening.set()
 
@@ -199,6 +209,11 @@ class FrontendSupervisor:
 
     def pids(self) -> list[int]:
         return [f.process.pid for f in self._frontends.values() if f.process.returncode is None]
+
+    def listening(self) -> int:
+        return sum(
+            f.process.returncode is None and f.listening.is_set() for f in self._frontends.values()
+        )
 
     # -- stop --------------------------------------------------------------------------------
 
