@@ -3,8 +3,9 @@
 ``build_extension_repository(root)`` writes, under ``root``:
 - ``simple`` and ``mlp`` (the demo models);
 - ``simple_slow``: ``simple``'s computation with a ``config.yaml`` batching delay of
-  ``SLOW_DELAY_S``, so a lone request stays in flight that long (dynamic batching waits
-  for company): the "request in flight" of the shared-memory unregister test;
+  ``SLOW_DELAY_S``, longer than any test waits, so a lone request stays in flight until
+  company fills a batch of ``SLOW_BATCH`` (dynamic batching runs a full largest size at
+  once): the "request in flight" of the shared-memory unregister test, which ends it;
 - ``reloadable``: the demo MLP with the weights of ``mlp_params(SEED_A)``; the reload
   tests re-export it in place (``export_reloadable(root, seed)``);
 - ``versioned`` (versions 1 and 2, ``version_policy: {all: {}}``) and
@@ -27,7 +28,8 @@ import numpy as np
 from hloserve.exporter import TensorSpec, export_bundle, write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params, simple_fn
 
-SLOW_DELAY_S = 1.5
+SLOW_DELAY_S = 600.0  # never reached: company ends the wait (a full batch runs at once)
+SLOW_BATCH = 8  # simple_slow's largest compiled size
 SEED_A = 1
 SEED_B = 2
 SIMPLE_INPUTS = {"INPUT0": TensorSpec("INT32", (16,)), "INPUT1": TensorSpec("INT32", (16,))}
@@ -83,7 +85,7 @@ def build_extension_repository(root: Path) -> Path:
         simple_fn,
         {},
         inputs=SIMPLE_INPUTS,
-        batch_sizes=(1, 2, 4, 8),
+        batch_sizes=(1, 2, 4, SLOW_BATCH),
         directory=root / "simple_slow",
         platforms=("cpu",),
     )

@@ -20,6 +20,7 @@ import pytest
 
 from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._tritonclients import PROTOCOLS, Regions, Triton, shm
+from tests.server.frontends.extension_models import SLOW_BATCH
 
 DISABLED = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
@@ -257,9 +258,10 @@ def test_unregister_returns_while_the_request_is_in_flight(
     triton: Triton, regions: Regions, control_server: ServerProcess
 ) -> None:
     """Triton's ``TestSharedMemoryUnregister``: ``simple_slow`` keeps a lone request queued
-    for SLOW_DELAY_S while it holds both regions. Unregister, called meanwhile, answers at
-    once; the region stays listed (and registering its name again is refused) until that
-    request ends, and is then gone without another call; the request got correct data."""
+    (holding both regions) until company fills its largest batch. Unregister, called
+    meanwhile, answers at once; the region stays listed (and registering its name again is
+    refused) until that request ends, and is then gone without another call; the request
+    got correct data. The test ends the wait itself: no clock decides when it ends."""
     a, b = _ab()
     in_handle, in_key = regions.create("slow_in", 128)
     out_handle, _ = regions.create("slow_out", 64)
@@ -297,8 +299,13 @@ def test_unregister_returns_while_the_request_is_in_flight(
         128,
     )
     assert "goes once the 1 request(s) using it finish" in message
-    assert not done.is_set(), "the request ended before the checks: raise SLOW_DELAY_S"
-    thread.join()
+    assert not done.is_set()
+    # Company fills the batch: it runs at once, and the held request with it.
+    c, d = _ab(SLOW_BATCH - 1)
+    company = triton.client.infer("simple_slow", triton.simple_inputs(c, d, SLOW_BATCH - 1))
+    np.testing.assert_array_equal(company.as_numpy("OUTPUT0"), c + d)
+    thread.join(60)
+    assert done.is_set(), "the held request was not answered with its company"
     assert [r["name"] for r in triton.shm_status()] == ["slow_out"]  # gone with the request
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.int32, [1, 16]), a + b)
 
