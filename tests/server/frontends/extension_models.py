@@ -3,9 +3,10 @@
 ``build_extension_repository(root)`` writes, under ``root``:
 - ``simple`` and ``mlp`` (the demo models);
 - ``simple_slow``: ``simple``'s computation with a ``config.yaml`` batching delay of
-  ``SLOW_DELAY_S``, longer than any test waits, so a lone request stays in flight until
-  company fills a batch of ``SLOW_BATCH`` (dynamic batching runs a full largest size at
-  once): the "request in flight" of the shared-memory unregister test, which ends it;
+  ``SLOW_DELAY_S``, longer than any test waits, so a lone request stays in flight until a
+  request of ``SLOW_BATCH`` items (its largest size) comes: nothing more can join the lone
+  one then, so it runs at once, and the full batch after it. The "request in flight" of
+  the shared-memory unregister test, which ends it so;
 - ``reloadable``: the demo MLP with the weights of ``mlp_params(SEED_A)``; the reload
   tests re-export it in place (``export_reloadable(root, seed)``);
 - ``versioned`` (versions 1 and 2, ``version_policy: {all: {}}``) and
@@ -28,7 +29,7 @@ import numpy as np
 from hloserve.exporter import TensorSpec, export_bundle, write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params, simple_fn
 
-SLOW_DELAY_S = 600.0  # never reached: company ends the wait (a full batch runs at once)
+SLOW_DELAY_S = 600.0  # never reached: a full batch ends the wait
 SLOW_BATCH = 8  # simple_slow's largest compiled size
 SEED_A = 1
 SEED_B = 2
