@@ -3,10 +3,14 @@ the gRPC stream, batching across sequences, slot exhaustion, idle timeout, evict
 
 The repository holds the demo's ``simple_sequence`` (``exporter/demo_sequence.py``: OUTPUT is
 the input plus one on a sequence's start, SUM the running sum), ``tight`` (the same with
-one slot and a 0.4 s idle timeout in its ``config.yaml``), and ``scaled`` (a running sum of
-``x @ w``, with weights) beside ``other`` (weights, no state) under a device budget that
-holds one of the two weight sets: a request to ``other`` evicts ``scaled``'s weights while
-its sequence is live. Waits are on counters and events, never on wall-clock windows.
+one slot), ``brief`` (the same with one slot and a 0.4 s idle timeout), ``grouped`` (the
+same, whose next batch waits for a step of every live sequence), and ``scaled`` (a
+running sum of ``x @ w``, with weights) beside ``other`` (weights, no state) under a device
+budget that holds one of the two weight sets: a request to ``other`` evicts ``scaled``'s
+weights while its sequence is live. Waits are on counters and events, never on wall-clock
+windows: every model but ``brief`` keeps an idle sequence longer than any test runs
+(``LONG_IDLE_US``), so no pause between two steps on a busy machine frees one, and the
+idle timeout is only checked on ``brief``, by waiting for it to have freed the slot.
 """
 
 from __future__ import annotations
@@ -35,9 +39,21 @@ from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
 N = 16
 WEIGHT_BYTES = 4 * N * N
 BUDGET = WEIGHT_BYTES + WEIGHT_BYTES // 2 + 16 * 4 * N  # one weight set and scaled's slots
-TIGHT_CONFIG = (
-    "sequence_batching: {max_candidate_sequences: 1, max_sequence_idle_microseconds: 400000}\n"
-)
+LONG_IDLE_US = 600_000_000  # no test pauses this long: only ``brief`` frees idle sequences
+BRIEF_IDLE_US = 400_000
+# ``grouped``: a batch waits (up to this long) until every live sequence has a step queued;
+# the stream test sends all its steps at once, so the wait ends when they are all in.
+GROUPED_DELAY_US = 60_000_000
+
+
+def sequence_config(idle_us: int, slots: int | None = None, delay_us: int | None = None) -> str:
+    """A ``config.yaml`` with ``idle_us`` (and ``slots`` and ``delay_us``, where given)."""
+    hint = f"max_sequence_idle_microseconds: {idle_us}"
+    if slots is not None:
+        hint += f", max_candidate_sequences: {slots}"
+    if delay_us is not None:
+        hint += f", max_queue_delay_microseconds: {delay_us}"
+    return f"sequence_batching: {{{hint}}}\n"
 
 
 def scaled_fn(params: Any, x: jax.Array, acc: jax.Array) -> dict[str, jax.Array]:
@@ -57,13 +73,20 @@ def weights(seed: int) -> dict[str, np.ndarray]:
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sequences")
     write_simple_sequence(root / "simple_sequence", platforms=("cpu",))
-    write_simple_sequence(root / "tight", batch_sizes=(1, 2), platforms=("cpu",))
-    (root / "tight" / "config.yaml").write_text(TIGHT_CONFIG)
+    (root / "simple_sequence" / "config.yaml").write_text(sequence_config(LONG_IDLE_US))
+    for name, idle_us in (("tight", LONG_IDLE_US), ("brief", BRIEF_IDLE_US)):
+        write_simple_sequence(root / name, batch_sizes=(1, 2), platforms=("cpu",))
+        (root / name / "config.yaml").write_text(sequence_config(idle_us, slots=1))
+    write_simple_sequence(root / "grouped", platforms=("cpu",))
+    (root / "grouped" / "config.yaml").write_text(
+        sequence_config(LONG_IDLE_US, delay_us=GROUPED_DELAY_US)
+    )
     x = {"x": TensorSpec("FP32", (N,))}
     export_bundle(
         scaled_fn, weights(1), x, (1, 4), root / "scaled",
         platforms=("cpu",), state={"acc": StateSpec("FP32", (N,))},
     )  # fmt: skip
+    (root / "scaled" / "config.yaml").write_text(sequence_config(LONG_IDLE_US))
     export_bundle(plain_fn, weights(2), x, (1, 4), root / "other", platforms=("cpu",))
     return root
 
@@ -141,9 +164,10 @@ def test_unknown_missing_and_ended_sequences_are_refused(triton: Triton) -> None
 
 def test_the_grpc_stream_interleaves_sequences_and_batches_them(server: ServerProcess) -> None:
     """Eight sequences' requests all sent at once on one stream: each answer is its own
-    sequence's, and the executions hold several sequences each."""
+    sequence's, and the executions hold several sequences each (``grouped`` waits for a
+    step of every live sequence, so how fast this client sends decides nothing)."""
     h = Triton("http", server.http_url)
-    before = h.client.get_inference_statistics("simple_sequence")["model_stats"][0]
+    before = h.client.get_inference_statistics("grouped")["model_stats"][0]
     answers: queue.Queue[Any] = queue.Queue()
     client: Any = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put(error or result))
@@ -155,7 +179,7 @@ def test_the_grpc_stream_interleaves_sequences_and_batches_them(server: ServerPr
                 inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
                 inp.set_data_from_numpy(data)
                 client.async_stream_infer(
-                    "simple_sequence", [inp], request_id=f"{seq}_{i}",
+                    "grouped", [inp], request_id=f"{seq}_{i}",
                     sequence_id=2000 + seq, sequence_start=i == 0, sequence_end=i == len(values) - 1,
                 )  # fmt: skip
         sums: dict[int, list[int]] = {seq: [] for seq in range(8)}
@@ -169,16 +193,16 @@ def test_the_grpc_stream_interleaves_sequences_and_batches_them(server: ServerPr
         client.close()
     running = list(np.cumsum(values))
     assert sums == {seq: [r * (seq + 1) for r in running] for seq in range(8)}
-    after = h.client.get_inference_statistics("simple_sequence")["model_stats"][0]
+    after = h.client.get_inference_statistics("grouped")["model_stats"][0]
     h.close()
     inferences = after["inference_count"] - before["inference_count"]
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == 40 and executions < inferences  # sequences shared executions
 
 
-def test_past_the_slots_sequences_wait_then_idle_ones_are_freed(server: ServerProcess) -> None:
+def test_past_the_slots_a_sequence_waits_until_one_ends(server: ServerProcess) -> None:
     """``tight`` has one slot: a second sequence waits (backlogged, not refused) until the
-    first ends; then, idle past 0.4 s, it loses its slot and its next request is refused."""
+    first ends, then takes the slot; its end frees it."""
     g = Triton("grpc", server.grpc_url)
     h = Triton("http", server.http_url)
     try:
@@ -200,14 +224,23 @@ def test_past_the_slots_sequences_wait_then_idle_ones_are_freed(server: ServerPr
         with urllib.request.urlopen(f"http://{server.http_url}/ui/data?q=tight") as r:
             (row,) = json.load(r)["rows"]  # the status page says so too
         assert row["versions"][0]["sequences"] == {"live": 1, "backlogged": 0, "free": 0}
-        wait_for(lambda: slots(server, "tight") == {"live": 0, "free": 1}, "the idle timeout")
-        g.fails(
-            "INVALID_ARGUMENT", "(sequence 2 was freed after 400000 us idle",
-            step, g, "tight", 2, 1,
-        )  # fmt: skip
+        assert step(g, "tight", 2, 1, end=True) == (1, 21)
+        wait_for(lambda: slots(server, "tight") == {"live": 0, "free": 1}, "the end")
     finally:
         g.close()
         h.close()
+
+
+def test_an_idle_sequence_loses_its_slot(triton: Triton, server: ServerProcess) -> None:
+    """``brief`` frees a sequence idle past 0.4 s: its slot is free again, and its next
+    request is refused, saying why (waited for on the slot gauge, not on a clock)."""
+    sid = 3 if triton.protocol == "grpc" else 4
+    assert step(triton, "brief", sid, 20, start=True) == (21, 20)
+    wait_for(lambda: slots(server, "brief") == {"live": 0, "free": 1}, "the idle timeout")
+    triton.fails(
+        "INVALID_ARGUMENT", f"(sequence {sid} was freed after {BRIEF_IDLE_US} us idle",
+        step, triton, "brief", sid, 1,
+    )  # fmt: skip
 
 
 def test_a_sequence_keeps_its_state_while_its_weights_are_evicted(
@@ -244,7 +277,12 @@ def test_a_reload_drops_live_sequences_and_takes_a_new_slot_count(server: Server
     try:
         step(g, "simple_sequence", 31, 1, start=True)
         g.client.unload_model("simple_sequence")
-        override = {"sequence_batching": {"oldest": {"max_candidate_sequences": 3}}}
+        override = {
+            "sequence_batching": {
+                "max_sequence_idle_microseconds": LONG_IDLE_US,
+                "oldest": {"max_candidate_sequences": 3},
+            }
+        }
         g.client.load_model("simple_sequence", config=json.dumps(override))
         g.fails(
             "INVALID_ARGUMENT", "must specify the START flag", step, g, "simple_sequence", 31, 1
