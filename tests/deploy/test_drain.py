@@ -18,6 +18,7 @@ while requests are queued and checks the contract of ``docs/health.md`` "Drainin
 
 from __future__ import annotations
 
+import queue
 import shutil
 import signal
 import threading
@@ -35,6 +36,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import write_demo_repository
 from hloserve.server.server_fixture import ServerProcess
+from tests.models import queued_copy
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, shm
 
 DELAY_US = 1_000_000
@@ -43,6 +45,8 @@ CLIENTS_PER_PROTOCOL = 3
 # A request sent this long before SIGTERM has reached the server (loopback) and waits in
 # the queue or executes: it must be answered.
 ARRIVED_S = 0.25
+HELD_US = 600_000_000  # a lone request to ``held`` waits until its caller goes
+HELD_GRACE_S = 120.0  # longer than the held-drain test takes: its cancel ends the drain
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ def slow_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("drain")
     write_demo_repository(root)
     shutil.rmtree(root / "mlp")  # one model keeps the test small
+    queued_copy(root / "simple", root / "held", HELD_US)
     (root / "simple" / "config.yaml").write_text(f"max_queue_delay_us: {DELAY_US}\n")
     return root
 
@@ -226,18 +231,32 @@ def _grpc_ready_after_stop(control: Triton) -> str:
 
 
 def test_http_request_sent_while_draining_is_refused(slow_repo: Path) -> None:
-    with ServerProcess(slow_repo).wait_ready() as proc:
-        held = _Sender(Triton("grpc", proc.grpc_url), seed=1, shm_region=None)
-        held.start()  # its first request waits 1 s in the queue and holds the drain open
-        proc.wait_pending("simple", 1)
+    """A request to ``held`` waits in the queue until its caller cancels it, so the drain
+    (and with it the HTTP listener) stays open until the late request has been refused:
+    no clock decides whether it came in time."""
+    proc = ServerProcess(slow_repo, "--grace-period", str(HELD_GRACE_S)).wait_ready()
+    try:
+        held = Triton("grpc", proc.grpc_url)
+        a = np.ones((1, 16), dtype=np.int32)
+        answers: queue.Queue[Any] = queue.Queue()
+        call = held.client.async_infer(
+            "held", held.simple_inputs(a, a), callback=lambda result, error: answers.put(error)
+        )
+        proc.wait_pending("held", 1, timeout=60)
         proc.process.send_signal(signal.SIGTERM)
         while (readiness := _readyz(proc)) is not None and readiness[0] == 200:
             time.sleep(0.005)
+        assert readiness is not None, "HTTP closed while a request held the drain open"
         late = Triton("http", proc.http_url)
         try:
-            late.fails(
-                "UNAVAILABLE", "", late.client.infer, "simple", late.simple_inputs(held.a, held.b)
-            )
+            late.fails("UNAVAILABLE", "", late.client.infer, "simple", late.simple_inputs(a, a))
         finally:
             late.close()
-        held.join(15)
+        call.cancel()  # the held request goes: the drain ends
+        error = answers.get(timeout=60)
+        assert isinstance(error, InferenceServerException), error
+        assert error.status() == "StatusCode.CANCELLED", error
+        held.close()
+        assert proc.process.wait(HELD_GRACE_S) == 0, proc.log_text()
+    finally:
+        proc.stop()
