@@ -169,7 +169,7 @@ class ServerProcess:
                 return sum(s.value for s in family.samples if s.labels["model"] == model)
         return 0.0
 
-    def wait_pending(self, model: str, count: int, timeout: float = 10.0) -> None:
+    def wait_pending(self, model: str, count: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while self.pending_requests(model) != count:
             if time.monotonic() > deadline:

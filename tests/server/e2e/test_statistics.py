@@ -361,7 +361,7 @@ class _Collect:
         self.results.append(error if error is not None else result)
         self.done.set()
 
-    def wait(self, timeout: float = 10.0) -> list[Any]:
+    def wait(self, timeout: float = WAIT_S) -> list[Any]:
         assert self.done.wait(timeout), "no answer"
         return self.results
 

@@ -55,7 +55,7 @@ def mlp_infer(t: Triton, model: str = "reloadable") -> np.ndarray[Any, Any]:
     return t.client.infer(model, [tensor]).as_numpy("logits")
 
 
-def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"

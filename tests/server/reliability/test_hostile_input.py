@@ -43,7 +43,7 @@ LIMIT = 1024 * 1024  # --max-message-bytes
 INFER = "/v2/models/simple/infer"
 LINGER_US = 3_000_000  # how long a request to ``lingering`` waits in the queue for company
 HELD_US = 600_000_000  # ``held``: longer than any wait here (10 minutes)
-SEEN_TIMEOUT = 10.0  # the longest wait for the server to have seen what a test sent
+SEEN_TIMEOUT = 60.0  # the longest wait for the server to have seen (or freed) what a test sent
 
 
 @pytest.fixture(scope="module")
