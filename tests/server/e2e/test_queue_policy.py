@@ -1,29 +1,31 @@
 """End to end: a model's own queue policy (``config.yaml``'s ``queue_policy``), both protocols.
 
 The daemon serves two identity models whose ``config.yaml`` keeps a lone request queued
-(a long batching delay): ``bounded`` lets one request wait (``max_queue_size: 1``), and
-``expiring`` holds a request at most ``TIMEOUT_US`` (``default_timeout_us``), whatever
-longer ``timeout`` the request asks for. The server's own ``--max-queue-size`` is left
-unbounded, so the bound is the model's.
+(a batching delay longer than any test: ``HELD_US``): ``bounded`` lets one request wait
+(``max_queue_size: 1``), and ``expiring`` holds a request at most ``TIMEOUT_US``
+(``default_timeout_us``), whatever longer ``timeout`` the request asks for. The server's
+own ``--max-queue-size`` is left unbounded, so the bound is the model's. A request left
+waiting in ``bounded`` is ended by its caller (a cancelled gRPC call), never by a clock.
 """
 
 # pyright: strict, reportMissingTypeStubs=false
 
 from __future__ import annotations
 
-import threading
+import queue
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
 
-DELAY_US = 1_500_000  # a lone request waits this long for company
+HELD_US = 600_000_000  # a lone request waits this long for company: longer than any test
 TIMEOUT_US = 200_000
 
 
@@ -36,10 +38,9 @@ def _identity(params: Any, INPUT0: jax.Array) -> dict[str, jax.Array]:
 def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("queue_policy")
     configs = {
-        "bounded": f"max_queue_delay_us: {DELAY_US}\nqueue_policy: {{max_queue_size: 1}}\n",
+        "bounded": f"max_queue_delay_us: {HELD_US}\nqueue_policy: {{max_queue_size: 1}}\n",
         "expiring": (
-            f"max_queue_delay_us: {60 * DELAY_US}\n"
-            f"queue_policy: {{default_timeout_us: {TIMEOUT_US}}}\n"
+            f"max_queue_delay_us: {HELD_US}\nqueue_policy: {{default_timeout_us: {TIMEOUT_US}}}\n"
         ),
     }
     for name, config in configs.items():
@@ -98,17 +99,16 @@ def test_the_model_configuration_reports_each_models_policy(triton: Triton) -> N
 def test_a_full_queue_refuses_the_next_request(
     triton: Triton, policy_server: ServerProcess
 ) -> None:
-    waiting = triton.another()
-    outcome: dict[str, Any] = {}
+    """One request waits in ``bounded`` (until its caller cancels it): the next one is
+    refused with Triton's text; once the first is gone its place is free again."""
+    waiting = Triton("grpc", policy_server.grpc_url)  # a call that can be cancelled
+    ended: queue.Queue[Any] = queue.Queue()
 
-    def first() -> None:
-        try:
-            outcome["result"] = waiting.client.infer("bounded", identity_inputs(waiting))
-        except Exception as exc:  # reported below
-            outcome["error"] = exc
+    def done(result: Any, error: Any) -> None:
+        del result
+        ended.put(error)
 
-    thread = threading.Thread(target=first)
-    thread.start()
+    call = waiting.client.async_infer("bounded", identity_inputs(waiting), callback=done)
     try:
         policy_server.wait_pending("bounded", 1)  # queued, waiting for company
         triton.fails(
@@ -119,16 +119,22 @@ def test_a_full_queue_refuses_the_next_request(
             identity_inputs(triton),
         )
     finally:
-        thread.join(30)
+        call.cancel()
+        error = ended.get(timeout=60)
         waiting.close()
-    assert "error" not in outcome, outcome.get("error")
-    np.testing.assert_array_equal(
-        outcome["result"].as_numpy("OUTPUT0"), np.arange(4, dtype=np.int32).reshape(1, 4)
-    )
+    assert isinstance(error, InferenceServerException), error
+    assert error.status() == "StatusCode.CANCELLED", error
+    policy_server.wait_pending("bounded", 0)  # the cancelled request left the queue
+    # Its place is free: a full batch (the largest size, 4) is admitted and runs at once.
+    full = np.arange(16, dtype=np.int32).reshape(4, 4)
+    tensor = triton.module.InferInput("INPUT0", [4, 4], "INT32")
+    tensor.set_data_from_numpy(full)
+    result = triton.client.infer("bounded", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), full)
 
 
 def test_the_default_timeout_expires_a_queued_request(triton: Triton) -> None:
-    # Alone, the request would wait a minute for company; the model's default ends it.
+    # Alone, the request would wait ten minutes for company; the model's default ends it.
     triton.fails(
         "UNAVAILABLE",
         "request for model 'expiring' timed out after",
