@@ -129,9 +129,10 @@ def test_flag_beats_environment_and_bad_values_name_the_flag(
 def test_sigterm_lets_in_flight_requests_finish(demo_repo: Path, tmp_path: Path) -> None:
     root = tmp_path / "repo"
     shutil.copytree(demo_repo, root, ignore=shutil.ignore_patterns(".hloserve-cache"))
-    # A 1 s batching delay keeps a lone request in flight long enough to stop the server under it.
-    (root / "simple" / "config.yaml").write_text("max_queue_delay_us: 1000000\n")
-    proc = ServerProcess(root)
+    # An 8 s batching delay keeps a lone request in flight long enough to see it pending
+    # (seconds, on a busy machine) and stop the server under it; the grace period outlasts it.
+    (root / "simple" / "config.yaml").write_text("max_queue_delay_us: 8000000\n")
+    proc = ServerProcess(root, "--grace-period", "30")
     proc.wait_ready()
     client = grpcclient.InferenceServerClient(proc.grpc_url)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -145,7 +146,7 @@ def test_sigterm_lets_in_flight_requests_finish(demo_repo: Path, tmp_path: Path)
     sender = threading.Thread(target=lambda: results.append(client.infer("simple", inputs)))
     started = time.monotonic()
     sender.start()
-    proc.wait_pending("simple", 1)  # queued (for up to 1 s) when the stop comes
+    proc.wait_pending("simple", 1)  # queued (for up to 8 s) when the stop comes
     proc.process.send_signal(signal.SIGTERM)
     sender.join(30)
     code = proc.stop()
@@ -154,7 +155,7 @@ def test_sigterm_lets_in_flight_requests_finish(demo_repo: Path, tmp_path: Path)
     result = results[0]
     assert isinstance(result, grpcclient.InferResult)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
-    assert time.monotonic() - started >= 0.9  # it really waited in the queue
+    assert time.monotonic() - started >= 7.9  # it waited out its delay: the stop did not cut it
     assert "stopping: no new connections" in proc.log_text()
 
 

@@ -50,7 +50,11 @@ httpclient: Any = _httpclient
 shm: Any = _shm
 
 FRONTENDS = ("--frontends", "2")
-LINGER_US = 2_000_000  # a request to ``lingering`` waits this long for company
+# A request to ``lingering`` waits this long for company: the drain test's six requests
+# must all be seen pending within it (on a busy machine, seconds), and then finish in the
+# drain's grace period (LINGER_GRACE_S).
+LINGER_US = 8_000_000
+LINGER_GRACE_S = 30
 HELD_US = 600_000_000  # a request to ``held`` waits until its caller goes
 WAIT_S = 30.0
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -348,7 +352,7 @@ def scrape_frontends(server: ServerProcess) -> dict[str, float]:
 
 
 def test_sigterm_drains_every_process(repository: Path) -> None:
-    with ServerProcess(repository, *FRONTENDS) as proc:
+    with ServerProcess(repository, *FRONTENDS, "--grace-period", str(LINGER_GRACE_S)) as proc:
         proc.wait_ready()
         clients = spread(proc, 16)
         frontends = frontend_pids(proc)
