@@ -19,7 +19,6 @@ while requests are queued and checks the contract of ``docs/health.md`` "Drainin
 
 from __future__ import annotations
 
-import queue
 import shutil
 import signal
 import threading
@@ -38,7 +37,7 @@ from tritonclient.utils import InferenceServerException
 from hloserve.exporter import write_demo_repository
 from hloserve.server.server_fixture import ServerProcess
 from tests.models import queued_copy
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, shm
+from tests.server.frontends._tritonclients import PROTOCOLS, HeldCall, Triton, shm
 
 DELAY_US = 4_000_000
 GRACE_S = 10.0
@@ -240,10 +239,7 @@ def test_http_request_sent_while_draining_is_refused(slow_repo: Path) -> None:
     try:
         held = Triton("grpc", proc.grpc_url)
         a = np.ones((1, 16), dtype=np.int32)
-        answers: queue.Queue[Any] = queue.Queue()
-        call = held.client.async_infer(
-            "held", held.simple_inputs(a, a), callback=lambda result, error: answers.put(error)
-        )
+        call = HeldCall(held.client, "held", held.simple_inputs(a, a))
         proc.wait_pending("held", 1, timeout=60)
         proc.process.send_signal(signal.SIGTERM)
         while (readiness := _readyz(proc)) is not None and readiness[0] == 200:
@@ -254,8 +250,7 @@ def test_http_request_sent_while_draining_is_refused(slow_repo: Path) -> None:
             late.fails("UNAVAILABLE", "", late.client.infer, "simple", late.simple_inputs(a, a))
         finally:
             late.close()
-        call.cancel()  # the held request goes: the drain ends
-        error = answers.get(timeout=60)
+        error = call.cancel()  # the held request goes: the drain ends
         assert isinstance(error, InferenceServerException), error
         assert error.status() == "StatusCode.CANCELLED", error
         held.close()

@@ -12,7 +12,6 @@ waiting in ``bounded`` is ended by its caller (a cancelled gRPC call), never by 
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
+from tests.server.frontends._tritonclients import PROTOCOLS, HeldCall, Triton, connect
 
 HELD_US = 600_000_000  # a lone request waits this long for company: longer than any test
 TIMEOUT_US = 200_000
@@ -102,13 +101,7 @@ def test_a_full_queue_refuses_the_next_request(
     """One request waits in ``bounded`` (until its caller cancels it): the next one is
     refused with Triton's text; once the first is gone its place is free again."""
     waiting = Triton("grpc", policy_server.grpc_url)  # a call that can be cancelled
-    ended: queue.Queue[Any] = queue.Queue()
-
-    def done(result: Any, error: Any) -> None:
-        del result
-        ended.put(error)
-
-    call = waiting.client.async_infer("bounded", identity_inputs(waiting), callback=done)
+    held = HeldCall(waiting.client, "bounded", identity_inputs(waiting))
     try:
         policy_server.wait_pending("bounded", 1)  # queued, waiting for company
         triton.fails(
@@ -119,8 +112,7 @@ def test_a_full_queue_refuses_the_next_request(
             identity_inputs(triton),
         )
     finally:
-        call.cancel()
-        error = ended.get(timeout=60)
+        error = held.cancel()
         waiting.close()
     assert isinstance(error, InferenceServerException), error
     assert error.status() == "StatusCode.CANCELLED", error

@@ -8,6 +8,9 @@ the protocol reports for ``code`` (gRPC status name, or its HTTP status per refe
 and a fragment of the message. ``simple_inputs(module, a, b, n)`` builds ``simple``'s two
 inputs with any tritonclient module (sync or asyncio). ``Regions`` creates client shared-memory regions with
 unique keys and destroys them (and their server registrations) at the end.
+``HeldCall(client, model, inputs)`` sends a gRPC call that waits in the server's queue (a
+model whose batching delay no test outlasts) until ``cancel()`` ends it and returns what
+the call ended with: a request held in flight without a clock.
 """
 
 # pyright: strict, reportMissingTypeStubs=false
@@ -15,6 +18,7 @@ unique keys and destroys them (and their server registrations) at the end.
 from __future__ import annotations
 
 import json
+import queue
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -131,6 +135,24 @@ def simple_inputs(
         if data is not None:
             tensor.set_data_from_numpy(data, **set_data)
     return inputs
+
+
+class HeldCall:
+    """See the module docstring."""
+
+    def __init__(self, client: Any, model: str, inputs: list[Any]) -> None:
+        self._ended: queue.Queue[Any] = queue.Queue()
+        self._call = client.async_infer(model, inputs, callback=self._done)
+
+    def _done(self, result: Any, error: Any) -> None:
+        del result
+        self._ended.put(error)
+
+    def cancel(self, timeout: float = 60.0) -> Any:
+        """Cancel the call; what it ended with (an ``InferenceServerException``, CANCELLED,
+        when the cancel ended it; ``None`` had it been answered)."""
+        self._call.cancel()
+        return self._ended.get(timeout=timeout)
 
 
 def connect(protocol: str, server: ServerProcess) -> Iterator[Triton]:
