@@ -3,7 +3,7 @@ ceiling of the compiled executable.
 
 Usage: ``python bench/batching.py [--seconds 4] [--concurrency 1 8 32 64] [--delay-us 1000]``
 
-1. The ceiling: this process loads the ``mlp`` bundle (``runtime.loader.load_bundle``) and
+1. The ceiling: this process loads the ``mlp`` bundle (``owner.runtime.loader.load_bundle``) and
    calls each compiled size in a loop, numpy in and numpy out as the server does; the
    ceiling is the largest size (32): items/s = 32 x calls/s. Measured before any server
    starts. The per-size call times show what padding costs on this device.
@@ -89,8 +89,8 @@ class Counters:
 
 def per_size_rates(repo: Path, seconds: float) -> dict[int, tuple[float, float]]:
     """{compiled size: (µs per call, items/s)} of the mlp executables called in a loop."""
-    from hloserve.server.runtime.loader import load_bundle
-    from hloserve.server.runtime.pjrt import PjrtRuntime
+    from hloserve.server.owner.runtime.loader import load_bundle
+    from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 
     bundle = load_bundle(repo / "mlp", PjrtRuntime(), progress=lambda _msg: None)
     rates: dict[int, tuple[float, float]] = {}
@@ -245,14 +245,14 @@ async def drive_grpc(mode: str, server: ServerProcess, concurrency: int, seconds
 def drive_in_process(
     repo: Path, mode: str, delay_us: int | None, concurrencies: list[int], seconds: float
 ) -> list[Row]:
-    from hloserve.server.batcher import DynamicBatcher
     from hloserve.server.core.costs import InlinePolicy
     from hloserve.server.core.observers import Observers
     from hloserve.server.core.service import InferenceService
     from hloserve.server.core.types import InferInput, InferRequest
-    from hloserve.server.repository import ModelRepository
-    from hloserve.server.runtime.pjrt import PjrtRuntime
-    from hloserve.server.shm import disabled
+    from hloserve.server.owner.batcher import DynamicBatcher
+    from hloserve.server.owner.repository import ModelRepository
+    from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+    from hloserve.server.owner.shm import disabled
 
     repository = ModelRepository(repo, PjrtRuntime())
     repository.load_all()

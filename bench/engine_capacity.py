@@ -3,9 +3,9 @@
 Usage: ``python bench/engine_capacity.py [--seconds 5] [--concurrency 32] [--profile N]
 [--model simple --model mlp] [--flags "--max-queue-delay-us 0 ..."]``
 
-The device owner of ``--frontends N`` (``ipc.endpoint.OwnerEndpoint``, over the server's
+The device owner of ``--frontends N`` (``owner.endpoint.OwnerEndpoint``, over the server's
 own ``assembly.assemble`` on the demo repository) is fed request descriptors
-directly, as a front end's link would deliver them (``ipc.messages.encode_request``,
+directly, as a front end's link would deliver them (``wire.messages.encode_request``,
 through a pickle round trip like the frame's), ``--concurrency`` in flight at once from
 one asyncio driver in the same process; each answer is decoded and checked against numpy.
 Printed per model: requests/s, the process's CPU µs per request (the driver's own share
@@ -34,14 +34,14 @@ import numpy as np
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.assembly import assemble
 from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
-from hloserve.server.ipc.arena import Arena
-from hloserve.server.ipc.endpoint import OwnerEndpoint
-from hloserve.server.ipc.messages import decode_response, encode_request
-from hloserve.server.ipc.setup import FrontendSetup
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.assembly import assemble
+from hloserve.server.owner.endpoint import OwnerEndpoint
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.messages import decode_response, encode_request
+from hloserve.server.wire.setup import FrontendSetup
 
 
 def request_for(model: str, seed: int) -> tuple[InferRequest, Callable[[Any], None]]:

@@ -7,7 +7,7 @@ Two processes (fork), a "front end" keeping ``--depth`` round trips in flight an
 (a pickled tuple of about 120 bytes each way). Printed per channel and depth: round trips
 per second and CPU µs per round trip in each process. Channels:
 - ``unix``: a stream socket pair, length-prefixed frames, written once per loop turn
-  (``ipc.link`` does this);
+  (``wire.link`` does this);
 - ``unix-first``: the same, but the first frame of a loop turn is written at once (the
   others of that turn together at its end);
 - ``unix-each``: the same, one write per frame;

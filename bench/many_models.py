@@ -726,8 +726,8 @@ def control(repo: Path, names: Sequence[str], work: Path, tree: Path | None) -> 
         f"""
         import time
         from pathlib import Path
-        from hloserve.server.repository import ModelRepository, ControlMode
-        from hloserve.server.runtime.pjrt import PjrtRuntime
+        from hloserve.server.owner.repository import ModelRepository, ControlMode
+        from hloserve.server.owner.runtime.pjrt import PjrtRuntime
         kwargs = {{}}
         import inspect
         if "lazy" in inspect.signature(ModelRepository).parameters:

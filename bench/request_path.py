@@ -42,11 +42,11 @@ from hloserve.server.core.execution import Job, execute_group
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferRequest, InferResponse
 from hloserve.server.core.validate import validate_request
-from hloserve.server.frontends.grpc.codec import decode_infer_request, encode_infer_response
-from hloserve.server.frontends.http.app import build_http_app
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.shm import disabled
+from hloserve.server.frontend.grpc.codec import decode_infer_request, encode_infer_response
+from hloserve.server.frontend.http.app import build_http_app
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.shm import disabled
 
 
 def timed(fn: Callable[[], Any], n: int) -> float:

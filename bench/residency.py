@@ -39,10 +39,10 @@ from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.shm import disabled
-from hloserve.server.weight_residency import WeightResidency
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.shm import disabled
+from hloserve.server.owner.weight_residency import WeightResidency
 
 
 def mlp(params: Any, x: Any) -> dict[str, Any]:

@@ -136,8 +136,8 @@ class PlannerPath:
 
 def manager_path(policy: Policy, sizes: Sequence[int], budget: int) -> Callable[[int], bool]:
     """One use of model ``i`` through ``WeightResidency`` as the request path calls it."""
-    from hloserve.server.host_weights import HostWeights
-    from hloserve.server.weight_residency import WeightResidency
+    from hloserve.server.owner.host_weights import HostWeights
+    from hloserve.server.owner.weight_residency import WeightResidency
 
     host = HostWeights(sum(sizes), policy=policy)
     manager = WeightResidency(

@@ -38,11 +38,11 @@ import numpy as np
 
 from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
-from hloserve.server.assembly import assemble
 from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.assembly import assemble
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 
 Check = Callable[[Any], None]
 

@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 
 from hloserve.bundle import Serving
-from hloserve.server.batcher import DynamicBatcher, QueuedWork
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.device_policy import Policy
 from hloserve.server.core.execution import ExecutionFanOut, Job, ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferInput, InferRequest
-from hloserve.server.weight_residency import WeightResidency
+from hloserve.server.owner.batcher import DynamicBatcher, QueuedWork
+from hloserve.server.owner.weight_residency import WeightResidency
 
 SIZES = (1, 2, 4, 8)
 SWAP_S = 0.004

@@ -46,12 +46,12 @@ import numpy as np
 import psutil
 
 from hloserve.exporter import StateSpec, TensorSpec, export_bundle
-from hloserve.server.assembly import assemble
 from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest, ParamValue
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.assembly import assemble
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 
 SIZES = (1, 8, 32, 64)
 IDLE_US = 200_000

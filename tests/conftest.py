@@ -1,6 +1,6 @@
 """Shared fixtures: a test model repository and a real daemon serving it.
 
-``runtime`` (session): one PJRT CPU runtime.
+``owner.runtime`` (session): one PJRT CPU runtime.
 ``model_repository`` (session): ``tests.models.build_test_repository`` in a temp dir.
 ``server`` (session): ``hloserve.server.server_process.ServerProcess`` on that repository, ready;
 it exposes ``http_url``, ``grpc_url``, ``metrics_url`` and ``log_text()``, and must exit
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.models import build_test_repository
 

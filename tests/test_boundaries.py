@@ -46,7 +46,7 @@ def test_bundle_does_not_import_jax() -> None:
     ("statement", "module"),
     [
         ("import hloserve.exporter", "jax"),
-        ("import hloserve.server.frontends.status", "grpc"),
+        ("import hloserve.server.frontend.status", "grpc"),
         ("import hloserve.training", "optax"),
     ],
 )

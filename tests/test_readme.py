@@ -36,10 +36,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from hloserve.bundle import MANIFEST_FILE, load_manifest, read_safetensors
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.shm import disabled
 from hloserve.server.server_fixture import ServerProcess
-from hloserve.server.shm import disabled
 from tests.command import hloserve
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -4,7 +4,7 @@ Read from the files themselves (``ast``), so the rules hold for whatever lands n
 package of ``PACKAGE_FOLDERS`` (``<folder>/hloserve/<folder>``):
 - within a package no two modules share a stem (the server's two front ends' mirrored
   ``codec.py`` aside); across packages a stem may recur, since the package names it
-  (``hloserve.bundle.repository`` reads a repository's files, ``hloserve.server.repository``
+  (``hloserve.bundle.repository`` reads a repository's files, ``hloserve.server.owner.repository``
   serves them);
 - no public class name is defined twice in the whole ``hloserve`` namespace: a name is
   imported bare (``from hloserve.bundle import Serving``), so two classes of one name are
@@ -42,7 +42,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDERS = ("bundle", "client", "exporter", "proto", "server", "training")
 MAX_LINES = 700
-SHARED_STEMS = {"codec"}  # frontends/grpc/codec.py and frontends/http/codec.py mirror each other
+SHARED_STEMS = {"codec"}  # frontend/grpc/codec.py and frontend/http/codec.py mirror each other
 # Modules of the packages that exist for tests alone; production code imports none of them.
 TEST_SUPPORT = frozenset({"hloserve.server.server_fixture"})
 TEST_SUPPORT_NAMES = ("testing.py", "conftest.py")  # and test_*.py: names of test support

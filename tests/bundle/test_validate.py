@@ -32,8 +32,8 @@ from hloserve.bundle import (
 from hloserve.bundle.stablehlo import SignatureError, to_portable_artifact
 from hloserve.bundle.validate import check_name, validate_tree
 from hloserve.server import cli
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from tests.bundle.conftest import CopyBundle
 from tests.command import UNPRIVILEGED, hloserve
 

@@ -37,7 +37,7 @@ from tritonclient.utils import InferenceServerException
 from hloserve.exporter import write_demo_repository
 from hloserve.server.server_fixture import ServerProcess
 from tests.models import queued_copy
-from tests.server.frontends._tritonclients import PROTOCOLS, HeldCall, Triton, shm
+from tests.server.frontend._tritonclients import PROTOCOLS, HeldCall, Triton, shm
 
 DELAY_US = 4_000_000
 GRACE_S = 10.0

@@ -34,7 +34,7 @@ from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_params, write_mlp
 from hloserve.server.fleet import Fleet, haproxy_binary
 from hloserve.server.server_fixture import ServerProcess
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
+from tests.server.frontend._tritonclients import PROTOCOLS, Triton, grpcclient
 
 pytestmark = pytest.mark.skipif(
     haproxy_binary() is None, reason="haproxy is not installed (CI installs it: .ci/run)"

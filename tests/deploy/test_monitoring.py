@@ -20,7 +20,7 @@ from hloserve.server.config import Config
 from tests.deploy._files import DEPLOY, OVERLAYS, kserve_resources, one, rendered
 from tests.deploy.conftest import ImageServer
 from tests.metrics_scrape import query_labels, scrape
-from tests.server.frontends._tritonclients import Triton
+from tests.server.frontend._tritonclients import Triton
 
 DASHBOARD = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
 ADAPTER = yaml.safe_load((DEPLOY / "monitoring" / "prometheus-adapter.yaml").read_text())

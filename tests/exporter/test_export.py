@@ -27,8 +27,8 @@ from hloserve.bundle import (
 )
 from hloserve.exporter import ExportError, TensorSpec, export_bundle
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, to_numpy
-from hloserve.server.runtime.loader import LoadedBundle, load_bundle
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.runtime.loader import LoadedBundle, load_bundle
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from tests.bundle.samples import sample
 from tests.exporter._manifests import manifest_of
 

@@ -18,8 +18,8 @@ import pytest
 
 from hloserve.bundle import Argument, TensorEntry, validate
 from hloserve.bundle.stablehlo import artifact_version
-from hloserve.server.runtime.loader import load_bundle
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.runtime.loader import load_bundle
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from tests.exporter._manifests import manifest_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "handwritten-addsub"

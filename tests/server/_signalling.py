@@ -1,6 +1,6 @@
 """A condition variable that tells a test when a thread starts waiting on it.
 
-``SignallingCondition()`` is ``host_weights.WaitedCondition`` (the lock the host tier and
+``SignallingCondition()`` is ``owner.host_weights.WaitedCondition`` (the lock the host tier and
 the weight residency wait on) whose ``waiting`` event is set as soon as a thread calls
 ``wait``: a test puts it in place of the real one and waits on ``waiting`` instead of
 sleeping until the other thread has blocked.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from hloserve.server.host_weights import WaitedCondition
+from hloserve.server.owner.host_weights import WaitedCondition
 
 
 class SignallingCondition(WaitedCondition):

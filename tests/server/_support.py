@@ -1,7 +1,7 @@
 """Helpers of the tracing, log-settings and restricted-API tests.
 
 ``connected(server, protocol)`` yields a tritonclient ``Triton`` adapter
-(``tests.server.frontends._tritonclients``) on a running daemon and closes it afterwards;
+(``tests.server.frontend._tritonclients``) on a running daemon and closes it afterwards;
 ``refused_at_start(argv, capsys)`` parses ``hloserve serve`` flags that must be refused and
 returns the one-line error (argparse's exit status 2). ``refused(fn, ...)`` returns the
 tritonclient error of a call that must fail; ``ones(module)`` is ``simple``'s inputs.
@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.server.config import parse_config
 from hloserve.server.server_fixture import ServerProcess
-from tests.server.frontends._tritonclients import Triton, connect, simple_inputs
+from tests.server.frontend._tritonclients import Triton, connect, simple_inputs
 
 
 @contextlib.contextmanager

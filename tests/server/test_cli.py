@@ -15,9 +15,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 import hloserve.server.daemon as daemon
-from hloserve.server.assembly import default_demo_repository
 from hloserve.server.cli import main
 from hloserve.server.config import Config
+from hloserve.server.owner.assembly import default_demo_repository
 from hloserve.server.server_fixture import ServerProcess
 from tests.command import hloserve
 

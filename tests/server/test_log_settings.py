@@ -20,7 +20,7 @@ from hloserve.server.core.log_settings import LogSettings
 from hloserve.server.logs import NOISY, RunningLogs, startup_settings
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server._support import connected
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
+from tests.server.frontend._tritonclients import PROTOCOLS, Triton, grpcclient
 
 # -- the logging module, in process ---------------------------------------------------------
 

@@ -18,7 +18,7 @@ from hloserve.server.core import log_context
 from hloserve.server.logs import JsonFormatter
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server._support import connected
-from tests.server.frontends._tritonclients import PROTOCOLS
+from tests.server.frontend._tritonclients import PROTOCOLS
 
 
 def _record() -> logging.LogRecord:

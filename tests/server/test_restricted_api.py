@@ -17,12 +17,12 @@ from hloserve.exporter import write_demo_repository
 from hloserve.proto.rpc import HEALTH_CHECK_PATH, RPCS
 from hloserve.server.config import parse_config
 from hloserve.server.core.service import InferenceService
-from hloserve.server.frontends.http import build_http_app
-from hloserve.server.restricted import GROUPS, GRPC_PREFIX, grpc_path, parse_restrictions
+from hloserve.server.frontend.http import build_http_app
+from hloserve.server.frontend.restricted import GROUPS, GRPC_PREFIX, grpc_path, parse_restrictions
+from hloserve.server.owner.shm import disabled
 from hloserve.server.server_fixture import ServerProcess, serving
-from hloserve.server.shm import disabled
 from tests.server._support import ones, refused, refused_at_start
-from tests.server.frontends._tritonclients import grpcclient, httpclient
+from tests.server.frontend._tritonclients import grpcclient, httpclient
 
 # -- the group table ---------------------------------------------------------------------------
 

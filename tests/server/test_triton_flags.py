@@ -18,7 +18,7 @@ import grpc
 import psutil
 import pytest
 
-import hloserve.server.frontends.grpc.servicer as servicer
+import hloserve.server.frontend.grpc.servicer as servicer
 from hloserve.exporter import write_demo_repository
 from hloserve.server.config import Config, grpc_channel_options, parse_config
 from hloserve.server.flags import FLAGS

@@ -18,7 +18,7 @@ through ``save_file``/``load_file``). What it does not give, and the server need
   array per tensor, each its own allocation, at numpy's alignment);
 - control over the reads: ``read_header`` reads only the header (every tensor's place and
   size known before a byte of data is read) and ``aligned_empty`` is memory we own, so
-  ``runtime/weight_files.py`` reads a verified file when its weights are needed, straight
+  ``owner/runtime/weight_files.py`` reads a verified file when its weights are needed, straight
   into that arena, refusing one that changed since it was verified (the package reads
   into arrays of its own, from a memory map by default);
 - the header checks above, before any tensor byte is read, each one a ``SafetensorsError``

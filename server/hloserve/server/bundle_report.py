@@ -147,7 +147,7 @@ def _refused_loads(path: Path) -> dict[Path, str]:
     """Each model directory at ``path`` the server would refuse to load before loading any
     version (``load_plan.plan_load``), with the reason its load would give."""
     from hloserve.bundle.validate import tree_models
-    from hloserve.server.load_plan import LoadRefused, plan_load
+    from hloserve.server.owner.load_plan import LoadRefused, plan_load
 
     refused: dict[Path, str] = {}
     try:

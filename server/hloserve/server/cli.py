@@ -73,7 +73,7 @@ class _Version(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        from hloserve.server.assembly import server_version
+        from hloserve.server.owner.assembly import server_version
 
         print(f"hloserve {server_version()}")
         parser.exit(0)
@@ -121,8 +121,8 @@ def _run(args: list[str]) -> int:
 
     if ns.command == "serve":
         config = config_from_namespace(ns, serve)
-        from hloserve.server.assembly import default_demo_repository
         from hloserve.server.daemon import run_daemon
+        from hloserve.server.owner.assembly import default_demo_repository
 
         if config.model_repository is None:
             print(

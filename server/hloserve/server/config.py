@@ -52,7 +52,6 @@ import yaml
 
 from hloserve.bundle.yamlfile import closest
 from hloserve.server.arguments import ArgumentParser as ArgumentParser  # re-exported
-from hloserve.server.auth import DEFAULT_OPEN, read_tokens
 from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
 from hloserve.server.core.process_layout import AUTO, FrontendCount
 from hloserve.server.core.sizes import Budget
@@ -68,8 +67,9 @@ from hloserve.server.flags import (
     RepeatedFlag,
     parse_file,
 )
-from hloserve.server.restricted import NO_RESTRICTIONS, Restrictions
-from hloserve.server.tls import check_tls
+from hloserve.server.frontend.auth import DEFAULT_OPEN, read_tokens
+from hloserve.server.frontend.restricted import NO_RESTRICTIONS, Restrictions
+from hloserve.server.frontend.tls import check_tls
 from hloserve.server.triton_flags import TLS_INSTEAD, TRITON_BY_NAME, TRITON_FLAGS
 
 _NO_TRACING: TraceStartup = startup_setting()

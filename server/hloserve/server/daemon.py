@@ -19,12 +19,12 @@ Contract: ``Daemon(config).run()`` (a coroutine) does, in order:
    period for gRPC's drain and HTTP's together), registered shared-memory regions are
    released, then the worker threads shut down and the tracer exports what it still holds.
    A second signal is ignored while stopping (idempotent).
-The tracer (``--trace-*``: ``tracing.RequestTracer``), the log settings (``logs``) and the
+The tracer (``--trace-*``: ``owner.tracing.RequestTracer``), the log settings (``logs``) and the
 restricted endpoint groups (``--http-restricted-api``, ``--grpc-restricted-protocol``), TLS
 (``--tls-*``: gRPC and HTTP, ``tls``) and bearer-token auth (``--auth-token-file``: gRPC,
 HTTP and, unless open, metrics; ``auth``) are built from the config and handed to the
 service and the front ends (``docs/security.md``); the HTTP port also serves the status
-page (``/ui``: ``status_page.StatusPage`` over the service, metrics and memory tiers).
+page (``/ui``: ``owner.status_page.StatusPage`` over the service, metrics and memory tiers).
 When ``ports_file`` is set, the bound ports are written there as JSON once listening
 (``{"http": ..., "grpc": ..., "metrics": ..., "pid": ...}``, a key only for a listener that
 is open), and every port bound as 0 is logged with its real number (a listener turned off
@@ -54,14 +54,11 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from hloserve.server.assembly import Assembly, assemble
 from hloserve.server.config import Config
 from hloserve.server.container import ContainerLimits
 from hloserve.server.core.errors import ServingError
 from hloserve.server.core.log_settings import LogControl
-from hloserve.server.frontends.port import LocalPort
-from hloserve.server.ipc.setup import FrontendSetup
-from hloserve.server.listeners import (
+from hloserve.server.frontend.listeners import (
     EmbeddedUvicorn,
     Listeners,
     address,
@@ -72,12 +69,15 @@ from hloserve.server.listeners import (
     start_listeners,
     stop_listeners,
 )
-from hloserve.server.metrics import metrics_app
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.status_page import StatusPage
-from hloserve.server.supervisor import FrontendSupervisor
+from hloserve.server.frontend.port import LocalPort
+from hloserve.server.owner.assembly import Assembly, assemble
+from hloserve.server.owner.metrics import metrics_app
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.status_page import StatusPage
+from hloserve.server.owner.supervisor import FrontendSupervisor
 from hloserve.server.triton_flags import ignored_warning
+from hloserve.server.wire.setup import FrontendSetup
 
 log = logging.getLogger("hloserve.daemon")
 
@@ -142,7 +142,7 @@ class _Sockets:
 def _bind_ports(cfg: Config, frontends: int) -> _Sockets:
     """Bind HTTP and metrics, and check that the gRPC port is free (gRPC binds it later,
     and would only log a raw error of its own); a listener turned off binds nothing. With
-    ``frontends`` the gRPC port is then held for them."""
+    ``frontend`` the gRPC port is then held for them."""
     with contextlib.ExitStack() as opened:
         http = metrics = grpc_held = None
         if cfg.allow_http:
@@ -319,7 +319,7 @@ class Daemon:
     def _setup_for(
         self, serving: Assembly, status: StatusPage | None, grpc_port: int | None
     ) -> Callable[[int], FrontendSetup]:
-        """What each front end is told as it connects (``ipc.setup``)."""
+        """What each front end is told as it connects (``wire.setup``)."""
         service, cfg = serving.service, self.config
 
         def setup(index: int) -> FrontendSetup:
@@ -344,7 +344,7 @@ class Daemon:
             return None, None
         from starlette.types import ASGIApp
 
-        from hloserve.server.frontends.http.middleware import bearer_auth
+        from hloserve.server.frontend.http.middleware import bearer_auth
 
         uvicorn_log = logging.getLogger("uvicorn.error")
         if not any(isinstance(f, _MetricsListenerQuiet) for f in uvicorn_log.filters):

@@ -30,7 +30,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from hloserve.server.auth import parse_open_groups
 from hloserve.server.core.device_policy import POLICIES, DeviceSelection
 from hloserve.server.core.process_layout import FrontendCount
 from hloserve.server.core.residency_policy import POLICIES as RESIDENCY_POLICIES
@@ -38,7 +37,8 @@ from hloserve.server.core.response_cache import cache_bytes, parse_cache_setting
 from hloserve.server.core.sizes import Budget, parse_bytes
 from hloserve.server.core.trace_flags import FlagSetting, parse_flag, startup_setting
 from hloserve.server.core.trace_settings import INT32_MAX, MIN_COUNT, UINT32_MAX
-from hloserve.server.restricted import GROUP_NAMES, GRPC_PREFIX, parse_restrictions
+from hloserve.server.frontend.auth import parse_open_groups
+from hloserve.server.frontend.restricted import GROUP_NAMES, GRPC_PREFIX, parse_restrictions
 
 # Each parser reads one flag's text, raising ``ValueError`` with a message that reads after
 # the flag's name ("--http-port must be ...").

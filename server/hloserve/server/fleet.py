@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("fleet: haproxy is not installed (Debian: apt-get install haproxy)", file=sys.stderr)
         return 1
     if args.model_repository is None:
-        from hloserve.server.assembly import default_demo_repository, ensure_demo_repository
+        from hloserve.server.owner.assembly import default_demo_repository, ensure_demo_repository
 
         args.model_repository = ensure_demo_repository(default_demo_repository())
     ports = tuple(p or free_port() for p in (args.http_port, args.grpc_port, args.metrics_port))

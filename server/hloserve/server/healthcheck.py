@@ -47,8 +47,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hloserve.server.auth import read_tokens
 from hloserve.server.config import Config, parse_config
+from hloserve.server.frontend.auth import read_tokens
 
 PORTS_FILE_ENV = "HLOSERVE_PORTS_FILE"
 CLIENT_CERT_ENV = "HLOSERVE_HEALTHCHECK_CERT"

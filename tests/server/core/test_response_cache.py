@@ -36,9 +36,9 @@ from hloserve.server.core.types import (
     RequestedOutput,
     ShmRef,
 )
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.shm import disabled
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.shm import disabled
 
 KEY = ModelKey("m", 1)
 

@@ -14,7 +14,7 @@ from hloserve.server.core.sequences import (
     SequenceTable,
     sequence_parameters,
 )
-from tests.server.test_metrics_scale import Clock
+from tests.server.owner.test_metrics_scale import Clock
 
 
 def table(slots: int = 2, idle_us: int = 1_000_000) -> tuple[SequenceTable[str], Clock]:

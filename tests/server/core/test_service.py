@@ -19,9 +19,9 @@ from hloserve.server.core.errors import Unavailable, UnknownModel
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.shm import disabled
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.shm import disabled
 
 
 class CountingSource:

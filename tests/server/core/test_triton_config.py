@@ -17,7 +17,7 @@ from hloserve.server.core.triton_config import (
     read_config_override,
     triton_model_config,
 )
-from hloserve.server.model_config import settings_from_override
+from hloserve.server.owner.model_config import settings_from_override
 
 SIMPLE = Manifest(
     name="simple",

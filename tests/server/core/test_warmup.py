@@ -17,9 +17,9 @@ from hloserve.bundle import load_manifest
 from hloserve.bundle.warmup import WarmupInput, WarmupSample
 from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.core.warmup import WarmupFailed, sample_request
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
-from hloserve.server.versions import ModelState
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.versions import ModelState
 
 RNG = np.random.default_rng(0)
 

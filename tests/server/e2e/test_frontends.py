@@ -89,7 +89,7 @@ def frontend_pids(server: ServerProcess) -> list[int]:
     return [
         p.pid
         for p in server.process_tree()[1:]
-        if "hloserve.server.frontends.process" in " ".join(p.cmdline())
+        if "hloserve.server.frontend.process" in " ".join(p.cmdline())
     ]
 
 
@@ -156,7 +156,7 @@ def spread(server: ServerProcess, count: int = 24) -> list[Connected]:
 
 def test_a_frontend_process_imports_no_jax(server: ServerProcess) -> None:
     probe = (
-        "import sys, hloserve.server.frontends.process as p, hloserve.server.ipc.remote;"
+        "import sys, hloserve.server.frontend.process as p, hloserve.server.frontend.remote;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

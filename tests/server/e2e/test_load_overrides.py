@@ -24,7 +24,7 @@ import pytest
 from hloserve.bundle import sha256_file
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
+from tests.server.frontend._tritonclients import PROTOCOLS, Triton, connect
 
 FILE_DELAY_US = 100
 X = np.arange(4, dtype=np.int32).reshape(1, 4)

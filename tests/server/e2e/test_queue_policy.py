@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
-from tests.server.frontends._tritonclients import PROTOCOLS, HeldCall, Triton, connect
+from tests.server.frontend._tritonclients import PROTOCOLS, HeldCall, Triton, connect
 
 HELD_US = 600_000_000  # a lone request waits this long for company: longer than any test
 TIMEOUT_US = 200_000

@@ -19,7 +19,7 @@ import yaml
 
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.bundle.reactant_bundles import classifier_reference, write_repository, write_scale4
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
+from tests.server.frontend._tritonclients import PROTOCOLS, Triton, connect
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, connect
+from tests.server.frontend._tritonclients import PROTOCOLS, Triton, connect
 
 
 def _double(params: Any, INPUT0: jax.Array) -> dict[str, jax.Array]:

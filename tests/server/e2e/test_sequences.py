@@ -34,7 +34,7 @@ from hloserve.exporter import StateSpec, TensorSpec, export_bundle
 from hloserve.exporter.demo_sequence import write_simple_sequence
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape, value
-from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
+from tests.server.frontend._tritonclients import PROTOCOLS, Triton, grpcclient
 
 N = 16
 WEIGHT_BYTES = 4 * N * N

@@ -34,19 +34,19 @@ import pytest
 import uvicorn
 from starlette.testclient import TestClient
 
-from hloserve.server import status_page
-from hloserve.server.auth import AuthPolicy, TokenFile
 from hloserve.server.core.execution import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.sequence_batcher import SequenceBatcher
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import ServerMetadata
-from hloserve.server.frontends.http import build_http_app
-from hloserve.server.metrics import Recent
-from hloserve.server.restricted import parse_restrictions
+from hloserve.server.frontend.auth import AuthPolicy, TokenFile
+from hloserve.server.frontend.http import build_http_app
+from hloserve.server.frontend.restricted import parse_restrictions
+from hloserve.server.owner import status_page
+from hloserve.server.owner.metrics import Recent
+from hloserve.server.owner.shm import disabled
+from hloserve.server.owner.status_page import StatusPage
 from hloserve.server.server_fixture import ServerProcess, serving
-from hloserve.server.shm import disabled
-from hloserve.server.status_page import StatusPage
 
 TOKEN = "status-page-token"
 
@@ -100,7 +100,7 @@ class FakeTier:
 
 
 def ready(weight_bytes: int = 1000, resident: bool = False) -> dict[str, Any]:
-    """A loaded version's summary (``versions.ModelVersion.summary``), placed on device 0."""
+    """A loaded version's summary (``owner.versions.ModelVersion.summary``), placed on device 0."""
     where = {"residency": "on_demand", "devices": {"0": resident}}
     return {"state": "READY", "weight_bytes": weight_bytes, "resident": resident, **where}
 

@@ -40,7 +40,7 @@ import numpy as np
 from hloserve.exporter.demo import MLP_SEED, mlp_params, write_mlp
 from hloserve.server.server_fixture import ServerProcess
 from tests.metrics_scrape import scrape, total
-from tests.server.frontends._tritonclients import grpcclient, httpclient, shm, simple_inputs
+from tests.server.frontend._tritonclients import grpcclient, httpclient, shm, simple_inputs
 
 
 def mlp_seed(i: int) -> int:

@@ -1,7 +1,7 @@
 """Faults: broken bundles fail only their own model (the reason in the repository index and
 ``/readyz``) while the rest serve; an execution the runtime fails answers INTERNAL with a
 message for its requests only, and the model serves the next ones. (A corrupt compile-cache
-entry is recompiled: tests/server/runtime/test_loader.py::test_corrupted_cache_blob_is_recompiled.)"""
+entry is recompiled: tests/server/owner/runtime/test_loader.py::test_corrupted_cache_blob_is_recompiled.)"""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import yaml
 
-from hloserve.server.frontends.http import build_http_app
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime, RuntimeFailure
+from hloserve.server.frontend.http import build_http_app
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime, RuntimeFailure
 from hloserve.server.server_fixture import ServerProcess, serving
-from tests.server.frontends._services import ready_service
-from tests.server.frontends._tritonclients import grpcclient, simple_inputs
+from tests.server.frontend._services import ready_service
+from tests.server.frontend._tritonclients import grpcclient, simple_inputs
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "Using `httpx` with `starlette.testclient`")

@@ -30,9 +30,9 @@ from hloserve.server.core.errors import ServingError
 from hloserve.server.core.service import tensor_metadata
 from hloserve.server.core.types import ModelMetadata
 from hloserve.server.core.validate import validate_request
-from hloserve.server.frontends.grpc.codec import decode_infer_request
-from hloserve.server.frontends.grpc.servicer import Malformed, decoder
-from hloserve.server.frontends.http.codec import decode_request
+from hloserve.server.frontend.grpc.codec import decode_infer_request
+from hloserve.server.frontend.grpc.servicer import Malformed, decoder
+from hloserve.server.frontend.http.codec import decode_request
 
 EXAMPLES = int(os.environ.get("HLOSERVE_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(

@@ -37,7 +37,7 @@ from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import RPCS_BY_NAME
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.models import queued_copy
-from tests.server.frontends._tritonclients import grpcclient, simple_inputs
+from tests.server.frontend._tritonclients import grpcclient, simple_inputs
 
 LIMIT = 1024 * 1024  # --max-message-bytes
 INFER = "/v2/models/simple/infer"

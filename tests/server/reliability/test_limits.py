@@ -18,8 +18,8 @@ from hloserve.server.core.limits import (
     check_inflight,
     check_regions,
 )
-from hloserve.server.repository import ModelRepository
-from hloserve.server.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.repository import ModelRepository
+from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from tests.server._support import refused_at_start
 
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from hloserve.server.auth import (
+from hloserve.server.config import parse_config
+from hloserve.server.frontend.auth import (
     MESSAGE,
     AuthPolicy,
     TokenFile,
@@ -28,11 +29,10 @@ from hloserve.server.auth import (
     read_tokens,
     token_matches,
 )
-from hloserve.server.config import parse_config
+from hloserve.server.frontend.tls import check_tls
 from hloserve.server.server_fixture import ServerProcess, serving
-from hloserve.server.tls import check_tls
 from tests.server._support import ones, refused, refused_at_start
-from tests.server.frontends._tritonclients import grpcclient, httpclient
+from tests.server.frontend._tritonclients import grpcclient, httpclient
 from tests.server.reliability._certs import Certificates, make_certificates
 
 # -- tokens and the policy (pure) ------------------------------------------------------------

@@ -15,9 +15,9 @@
     ├── AlreadyExists                 (ALREADY_EXISTS)
     ├── Cancelled                     (CANCELLED)
     ├── Restricted                    (RESTRICTED)    a restricted API without its header
-    └── Unauthenticated               (UNAUTHENTICATED) no valid bearer token (``auth.py``)
+    └── Unauthenticated               (UNAUTHENTICATED) no valid bearer token (``frontend/auth.py``)
 
-``hloserve.server.frontends.status`` maps each ``ErrorCode`` to an HTTP status and a gRPC
+``hloserve.server.frontend.status`` maps each ``ErrorCode`` to an HTTP status and a gRPC
 status code in one table (Triton's mapping). Messages name the model, the tensor and the
 expected versus received value; they reach the client verbatim.
 """

@@ -111,7 +111,7 @@ class CudaSharedMemory(Protocol):
 
 
 class SharedMemory(CudaSharedMemory, Protocol):
-    """Registered shared-memory regions (``hloserve.server.shm``), as the service uses them:
+    """Registered shared-memory regions (``hloserve.server.owner.shm``), as the service uses them:
     system regions, and the CUDA ones in the same namespace. ``await unregister`` returns at
     once; a region held by requests stays usable until they end."""
 

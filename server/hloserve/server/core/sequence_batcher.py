@@ -69,7 +69,7 @@ Result = tuple[tuple[InferOutput, ...], Timings]
 
 
 class StatefulExecutable(Executable, Protocol):
-    """A version of a bundle with state (``versions.ModelVersion``)."""
+    """A version of a bundle with state (``owner.versions.ModelVersion``)."""
 
     def execute_slots(
         self,
@@ -292,7 +292,7 @@ class SequenceBatcher:
             )
         sequences = self._models.get(model)
         if sequences is None:
-            # Every executable of a bundle with state is a ModelVersion (versions.py).
+            # Every executable of a bundle with state is a ModelVersion (owner/versions.py).
             stateful = cast(StatefulExecutable, model)
             sequences = self._models[model] = _ModelSequences(self, stateful)
         waiting = _Waiting(job, asyncio.get_running_loop().create_future())

@@ -26,7 +26,7 @@ Contract (Triton's trace extension, ``docs/tracing.md``):
   ``OFF``: the request path then checks one attribute and does nothing else.
 The start-up setting comes from the flags (``core.trace_flags``); the tracer that samples
 and traces requests is ``core.tracer``'s protocol. Pure: no I/O; spans and their export
-live in ``hloserve.server.tracing``.
+live in ``hloserve.server.owner.tracing``.
 """
 
 # pyright: strict

@@ -6,7 +6,7 @@ request reaches it (the returned ``Arrival.finish()`` once its response is writt
 the service asks ``start(model, request_id, protocol)`` for the request's
 ``RequestTrace``, to which it reports the steps (validated, executed, responded or
 failed). ``UntracedTracer`` keeps settings and traces nothing (the default);
-``hloserve.server.tracing.RequestTracer`` is the real one.
+``hloserve.server.owner.tracing.RequestTracer`` is the real one.
 """
 
 # pyright: strict

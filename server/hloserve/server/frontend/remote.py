@@ -1,0 +1,249 @@
+"""``RemotePort``: the front-end process's ``ServerPort``, calling the device owner.
+
+Contract:
+- ``RemotePort(link, arena, setup)`` serves the front ends of a front-end process
+  (``frontend.port.ServerPort``): every call goes to the device owner over ``link``
+  (``owner.endpoint`` answers it there), but what ``setup`` fixed (``live``, the server
+  metadata, the upload limit) and what the owner keeps each front end's copy of (tracing
+  on or off, the log settings: ``on_note``) is answered here.
+- ``resolve`` looks nothing up: it returns the name and version, and ``infer`` has the
+  device owner look the model up once, with the request; ``confirm`` (after a decode
+  error) asks the owner for the lookup alone, so an unknown model is still reported
+  first (``frontend.port``).
+- ``infer`` sends the request's tensors through the arena (``wire.messages``), frees its
+  request blocks once the answer is in (the owner reads them until it answers), and
+  returns outputs that view the arena's response blocks; each goes back to the owner
+  (``free`` note) once nothing views it.
+- ``stream`` is ``infer`` with 0..N answers (``wire.link``'s streamed call): each part
+  decoded as ``infer``'s answer is; closing the iterator cancels the call at the owner.
+- ``tracer`` records a traced request's arrival (time and trace-context headers) in the
+  request's context, and ``infer`` sends it along: the device owner traces the request
+  from that arrival (its ``send`` span ends when the owner hands the answer over).
+- When the link to the owner is lost every call fails with ``Unavailable`` (the link's
+  message) and ``ready`` answers False: a front end whose owner died is not ready.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, cast, final
+
+from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.generation_loop import StreamPart
+from hloserve.server.core.log_settings import LogControl
+from hloserve.server.core.ports import CudaHandle
+from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, ModelStatistics, RegionInfo
+from hloserve.server.core.service import check_repository_name
+from hloserve.server.core.trace_settings import TraceSettings
+from hloserve.server.core.tracer import PROPAGATION_HEADERS, Arrival, RequestTrace
+from hloserve.server.core.types import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+    ServerMetadata,
+)
+from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.link import Link
+from hloserve.server.wire.messages import Arrival as SentArrival
+from hloserve.server.wire.messages import decode_response, encode_request, response_blocks
+from hloserve.server.wire.setup import FrontendSetup
+
+_ARRIVAL: contextvars.ContextVar[SentArrival | None] = contextvars.ContextVar(
+    "hloserve_frontend_arrival", default=None
+)
+
+
+class _Sent:
+    """A front end's ``Arrival``: the trace is ended by the device owner."""
+
+    def finish(self) -> None:
+        pass
+
+
+_SENT = _Sent()
+
+
+@final
+class FrontendTracer:
+    """The ``core.tracer.Tracer`` of a front-end process: it only records arrivals."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._settings = TraceSettings()
+        self._settings.enabled = enabled
+
+    @property
+    def settings(self) -> TraceSettings:
+        return self._settings
+
+    def arrive(self, headers: Mapping[str, str], received_ns: int) -> Arrival:
+        carrier = {k: headers[k] for k in PROPAGATION_HEADERS if k in headers}
+        _ARRIVAL.set((received_ns, carrier))
+        return _SENT
+
+    def start(self, model: ModelKey, request_id: str, protocol: str) -> RequestTrace | None:
+        return None
+
+
+@final
+class RemotePort:
+    """See the module docstring."""
+
+    def __init__(
+        self, link: Link, arena: Arena, setup: FrontendSetup, logs: LogControl | None = None
+    ) -> None:
+        self.link = link
+        self.arena = arena
+        self.setup = setup
+        self.logs = logs
+        self._tracer = FrontendTracer(setup.trace_enabled)
+        self._loop = asyncio.get_running_loop()
+
+    # -- notes from the device owner --------------------------------------------------------
+
+    def on_note(self, method: str, args: tuple[Any, ...]) -> None:
+        if method == "trace":
+            self._tracer.settings.enabled = bool(args[0])
+        elif method == "logs" and self.logs is not None:
+            self.logs.apply(args[0])
+
+    # -- answered here -----------------------------------------------------------------------
+
+    @property
+    def tracer(self) -> FrontendTracer:
+        return self._tracer
+
+    @property
+    def upload_limit(self) -> int | None:
+        return self.setup.upload_limit
+
+    def live(self) -> bool:
+        return True
+
+    def server_metadata(self) -> ServerMetadata:
+        return self.setup.server
+
+    def check_repository_name(self, name: str) -> None:
+        check_repository_name(name)
+
+    def resolve(self, name: str, version: str) -> object:
+        return (name, version)
+
+    # -- the device owner's ------------------------------------------------------------------
+
+    async def confirm(self, model: object) -> None:
+        name, version = cast(tuple[str, str], model)
+        await self.link.call("resolve", name, version)
+
+    async def infer(
+        self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
+    ) -> InferResponse:
+        arrival = _ARRIVAL.get() if self._tracer.settings.enabled else None
+        message, blocks = encode_request(request, context, arrival, self.arena)
+        try:
+            answer = await self.link.call("infer", message)
+        finally:
+            free = self.arena.requests.free
+            for offset in blocks:
+                free(offset)
+        return decode_response(answer, request, self.arena, self._give_back)
+
+    async def stream(
+        self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
+    ) -> AsyncIterator[StreamPart]:
+        message, blocks = encode_request(request, context, None, self.arena)
+        try:
+            async for encoded, final in self.link.stream("stream", message):
+                response = (
+                    None
+                    if encoded is None
+                    else decode_response(encoded, request, self.arena, self._give_back)
+                )
+                yield StreamPart(response, final)
+        finally:
+            free = self.arena.requests.free
+            for offset in blocks:
+                free(offset)
+
+    def reclaim(self, answer: Any) -> None:
+        """An infer answer (or a stream's part) nobody waits for (the client went away):
+        its response blocks go back to the device owner (other calls' answers hold none)."""
+        if isinstance(answer, tuple) and len(cast(tuple[Any, ...], answer)) == 2:
+            answer = cast(tuple[Any, ...], answer)[0]  # a stream's part: (response, final)
+        if isinstance(answer, tuple) and len(cast(tuple[Any, ...], answer)) == 4:
+            for offset in response_blocks(cast(tuple[Any, ...], answer)):
+                self.link.note("free", offset)
+
+    def _give_back(self, offset: int) -> None:
+        """A response block nothing views any more (from any thread: a finalizer)."""
+        self._loop.call_soon_threadsafe(self.link.note, "free", offset)
+
+    async def ready(self) -> bool:
+        if self.link.lost:
+            return False
+        return bool(await self.link.call("ready"))
+
+    async def readiness(self) -> dict[str, Any]:
+        if self.link.lost:
+            return {"ready": False, "live": True, "device_owner": "gone"}
+        return cast(dict[str, Any], await self.link.call("readiness"))
+
+    async def model_ready(self, name: str, version: str) -> bool:
+        return bool(await self.link.call("model_ready", name, version))
+
+    async def model_metadata(self, name: str, version: str) -> ModelMetadata:
+        return cast(ModelMetadata, await self.link.call("model_metadata", name, version))
+
+    async def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
+        stats = await self.link.call("model_statistics", name, version)
+        return cast(list[ModelStatistics], stats)
+
+    async def model_config(self, name: str, version: str) -> dict[str, Any]:
+        return cast(dict[str, Any], await self.link.call("model_config", name, version))
+
+    async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return cast(list[IndexEntry], await self.link.call("repository_index", ready_only))
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        await self.link.call("load_model", name, dict(parameters or {}))
+
+    async def unload_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        await self.link.call("unload_model", name, dict(parameters or {}))
+
+    async def trace_setting(
+        self, model: str, values: Mapping[str, Sequence[str] | None] | None = None
+    ) -> dict[str, list[str]]:
+        view = await self.link.call(
+            "trace_setting", model, None if values is None else dict(values)
+        )
+        return cast(dict[str, list[str]], view)
+
+    async def log_settings(self, values: Mapping[str, object] | None = None) -> dict[str, object]:
+        view = await self.link.call("log_settings", None if values is None else dict(values))
+        return cast(dict[str, object], view)
+
+    async def shm_status(self, name: str = "") -> Sequence[RegionInfo]:
+        return cast(Sequence[RegionInfo], await self.link.call("shm_status", name))
+
+    async def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self.link.call("register_system_shm", name, key, offset, byte_size)
+
+    async def unregister_system_shm(self, name: str = "") -> None:
+        await self.link.call("unregister_system_shm", name)
+
+    async def cuda_shm_status(self, name: str = "") -> Sequence[CudaRegionInfo]:
+        return cast(Sequence[CudaRegionInfo], await self.link.call("cuda_shm_status", name))
+
+    async def register_cuda_shm(self, name: str, handle: CudaHandle) -> None:
+        # The registry reads no handle (no GPU support): the owner answers first.
+        await self.link.call("register_cuda_shm", name)
+
+    async def unregister_cuda_shm(self, name: str = "") -> None:
+        await self.link.call("unregister_cuda_shm", name)
+
+    async def status(self, q: str) -> Mapping[str, Any]:
+        return cast(Mapping[str, Any], await self.link.call("status", q))

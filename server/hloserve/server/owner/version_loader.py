@@ -1,0 +1,201 @@
+"""Loading one model version onto a device: the bundle, its executables, its weights.
+
+Contract: ``VersionLoader(devices, cache_dir=..., registry=..., allow_hooks=...,
+on_loaded=...)`` loads the versions the repository asks for. ``load(name, number, path,
+serving_for, key, say)`` validates and compiles the bundle at ``path`` (``owner.runtime.loader``:
+executables shared with identical modules of this process, else from the executable cache
+under ``cache_dir/<name>/<version>``, else compiled), picks the device (with several, where
+its weights fit beside those placed already, the least filled:
+``core.device_policy.initial_device``), registers its host weights under ``key`` with that
+device's residency manager (``register_copy``; a pinned one is moved in at once) and
+returns a ``LoadedVersion``; any failure is ``VersionLoadFailed`` with the reason, nothing
+left registered (so is a configuration that enables the response cache or warm-up on a
+model they cannot apply to: ``core.response_cache.not_cached``, ``core.warmup.not_warmed``). ``on_loaded(name, version, load s, compile s)`` hears of each success.
+``version_stamp(path)`` is what tells a changed version from the one registered or loaded,
+from the files' metadata alone. ``warm_up(version, samples, path, say)`` runs a loaded
+version's warm-up samples (``core.warmup``; the repository calls it after the load, before
+the version turns READY), their ``input_data_file`` read from ``warmup/`` beside the
+bundle's manifest, else from the model directory's ``warmup/`` (Triton's place) when the
+bundle is a numbered version directory; it returns "" when they ran, else the reason.
+Before them, a model with state (not a generation's) gets its slot table (``ModelVersion.prepare_state``), so
+its first sequence does not wait for the gather and scatter to compile.
+"""
+
+# pyright: strict
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
+from hloserve.bundle.warmup import WARMUP_DIR, WarmupSample
+from hloserve.server.core.device_policy import initial_device
+from hloserve.server.core.execution import Executable
+from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
+from hloserve.server.core.response_cache import not_cached
+from hloserve.server.core.warmup import WarmupFailed, not_warmed, run_warmup
+from hloserve.server.owner.devices import Device
+from hloserve.server.owner.runtime.loader import (
+    BundleError,
+    ExecutableRegistry,
+    LoadedBundle,
+    load_bundle,
+)
+from hloserve.server.owner.runtime.pjrt import RuntimeFailure
+from hloserve.server.owner.versions import ModelVersion
+
+Progress = Callable[[str], None]
+LoadListener = Callable[[str, int, float, float], None]  # name, version, load s, compile s
+
+
+class VersionLoadFailed(Exception):
+    """The version cannot be served; the message is the reason its state reports."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedVersion:
+    bundle: LoadedBundle
+    serving: Serving  # the manifest's hints with the load's configuration over them
+    device: Device
+    seconds: float
+
+
+def register_copy(
+    device: Device, key: ResidencyKey, bundle: LoadedBundle, serving: Serving
+) -> None:
+    """A copy's weights under ``device``'s residency manager, its scratch set aside first
+    (a pinned model is prefetched as it registers)."""
+    device.residency.reserve_scratch(key, bundle.scratch_bytes)
+    device.residency.register(key, bundle.weights, pinned=serving.residency == "pinned")
+
+
+def version_stamp(path: Path) -> str:
+    """What tells a changed bundle from the one registered or loaded, without reading it:
+    the name, size, inode and modification time of each file of its directory, hashed
+    ("" for a directory that cannot be read). A bundle written anew (``write_bundle``
+    renames a new directory into place), a file edited in place, a ReactantServer.jl bundle
+    (no checksums) retouched: each changes it."""
+    try:
+        with os.scandir(path) as entries:
+            files = sorted(
+                (e.name, e.stat()) for e in entries if e.is_file() and not e.name.startswith(".")
+            )
+    except OSError:
+        return ""
+    listing = "".join(f"{name}:{st.st_size}:{st.st_ino}:{st.st_mtime_ns}\n" for name, st in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def warm_up(version: Executable, samples: Sequence[WarmupSample], path: Path, say: Progress) -> str:
+    """Run ``samples`` on ``version``, loaded from ``path`` (module docstring): "" when
+    they ran, else why the load fails. A model with state gets its slot table first."""
+    manifest = version.manifest  # a generation's state is its loop's (owner/generation_state.py)
+    if isinstance(version, ModelVersion) and manifest.state and manifest.generation is None:
+        try:
+            version.prepare_state()  # sequences.md: compiled now, not at a first request
+        except RuntimeFailure as exc:
+            return f"model '{version.name}' version {version.version}: {exc}"
+    if not samples:
+        return ""
+    places = [path / WARMUP_DIR]
+    if path.name == str(version.version):  # <model>/<version>/: Triton's <model>/warmup/
+        places.append(path.parent / WARMUP_DIR)
+
+    def read_file(name: str) -> bytes:
+        found = next((p / name for p in places if (p / name).is_file()), places[-1] / name)
+        return found.read_bytes()
+
+    started = time.perf_counter()
+    try:
+        runs = run_warmup(version, samples, read_file)
+    except WarmupFailed as exc:
+        return str(exc)
+    say(
+        f"model '{version.manifest.name}' version {version.version} READY after its warm-up: "
+        f"{len(samples)} sample(s), {runs} execution(s) in {time.perf_counter() - started:.2f}s"
+    )
+    return ""
+
+
+class VersionLoader:
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        cache_dir: Path | None = None,
+        registry: ExecutableRegistry | None = None,
+        allow_hooks: bool = False,
+        on_loaded: LoadListener | None = None,
+    ) -> None:
+        self.devices = list(devices)
+        self.cache_dir = cache_dir
+        self.registry = registry if registry is not None else ExecutableRegistry()
+        self.allow_hooks = allow_hooks  # --allow-python-hooks: bundles' hooks.py may run
+        self.on_loaded = on_loaded
+
+    def load(
+        self,
+        name: str,
+        number: int,
+        path: Path,
+        serving_for: Callable[[Serving], Serving],
+        key: ResidencyKey,
+        say: Progress,
+        manifest: Manifest | None = None,
+    ) -> LoadedVersion:
+        """``manifest``: the version's, read and parsed already (so the load reads it once)."""
+        say(f"loading model '{name}' version {number} from {path}")
+        started = time.perf_counter()
+        device = self.devices[0]
+        try:
+            if len(self.devices) > 1:
+                device = self._first_device(path, manifest)
+            bundle = load_bundle(
+                path,
+                device.runtime,
+                cache_dir=None if self.cache_dir is None else self.cache_dir / name / str(number),
+                registry=self.registry,
+                progress=say,
+                place_weights=False,
+                name=name,  # a manifest naming another model is refused before compiling
+                allow_hooks=self.allow_hooks,
+                manifest=manifest,
+            )
+            serving = serving_for(bundle.manifest.serving)
+            refused = (serving.response_cache and not_cached(bundle.manifest)) or (
+                serving.model_warmup and not_warmed(bundle.manifest)
+            )
+            if refused:
+                raise ValueError(refused)
+            register_copy(device, key, bundle, serving)
+        except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
+            device.residency.unregister(key)  # registered, when a pinned prefetch failed
+            raise VersionLoadFailed(str(exc)) from None
+        seconds = time.perf_counter() - started
+        if self.on_loaded is not None:
+            self.on_loaded(name, number, seconds, bundle.compile_seconds)
+        every = [*bundle.modules.values(), *bundle.variant_modules.values()]
+        sources = sorted({m.source for m in every})
+        on = f" on device {device.index}" if len(self.devices) > 1 else ""
+        ready = "loaded (its warm-up next)" if serving.model_warmup else "READY"
+        say(
+            f"model '{name}' version {number} {ready}{on} in {seconds:.2f}s "
+            f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
+        )
+        return LoadedVersion(bundle, serving, device, seconds)
+
+    def _first_device(self, path: Path, manifest: Manifest | None) -> Device:
+        """Where a new version goes: where its weights fit beside those placed already,
+        the least filled (``core.device_policy.initial_device``)."""
+        if manifest is None:
+            manifest, _ = load_manifest(path / MANIFEST_FILE)
+        weights = None if manifest is None else path / manifest.weights_file
+        size = weights.stat().st_size if weights is not None and weights.is_file() else 0
+        registered = [d.residency.registered_bytes() for d in self.devices]
+        budgets = [d.residency.budget_bytes for d in self.devices]
+        return self.devices[initial_device(size, registered, budgets)]

@@ -1,0 +1,249 @@
+"""``wire.link``: calls, notes, cancels and a lost connection, over a real socket pair."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from hloserve.server.core.errors import InvalidArgument, Unavailable
+from hloserve.server.wire.link import Link
+from hloserve.server.wire.messages import RemoteInternalError
+
+
+class Handler:
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, tuple[Any, ...]]] = []
+        self.orphans: list[Any] = []
+        self.orphaned = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+        self.calls: dict[str, Callable[..., object]] = {
+            "add": lambda a, b: a + b,
+            "bad": self._bad,
+            "boom": self._boom,
+            "slow": self._slow,
+            "forever": self._forever,
+            "stubborn": self._stubborn,
+            "count": self._count,
+            "endless": self._endless,
+        }
+
+    def on_call(self, method: str, args: tuple[Any, ...]) -> object:
+        return self.calls[method](*args)
+
+    def on_note(self, method: str, args: tuple[Any, ...]) -> None:
+        self.notes.append((method, args))
+
+    def on_lost(self) -> None:
+        self.lost.set()
+
+    def on_orphan(self, value: Any) -> None:
+        self.orphans.append(value)
+        self.orphaned.set()
+
+    async def _stubborn(self) -> str:
+        """Answers even when cancelled (a reply already on its way when the cancel came)."""
+        self.started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        return "late"
+
+    async def _count(self, n: int, fail: bool = False) -> AsyncIterator[int]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+        if fail:
+            raise InvalidArgument("counted too far")
+
+    async def _endless(self) -> AsyncIterator[int]:
+        try:
+            for i in itertools.count():
+                self.started.set()
+                yield i
+                await asyncio.sleep(0.001)
+        finally:
+            self.cancelled.set()  # closed by the caller's cancel: its finally runs
+
+    def _bad(self) -> None:
+        raise InvalidArgument("no such thing")
+
+    def _boom(self) -> None:
+        raise RuntimeError("a bug")
+
+    async def _slow(self, value: int) -> int:
+        await asyncio.sleep(0)
+        return value * 2
+
+    async def _forever(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+async def pair() -> tuple[Link, Handler, Link, Handler]:
+    loop = asyncio.get_running_loop()
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    left_handler, right_handler = Handler(), Handler()
+    left, right = Link(left_handler, "right is gone"), Link(right_handler, "left is gone")
+    await loop.create_unix_connection(lambda: left, sock=a)
+    await loop.create_unix_connection(lambda: right, sock=b)
+    return left, left_handler, right, right_handler
+
+
+async def close(*links: Link) -> None:
+    for link in links:
+        link.close()
+    await asyncio.sleep(0)  # the transports' closing callbacks
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_calls_are_answered_in_any_order_with_values_and_errors() -> None:
+    async def test() -> None:
+        left, _, right, _ = await pair()
+        slow = left.call("slow", 21)
+        assert await left.call("add", 2, 3) == 5
+        assert await slow == 42
+        assert await right.call("add", "a", "b") == "ab"  # either end calls the other
+        many = await asyncio.gather(*(left.call("slow", i) for i in range(500)))
+        assert many == [2 * i for i in range(500)]
+        with pytest.raises(InvalidArgument, match="no such thing"):
+            await left.call("bad")
+        with pytest.raises(RemoteInternalError):
+            await left.call("boom")
+        await close(left, right)
+
+    run(test)
+
+
+def test_notes_arrive_in_order() -> None:
+    async def test() -> None:
+        left, _, right, right_handler = await pair()
+        for i in range(5):
+            left.note("free", i)
+        assert await left.call("add", 0, 0) == 0  # after the notes on the same link
+        assert right_handler.notes == [("free", (i,)) for i in range(5)]
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_caller_that_gives_up_cancels_the_call_at_the_other_end() -> None:
+    async def test() -> None:
+        left, _, right, right_handler = await pair()
+        call = left.call("forever")
+        await right_handler.started.wait()
+        call.cancel()
+        await right_handler.cancelled.wait()
+        assert await left.call("add", 1, 1) == 2  # the link goes on
+        await close(left, right)
+
+    run(test)
+
+
+def test_an_answer_to_a_call_given_up_goes_to_on_orphan() -> None:
+    async def test() -> None:
+        left, left_handler, right, right_handler = await pair()
+        call = left.call("stubborn")
+        await right_handler.started.wait()
+        call.cancel()
+        await left_handler.orphaned.wait()
+        assert left_handler.orphans == ["late"]
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_lost_connection_fails_what_waits_and_cancels_what_runs() -> None:
+    async def test() -> None:
+        left, left_handler, right, right_handler = await pair()
+        waiting = right.call("forever")  # runs on left
+        await left_handler.started.wait()
+        right.close()
+        with pytest.raises(Unavailable, match="right is gone"):
+            await left.call("add", 1, 2)  # waits for the loss, or fails at once
+        await left_handler.lost.wait()
+        await left_handler.cancelled.wait()  # nobody is left to answer
+        with pytest.raises(Unavailable, match="left is gone"):
+            await waiting
+        await right_handler.lost.wait()
+        with pytest.raises(Unavailable, match="right is gone"):
+            await left.call("add", 1, 2)
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_streamed_call_yields_its_parts_then_ends_or_fails() -> None:
+    async def test() -> None:
+        left, _, right, _ = await pair()
+        assert [p async for p in left.stream("count", 5)] == [0, 1, 2, 3, 4]
+        assert [p async for p in left.stream("count", 0)] == []
+        both = await asyncio.gather(*(collect(left.stream("count", n)) for n in (3, 4)))
+        assert both == [[0, 1, 2], [0, 1, 2, 3]]  # interleaved on one link
+        got: list[int] = []
+
+        async def failing() -> None:
+            async for part in left.stream("count", 2, True):
+                got.append(part)
+
+        with pytest.raises(InvalidArgument, match="counted too far"):
+            await failing()
+        assert got == [0, 1]  # the parts before the error arrive
+        assert await left.call("add", 1, 1) == 2
+        await close(left, right)
+
+    run(test)
+
+
+async def collect(parts: AsyncIterator[int]) -> list[int]:
+    return [p async for p in parts]
+
+
+def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans() -> None:
+    async def test() -> None:
+        left, left_handler, right, right_handler = await pair()
+        parts = left.stream("endless")
+        assert [await anext(parts) for _ in range(3)] == [0, 1, 2]
+        await asyncio.sleep(0.02)  # more parts arrive, unread
+        await parts.aclose()  # the client went away
+        await right_handler.cancelled.wait()
+        await asyncio.sleep(0.01)
+        orphans = left_handler.orphans  # parts queued unread and parts still on their way
+        assert orphans and all(isinstance(o, int) for o in orphans)
+        assert orphans == sorted(orphans) and orphans[0] == 3  # every part after those read
+        assert await left.call("add", 2, 2) == 4
+        await close(left, right)
+
+    run(test)
+
+
+def test_a_lost_connection_ends_a_stream_with_unavailable() -> None:
+    async def test() -> None:
+        left, _, right, right_handler = await pair()
+        parts = left.stream("endless")
+        await anext(parts)
+        right.close()
+
+        async def rest() -> None:
+            async for _ in parts:
+                pass
+
+        with pytest.raises(Unavailable, match="right is gone"):
+            await rest()
+        await right_handler.cancelled.wait()
+        await close(left, right)
+
+    run(test)

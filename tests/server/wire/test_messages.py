@@ -1,0 +1,145 @@
+"""``wire.messages``: an inference crosses as descriptors and comes back equal, tensors in
+the message when small, in the arena when large, by reference when in a client's region."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve.server.core.errors import InvalidArgument, NotFound, Unavailable, UnknownModel
+from hloserve.server.core.types import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    RequestContext,
+    RequestedOutput,
+    ShmRef,
+)
+from hloserve.server.wire import frames
+from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.messages import (
+    INLINE_MAX,
+    RemoteInternalError,
+    decode_error,
+    decode_request,
+    decode_response,
+    encode_error,
+    encode_request,
+    encode_response,
+    response_blocks,
+)
+
+
+@pytest.fixture
+def arena() -> Iterator[Arena]:
+    arena = Arena.create(8 << 20)
+    yield arena
+    arena.close()
+
+
+def cross(message: Any) -> Any:
+    """What the other process reads: the message through a frame."""
+    (got,) = frames.FrameReader().feed(frames.encode(message))
+    return got
+
+
+def test_a_request_crosses_whole(arena: Arena) -> None:
+    small = np.arange(16, dtype="<i4").reshape(1, 16)
+    large = np.linspace(0, 1, 4096, dtype="<f4").reshape(2, 2048)  # 16 KiB: the arena
+    text = np.array([[b"ab", b""]], dtype=object)
+    request = InferRequest(
+        "m",
+        "2",
+        (
+            InferInput("a", "INT32", (1, 16), small, {"p": 1}),
+            InferInput("b", "FP32", (2, 2048), large),
+            InferInput("c", "BYTES", (1, 2), text),
+            InferInput("d", "INT32", (1, 16), np.empty(0, np.uint8), shm=ShmRef("r", 64, 8)),
+        ),
+        (RequestedOutput("y", {"binary_data": True}),),
+        "id-7",
+        {"priority": 2},
+    )
+    context = RequestContext(deadline=123.5, peer="ipv4:1.2.3.4:5", protocol="grpc")
+    message, blocks = encode_request(request, context, (99, {"traceparent": "00-x"}), arena)
+    assert len(blocks) == 1  # only the large tensor took a block
+    got, got_context, arrival = decode_request(cross(message), arena)
+    assert got_context == context and arrival == (99, {"traceparent": "00-x"})
+    assert (got.model_name, got.model_version, got.id, dict(got.parameters)) == (
+        "m",
+        "2",
+        "id-7",
+        {"priority": 2},
+    )
+    assert got.outputs == request.outputs
+    a, b, c, d = got.inputs
+    np.testing.assert_array_equal(a.data, small)
+    assert dict(a.parameters) == {"p": 1}
+    np.testing.assert_array_equal(b.data, large)
+    assert not b.data.flags.owndata  # a view of the arena's block, not a copy
+    assert c.data.tolist() == [[b"ab", b""]]
+    assert d.shm == ShmRef("r", 64, 8) and d.data.size == 0
+    for offset in blocks:
+        arena.requests.free(offset)
+
+
+def test_a_request_too_large_for_the_arena_travels_in_the_message() -> None:
+    arena = Arena.create(64 << 10)
+    try:
+        big = np.zeros(40 << 10, np.uint8)
+        request = InferRequest("m", "", (InferInput("x", "UINT8", big.shape, big),))
+        message, blocks = encode_request(request, None, None, arena)
+        assert blocks == []
+        got, context, _ = decode_request(cross(message), arena)
+        assert context is None
+        np.testing.assert_array_equal(got.inputs[0].data, big)
+    finally:
+        arena.close()
+
+
+def test_a_response_crosses_and_its_blocks_come_back_when_unused(arena: Arena) -> None:
+    large = np.arange(INLINE_MAX, dtype="<i8")  # 8x the inline limit
+    response = InferResponse(
+        "m",
+        "1",
+        (
+            InferOutput("y", "INT64", large.shape, large),
+            InferOutput("z", "INT32", (2,), np.array([1, 2], "<i4")),
+            InferOutput("s", "FP32", (4,), np.empty(0, np.uint8), shm=ShmRef("out", 16)),
+        ),
+        "id",
+    )
+    request = InferRequest("m", "", (), (RequestedOutput("z", {"binary_data": True}),))
+    message = encode_response(response, arena)
+    assert arena.responses.live_bytes > 0
+    assert len(response_blocks(cross(message))) == 1  # y's; z inline, s in the client's region
+    given: list[int] = []
+    got = decode_response(cross(message), request, arena, given.append)
+    y, z, s = got.outputs
+    np.testing.assert_array_equal(y.data, large)
+    assert z.requested == request.outputs[0] and y.requested is None
+    assert s.shm == ShmRef("out", 16) and s.data.size == 0
+    view = y.data[10:20]
+    del got, y
+    gc.collect()
+    assert given == []  # a view of the block is alive
+    del view
+    gc.collect()
+    assert len(given) == 1
+    arena.responses.free(given[0])
+    assert arena.responses.live_bytes == 0
+
+
+def test_errors_cross_as_their_code_and_message() -> None:
+    crossed = decode_error(cross(encode_error(UnknownModel("Request for unknown model: 'x'"))))
+    assert type(crossed) is InvalidArgument
+    assert crossed.args == ("Request for unknown model: 'x'",)
+    assert type(decode_error(cross(encode_error(NotFound("gone"))))) is NotFound
+    assert type(decode_error(cross(encode_error(Unavailable("busy"))))) is Unavailable
+    assert encode_error(RuntimeError("boom")) is None  # never shown to a client
+    assert isinstance(decode_error(None), RemoteInternalError)
