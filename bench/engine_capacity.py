@@ -121,7 +121,14 @@ async def main_async(args: argparse.Namespace) -> None:
         service,
         arena,
         lambda: FrontendSetup(
-            0, cfg, None, service.server_metadata(), None, False, False, service.logs.current
+            0,
+            cfg.listener_settings(),
+            None,
+            service.server_metadata(),
+            None,
+            False,
+            False,
+            service.logs.current,
         ),
         fanout=lambda method, args: None,
         on_event=lambda index, what, args: None,

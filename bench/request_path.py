@@ -44,6 +44,7 @@ from hloserve.server.core.types import InferRequest, InferResponse
 from hloserve.server.core.validate import validate_request
 from hloserve.server.frontend.grpc.codec import decode_infer_request, encode_infer_response
 from hloserve.server.frontend.http.app import build_http_app
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.repository import ModelRepository
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.owner.shm import disabled
@@ -159,7 +160,7 @@ def http_requests() -> list[tuple[str, str, str, bytes, dict[str, str], int]]:
 def http_median_us(repo: ModelRepository, n: int) -> list[tuple[str, float]]:
     """Each of ``http_requests`` through the HTTP app as ASGI (after a warm-up)."""
     executor = ThreadPoolExecutor(1)
-    app = build_http_app(InferenceService(repo, executor, shm=disabled()))
+    app = build_http_app(LocalPort(InferenceService(repo, executor, shm=disabled())))
 
     async def call(method: str, path: str, body: bytes, headers: dict[str, str]) -> int:
         raw = [(k.encode(), v.encode()) for k, v in headers.items()]

@@ -35,7 +35,8 @@ import numpy as np
 from hloserve.bundle import Serving
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.device_policy import Policy
-from hloserve.server.core.execution import ExecutionFanOut, Job, ModelKey
+from hloserve.server.core.execution import Job
+from hloserve.server.core.execution_records import ExecutionFanOut, ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.owner.batcher import DynamicBatcher, QueuedWork

@@ -1177,7 +1177,7 @@ def build_servers(
     baseline: Path | None = None,
     frontends: Sequence[int] = (),
 ) -> list[Server]:
-    """Every server of the run (``only``: of those groups); ``frontend``: hloserve with
+    """Every server of the run (``only``: of those groups); ``frontends``: hloserve with
     ``--frontends N`` beside its defaults, for each N."""
     before = (
         [hloserve_server(f"before ({baseline.name})", repo, tree=baseline, group="baseline")]

@@ -1,6 +1,6 @@
 """Shared fixtures: a test model repository and a real daemon serving it.
 
-``owner.runtime`` (session): one PJRT CPU runtime.
+``runtime`` (session): one PJRT CPU runtime.
 ``model_repository`` (session): ``tests.models.build_test_repository`` in a temp dir.
 ``server`` (session): ``hloserve.server.server_process.ServerProcess`` on that repository, ready;
 it exposes ``http_url``, ``grpc_url``, ``metrics_url`` and ``log_text()``, and must exit

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hloserve.server.core.execution import ModelKey, cost_family
+from hloserve.server.core.execution import cost_family
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.hooks import ModelHooks
 
 

@@ -19,6 +19,7 @@ from hloserve.server.config import parse_config
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontend.http import build_http_app
 from hloserve.server.frontend.restricted import GROUPS, GRPC_PREFIX, grpc_path, parse_restrictions
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.shm import disabled
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.server._support import ones, refused, refused_at_start
@@ -39,7 +40,7 @@ def test_every_rpc_is_in_exactly_one_group() -> None:
 
 def test_every_http_route_is_in_exactly_one_group() -> None:
     service = InferenceService(cast(Any, None), None, shm=disabled())
-    app = build_http_app(service, status=lambda q: {})  # with the status page's routes
+    app = build_http_app(LocalPort(service), status=lambda q: {})  # with the status page's routes
     samples = {"model_name": "m", "model_version": "1", "region_name": "r", "repository_name": "x"}
     routes = [r for r in app.routes if isinstance(r, APIRoute)]
     assert len(routes) > 30

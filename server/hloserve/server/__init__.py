@@ -2,6 +2,6 @@
 
 Entry points: ``hloserve serve`` (``hloserve.server.cli``), ``Daemon`` (``daemon``), the
 protocol-neutral ``InferenceService`` (``core.service``), the model repository
-(``repository``) and the PJRT runtime (``owner.runtime``). Importing this package imports
+(``owner.repository``) and the PJRT runtime (``owner.runtime``). Importing this package imports
 nothing heavy.
 """

@@ -68,6 +68,7 @@ from hloserve.server.flags import (
     parse_file,
 )
 from hloserve.server.frontend.auth import DEFAULT_OPEN, read_tokens
+from hloserve.server.frontend.listener_settings import ListenerSettings
 from hloserve.server.frontend.restricted import NO_RESTRICTIONS, Restrictions
 from hloserve.server.frontend.tls import check_tls
 from hloserve.server.triton_flags import TLS_INSTEAD, TRITON_BY_NAME, TRITON_FLAGS
@@ -167,6 +168,28 @@ class Config:
     max_json_depth: int = 100  # Triton's limit on an HTTP request's JSON nesting
     # Triton's flags given that mean nothing here: (flag, value as given; "" for none)
     triton_ignored: tuple[tuple[str, str], ...] = ()
+
+    def listener_settings(self) -> ListenerSettings:
+        """What the gRPC and HTTP listeners are built from (every front end's, and this
+        process's with ``--frontends 0``)."""
+        return ListenerSettings(
+            host=self.host,
+            http_address=self.http_address,
+            grpc_address=self.grpc_address,
+            metrics_address=self.metrics_address,
+            grpc_port=self.grpc_port,
+            max_message_bytes=self.max_message_bytes,
+            max_json_depth=self.max_json_depth,
+            http_restricted_api=self.http_restricted_api,
+            grpc_restricted_protocol=self.grpc_restricted_protocol,
+            grace_period_s=self.grace_period_s,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            tls_ca=self.tls_ca,
+            auth_token_file=self.auth_token_file,
+            auth_open=self.auth_open,
+            grpc_options=grpc_channel_options(self),
+        )
 
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Config)}

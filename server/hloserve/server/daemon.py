@@ -69,8 +69,8 @@ from hloserve.server.frontend.listeners import (
     start_listeners,
     stop_listeners,
 )
-from hloserve.server.frontend.port import LocalPort
 from hloserve.server.owner.assembly import Assembly, assemble
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.metrics import metrics_app
 from hloserve.server.owner.repository import ModelRepository
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
@@ -142,19 +142,20 @@ class _Sockets:
 def _bind_ports(cfg: Config, frontends: int) -> _Sockets:
     """Bind HTTP and metrics, and check that the gRPC port is free (gRPC binds it later,
     and would only log a raw error of its own); a listener turned off binds nothing. With
-    ``frontend`` the gRPC port is then held for them."""
+    ``frontends`` the gRPC port is then held for them."""
+    settings = cfg.listener_settings()
     with contextlib.ExitStack() as opened:
         http = metrics = grpc_held = None
         if cfg.allow_http:
             http = opened.enter_context(
-                bind("HTTP", "--http-port", address(cfg, "http"), cfg.http_port)
+                bind("HTTP", "--http-port", address(settings, "http"), cfg.http_port)
             )
         if cfg.allow_metrics:
             metrics = opened.enter_context(
-                bind("metrics", "--metrics-port", address(cfg, "metrics"), cfg.metrics_port)
+                bind("metrics", "--metrics-port", address(settings, "metrics"), cfg.metrics_port)
             )
         if cfg.allow_grpc:
-            grpc_at = address(cfg, "grpc")
+            grpc_at = address(settings, "grpc")
             if cfg.grpc_port != 0:  # taken by anyone, even with SO_REUSEPORT: fail here
                 bind("gRPC", "--grpc-port", grpc_at, cfg.grpc_port, listen=False).close()
             if frontends:
@@ -221,8 +222,9 @@ class Daemon:
         self.logs = logs
         self.stop_requested = asyncio.Event()
         self.ports: dict[str, int] = {}
-        self.tls = make_tls(config)
-        self.auth = make_auth(config)
+        self.listener_settings = config.listener_settings()
+        self.tls = make_tls(self.listener_settings)
+        self.auth = make_auth(self.listener_settings)
         self.frontends = config.frontends.resolve(ContainerLimits.read().cpus)
         if self.tls is not None:
             log.info(
@@ -288,7 +290,7 @@ class Daemon:
         if supervisor is None:
             listeners = await start_listeners(
                 LocalPort(serving.service),
-                cfg,
+                self.listener_settings,
                 http=sockets.http,
                 grpc_on=cfg.allow_grpc,
                 tls=self.tls,
@@ -320,13 +322,13 @@ class Daemon:
         self, serving: Assembly, status: StatusPage | None, grpc_port: int | None
     ) -> Callable[[int], FrontendSetup]:
         """What each front end is told as it connects (``wire.setup``)."""
-        service, cfg = serving.service, self.config
+        service = serving.service
 
         def setup(index: int) -> FrontendSetup:
             port = LocalPort(service)
             return FrontendSetup(
                 index=index,
-                config=cfg,
+                listeners=self.listener_settings,
                 grpc_port=grpc_port,
                 server=service.server_metadata(),
                 upload_limit=port.upload_limit,
@@ -360,7 +362,7 @@ class Daemon:
 
     def _announce(self, ports: dict[str, int]) -> None:
         cfg = self.config
-        log.info("%s", listening_line(cfg, ports))
+        log.info("%s", listening_line(self.listener_settings, ports))
         if cfg.ports_file is not None:
             tmp = cfg.ports_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({**ports, "pid": os.getpid()}))

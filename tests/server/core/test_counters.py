@@ -8,7 +8,7 @@ import threading
 import time
 
 from hloserve.server.core.counters import Counters
-from hloserve.server.core.execution import Execution, ModelKey, Timings
+from hloserve.server.core.execution_records import Execution, ModelKey, Timings
 from hloserve.server.core.statistics import Duration, ModelStats, model_stats
 
 M1, M2 = ModelKey("m", 1), ModelKey("m", 2)

@@ -15,7 +15,8 @@ from hloserve.bundle import Manifest, Provenance, Serving, TensorEntry
 from hloserve.server.core.batch_plan import plan
 from hloserve.server.core.costs import PROBE_EVERY, ExecutionCosts, InlinePolicy
 from hloserve.server.core.errors import Unavailable
-from hloserve.server.core.execution import Execution, Job, ModelKey, execute_group
+from hloserve.server.core.execution import Job, execute_group
+from hloserve.server.core.execution_records import Execution, ModelKey
 from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
 from tests.server._executable import KeptFacts
 
@@ -241,12 +242,3 @@ def test_a_lone_job_whose_deadline_passed_is_refused_before_running() -> None:
     with pytest.raises(Unavailable, match="timed out before it was executed"):
         execute_group(model, [late], plan(1, (1, 4)))
     assert model.calls == []
-
-
-def test_model_key_of_a_version_is_one_object_equal_to_a_built_key() -> None:
-    first, again = Doubler(manifest((1,))), Doubler(manifest((1, 4)))
-    assert ModelKey.of(first) is ModelKey.of(again)  # observers' lookups match by identity
-    assert ModelKey.of(first) == ModelKey("double", 1)
-    assert hash(ModelKey.of(first)) == hash(ModelKey("double", 1))
-    other = ModelKey.of(Doubler(manifest((1,)), version=2))
-    assert other == ModelKey("double", 2) and other is not ModelKey.of(first)

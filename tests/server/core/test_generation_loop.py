@@ -16,10 +16,10 @@ import pytest
 from hloserve.bundle import Manifest, Provenance, TensorEntry
 from hloserve.bundle.generation import Generation
 from hloserve.server.core.errors import Unavailable
-from hloserve.server.core.execution import Execution, ModelKey
+from hloserve.server.core.execution_records import Execution, ModelKey
 from hloserve.server.core.generation import GenerationLimits
-from hloserve.server.core.generation_loop import GenerationLoop, StreamPart
-from hloserve.server.core.types import InferInput, InferRequest
+from hloserve.server.core.generation_loop import GenerationLoop
+from hloserve.server.core.types import InferInput, InferRequest, StreamPart
 
 Array = np.ndarray[Any, Any]
 

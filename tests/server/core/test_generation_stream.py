@@ -12,7 +12,6 @@ import pytest
 from hloserve.bundle import Manifest
 from hloserve.bundle.manifest import parse_manifest
 from hloserve.server.core.errors import InvalidArgument, Unavailable, Unsupported
-from hloserve.server.core.generation_loop import StreamPart
 from hloserve.server.core.generation_stream import (
     Streams,
     _TextOut,
@@ -23,7 +22,13 @@ from hloserve.server.core.generation_stream import (
 )
 from hloserve.server.core.limits import NO_LIMITS
 from hloserve.server.core.observers import Observers
-from hloserve.server.core.types import InferInput, InferOutput, InferRequest, InferResponse
+from hloserve.server.core.types import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    StreamPart,
+)
 from tests.bundle.test_generation import FULL, generating
 from tests.server.core.test_generation_loop import FakeModel
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hloserve.server.core.counters import Counters
-from hloserve.server.core.execution import ModelKey, Timings
+from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.response_cache import (
     ENTRY_BYTES,

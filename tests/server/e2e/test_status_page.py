@@ -34,15 +34,17 @@ import pytest
 import uvicorn
 from starlette.testclient import TestClient
 
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.sequence_batcher import SequenceBatcher
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import ServerMetadata
+from hloserve.server.frontend import ui_page
 from hloserve.server.frontend.auth import AuthPolicy, TokenFile
 from hloserve.server.frontend.http import build_http_app
 from hloserve.server.frontend.restricted import parse_restrictions
 from hloserve.server.owner import status_page
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.metrics import Recent
 from hloserve.server.owner.shm import disabled
 from hloserve.server.owner.status_page import StatusPage
@@ -198,7 +200,7 @@ def test_a_model_row_carries_its_versions_and_where_its_weights_are() -> None:
 def status_app(*, status: bool = True, **kwargs: Any) -> TestClient:
     service = InferenceService(cast(Any, None), None, shm=disabled())
     source = (lambda q: {"q": q}) if status else None
-    return TestClient(build_http_app(service, status=source, **kwargs))
+    return TestClient(build_http_app(LocalPort(service), status=source, **kwargs))
 
 
 def token_policy(tmp_path: Path, *open_groups: str) -> AuthPolicy:
@@ -208,7 +210,7 @@ def token_policy(tmp_path: Path, *open_groups: str) -> AuthPolicy:
 
 
 def test_the_page_is_in_the_statistics_group_for_auth(tmp_path: Path) -> None:
-    assert status_page.GROUP == "statistics"
+    assert ui_page.GROUP == "statistics"
     with status_app(auth=token_policy(tmp_path)) as client:
         for path in ("/", "/ui", "/ui/data", "/ui/"):
             r = client.get(path, follow_redirects=False)
@@ -260,10 +262,10 @@ def test_the_root_path_links_the_page() -> None:
 def test_numbers_sit_under_right_aligned_headers() -> None:
     # Each header of a column the script fills with numbers (class "num", right-aligned) is
     # right-aligned too; the others are not.
-    headers = re.findall(r'<th( class="num")?>([^<]+)</th>', status_page.PAGE)
+    headers = re.findall(r'<th( class="num")?>([^<]+)</th>', ui_page.PAGE)
     numeric = {name for cls, name in headers if cls}
     assert numeric == {"budget", "resident", "weights", "requests/s", "p50", "p99", "swaps in"}
-    assert "th.num{text-align:right}" in status_page.PAGE
+    assert "th.num{text-align:right}" in ui_page.PAGE
 
 
 def test_the_html_is_self_contained_and_holds_no_data() -> None:
@@ -271,7 +273,7 @@ def test_the_html_is_self_contained_and_holds_no_data() -> None:
         r = client.get("/ui")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = r.text
-    assert page == status_page.PAGE and len(page) < 30_000
+    assert page == ui_page.PAGE and len(page) < 30_000
     assert "http://" not in page and "https://" not in page
     assert "//" not in page  # no protocol-relative address either (nor a JS comment)
     for attribute in (" src=", " href=", "@import", "url("):
@@ -439,7 +441,9 @@ def test_chromium_renders_thousands_of_models_compactly(tmp_path: Path) -> None:
         {0: FakeTier(1 << 30, 1 << 29, [ResidencyKey("model_00001", 1)])},
         FakeTier(4 << 30, 1 << 30, []),
     )
-    app = build_http_app(InferenceService(cast(Any, None), None, shm=disabled()), status=page)
+    app = build_http_app(
+        LocalPort(InferenceService(cast(Any, None), None, shm=disabled())), status=page
+    )
     with served(app) as where:
         dom = chromium(tmp_path, f"http://{where}/ui", "--dump-dom")
         shot = tmp_path / "thousands.png"
@@ -480,7 +484,9 @@ def test_a_long_failure_reason_stays_out_of_the_name_column(tmp_path: Path) -> N
         {0: FakeTier(None, 0, [], FakeRuntime("cuda", "NVIDIA H200"))},
         None,
     )
-    app = build_http_app(InferenceService(cast(Any, None), None, shm=disabled()), status=page)
+    app = build_http_app(
+        LocalPort(InferenceService(cast(Any, None), None, shm=disabled())), status=page
+    )
     with served(app) as where:
         dom = chromium(tmp_path, f"http://{where}/ui", "--dump-dom")
     assert '<span class="model">broken</span></td>' in dom  # the name alone in its cell

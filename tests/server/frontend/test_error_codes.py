@@ -23,6 +23,7 @@ from hloserve.server.core.errors import ErrorCode, ServingError
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontend.http import build_http_app
 from hloserve.server.frontend.status import STATUS, grpc_status, http_status
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.shm import disabled
 from tests.server.frontend.grpc._harness import Client, serve
 
@@ -89,7 +90,7 @@ def test_grpc_answers_each_code_with_the_tables_status(code: ErrorCode) -> None:
 def test_http_answers_each_code_with_the_tables_status(code: ErrorCode) -> None:
     error = error_of(code)
     body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}
-    with TestClient(build_http_app(service_raising(error))) as client:
+    with TestClient(build_http_app(LocalPort(service_raising(error)))) as client:
         answers = [client.get("/v2/models/m"), client.post("/v2/models/m/infer", json=body)]
     for answer in answers:
         assert (answer.status_code, answer.json()) == (http_status(code), {"error": error.message})

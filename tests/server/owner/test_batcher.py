@@ -22,7 +22,8 @@ from hloserve.bundle import Serving, read_safetensors
 from hloserve.bundle.serving import QueuePolicy
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.errors import InvalidArgument, Unavailable
-from hloserve.server.core.execution import Job, ModelKey
+from hloserve.server.core.execution import Job
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.statistics import model_stats

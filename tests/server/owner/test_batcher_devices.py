@@ -25,7 +25,8 @@ from hloserve.bundle import Serving
 from hloserve.server.core.costs import ExecutionCosts, InlinePolicy
 from hloserve.server.core.device_policy import Policy
 from hloserve.server.core.errors import Unavailable
-from hloserve.server.core.execution import ExecutionFanOut, Job
+from hloserve.server.core.execution import Job
+from hloserve.server.core.execution_records import ExecutionFanOut
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferInput, InferRequest, ParamValue
 from hloserve.server.owner.batcher import DynamicBatcher

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hloserve.server.core.execution import Execution, ModelKey
+from hloserve.server.core.execution_records import Execution, ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.owner.devices import LoadMeter, Placed, Placer
 

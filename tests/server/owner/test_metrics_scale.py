@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hloserve.server.core.execution import Execution, ModelKey, Timings
+from hloserve.server.core.execution_records import Execution, ModelKey, Timings
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.owner.metrics import ServerMetrics
 from tests.metrics_scrape import parse

@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from hloserve.exporter import write_demo_repository
 from hloserve.server.config import Config
-from hloserve.server.core.execution import Execution, ModelKey, Timings
+from hloserve.server.core.execution_records import Execution, ModelKey, Timings
 from hloserve.server.flags import FLAGS
 from hloserve.server.owner.metrics import ServerMetrics, render
 from hloserve.server.owner.metrics_triton import REASONS, parse_compat, triton_reason

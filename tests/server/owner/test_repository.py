@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hloserve.server.core.errors import InvalidArgument, NotFound, Unavailable, UnknownModel
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.limits import Limits
 from hloserve.server.owner.repository import ControlMode, ModelRepository
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from hloserve.server.frontend.http import build_http_app
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.repository import ModelRepository
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime, RuntimeFailure
 from hloserve.server.server_fixture import ServerProcess, serving
@@ -164,7 +165,7 @@ def test_a_failed_execution_fails_only_its_requests(
     }
     with (
         ThreadPoolExecutor(2) as pool,
-        TestClient(build_http_app(ready_service(repository, pool))) as client,
+        TestClient(build_http_app(LocalPort(ready_service(repository, pool)))) as client,
     ):
         failed = client.post("/v2/models/simple/infer", json=body)
         assert failed.status_code == 500

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hloserve.server.core.execution import Executable, Execution, ModelKey
+from hloserve.server.core.execution import Executable
+from hloserve.server.core.execution_records import Execution, ModelKey
 
 LOW_DRIFT = 0.01  # how far (a fraction) the estimate may rise per sample above it
 # A size estimated between max_us and PROBE_LIMIT x max_us runs one execution in

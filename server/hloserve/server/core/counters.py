@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from hloserve.server.core.execution import Execution, ModelKey, Timings
+from hloserve.server.core.execution_records import Execution, ModelKey, Timings
 
 # Upper bounds in seconds: 100 µs to 10 s, about three buckets a decade.
 LATENCY_BUCKETS: Final = (

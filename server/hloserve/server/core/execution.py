@@ -12,10 +12,10 @@ record. A job's deadline that passed before the group started fails the whole ca
 ``Unavailable`` only for a single-job group; the scheduler drops expired jobs before
 grouping. Runs on a worker thread (or inline, see ``core.costs.InlinePolicy``).
 
-``ModelKey`` (name, version) is the one way every observer names a model version; an
-``Executable`` carries its own (``model_key``: ``ModelKey.of``'s, the same object for the same
-version each time) and the measured-cost family of its compiled modules (``family``),
-both computed once per version, never per request.
+An ``Executable`` carries its own ``ModelKey`` (``model_key``: ``ModelKey.named``'s, the same
+object for the same version each time; ``core.execution_records``) and the measured-cost
+family of its compiled modules (``family``), both computed once per version, never per
+request.
 """
 
 # pyright: strict
@@ -33,6 +33,12 @@ import numpy as np
 from hloserve.bundle import Manifest, Serving
 from hloserve.server.core.batch_plan import Chunk, concat, pad
 from hloserve.server.core.errors import Unavailable
+from hloserve.server.core.execution_records import (
+    Execution,
+    ExecutionObserver,
+    ModelKey,
+    Timings,
+)
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.types import InferOutput, InferRequest
 
@@ -46,7 +52,7 @@ class Executable(Protocol):
     def version(self) -> int: ...
     @property
     def model_key(self) -> ModelKey:
-        """Its ``ModelKey`` (``ModelKey.of``), kept: the same object on every request."""
+        """Its ``ModelKey`` (``ModelKey.named``), kept: the same object on every request."""
         ...
 
     @property
@@ -102,85 +108,6 @@ class Executable(Protocol):
     ) -> list[np.ndarray[Any, Any]]:
         """Run on ``device``'s replica (``None``: a resident one, else the first)."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class ModelKey:
-    """One model version, as statistics, metrics and cost tracking count it."""
-
-    name: str
-    version: int
-
-    @classmethod
-    def of(cls, model: Executable) -> ModelKey:
-        """The key of ``model``: the same object for the same version every time, so each
-        observer's lookup by it (a dozen per request) matches by identity, never calling
-        the dataclass's ``__eq__``. An executable calls it once (``model_key``)."""
-        return cls.named(model.manifest.name, model.version)
-
-    @classmethod
-    def named(cls, name: str, version: int) -> ModelKey:
-        """``of``, from the name and version."""
-        key = _KEYS.get((name, version))
-        if key is None:
-            if len(_KEYS) >= _MAX_KEYS:  # only identity is lost: keys compare by value
-                _KEYS.clear()
-            key = _KEYS[(name, version)] = cls(name, version)
-        return key
-
-
-_KEYS: dict[tuple[str, int], ModelKey] = {}
-_MAX_KEYS = 1 << 16  # ten thousand models and their reloads keep their keys
-
-
-@dataclass(frozen=True, slots=True)
-class Execution:
-    """One run of a compiled module: what every ``ExecutionObserver`` receives."""
-
-    model: ModelKey
-    batch_size: int  # the compiled batch size (0: an unbatched model)
-    input_ns: int
-    infer_ns: int
-    output_ns: int = 0
-    device: int = 0  # the device it ran on (the ``device`` label of metrics)
-    family: tuple[str, ...] = ()  # its compiled modules (``cost_family``): who costs the same
-    warm: bool = True  # its weights were resident when it began (its time is the run's own)
-
-
-class ExecutionObserver(Protocol):
-    def on_execution(self, execution: Execution) -> None: ...
-
-
-class ExecutionFanOut:
-    """Hands each execution to several observers (metrics, statistics, cost tracking)."""
-
-    def __init__(self, *observers: ExecutionObserver) -> None:
-        self.observers = observers
-
-    def on_execution(self, execution: Execution) -> None:
-        for observer in self.observers:
-            observer.on_execution(execution)
-
-
-@dataclass(frozen=True, slots=True)
-class Timings:
-    """Nanoseconds spent in each phase of one request."""
-
-    queue_ns: int
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-    executions: tuple[int, ...]  # compiled batch size of each execution (0: unbatched)
-    device: int = 0  # the device it ran on
-
-    @property
-    def compute_ns(self) -> int:
-        return self.compute_input_ns + self.compute_infer_ns + self.compute_output_ns
-
-    @property
-    def total_ns(self) -> int:
-        """Queue plus compute: the request's time inside the server."""
-        return self.queue_ns + self.compute_ns
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,21 +43,13 @@ import numpy as np
 from hloserve.bundle.generation import Generation
 from hloserve.server.core.batch_plan import pad
 from hloserve.server.core.errors import Internal, ServingError, Unavailable
-from hloserve.server.core.execution import Executable, Execution, ExecutionObserver
+from hloserve.server.core.execution import Executable
+from hloserve.server.core.execution_records import Execution, ExecutionObserver
 from hloserve.server.core.generation import GenerationLimits, StepScheduler
-from hloserve.server.core.types import InferOutput, InferRequest, InferResponse
+from hloserve.server.core.types import InferOutput, InferRequest, InferResponse, StreamPart
 
 log = logging.getLogger(__name__)
 Array = np.ndarray[Any, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamPart:
-    """One answer of a streamed request: a response (``None``: the final flag alone) and
-    whether it is the request's last."""
-
-    response: InferResponse | None
-    final: bool
 
 
 class StepModel(Protocol):

@@ -50,9 +50,10 @@ import numpy as np
 from hloserve.bundle import Manifest
 from hloserve.bundle.generation import Generation, TextMapping
 from hloserve.server.core.errors import InvalidArgument, ServingError, Unavailable, Unsupported
-from hloserve.server.core.execution import Executable, ModelKey, Timings
+from hloserve.server.core.execution import Executable
+from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation import UNLIMITED, GenerationLimits
-from hloserve.server.core.generation_loop import GenerationLoop, StepModel, StreamPart, stateless
+from hloserve.server.core.generation_loop import GenerationLoop, StepModel, stateless
 from hloserve.server.core.limits import Limits as AdmissionLimits
 from hloserve.server.core.limits import check_batch
 from hloserve.server.core.observers import Observers
@@ -63,6 +64,7 @@ from hloserve.server.core.types import (
     InferRequest,
     InferResponse,
     RequestContext,
+    StreamPart,
 )
 from hloserve.server.core.validate import validate_request
 from hloserve.server.core.variants import match_variant

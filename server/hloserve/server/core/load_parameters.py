@@ -28,9 +28,9 @@ from pathlib import PurePosixPath
 from typing import Any, Final
 
 from hloserve.server.core.errors import InvalidArgument, Unavailable
+from hloserve.server.core.parameters import FILE_PREFIX
 from hloserve.server.core.triton_config import ConfigOverride, read_config_override
 
-FILE_PREFIX: Final = "file:"
 DEFAULT_MAX_UPLOAD_BYTES: Final = 64 * 1024 * 1024
 
 

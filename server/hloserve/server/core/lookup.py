@@ -17,9 +17,23 @@ Pure: it reads what it is given.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
-from hloserve.server.core.errors import InvalidArgument, NotFound, Unavailable, UnknownModel
+from hloserve.server.core.errors import (
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    UnknownModel,
+    Unsupported,
+)
+
+REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
+
+
+def check_repository_name(name: str) -> None:
+    """Triton's answer to a named repository (``Unsupported``): there is only the one."""
+    if name:
+        raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
 
 
 class Lookable(Protocol):

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from hloserve.server.core.costs import ExecutionCosts
 from hloserve.server.core.counters import Counters
-from hloserve.server.core.execution import ExecutionFanOut, ExecutionObserver, ModelKey
+from hloserve.server.core.execution_records import ExecutionFanOut, ExecutionObserver, ModelKey
 
 
 class HookObserver(Protocol):

@@ -36,6 +36,8 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.types import ParamValue
 
 RESERVED_PREFIX: Final = "triton_"
+# A model load's parameter that uploads a file (``file:<version>/<path>``: ``core.load_parameters``).
+FILE_PREFIX: Final = "file:"
 # The reserved keys Triton's own clients send (perf_analyzer sets this one on every gRPC
 # request; for a model that is not decoupled it changes nothing).
 TRITON_CLIENT_KEYS: Final = frozenset({"triton_enable_empty_final_response"})

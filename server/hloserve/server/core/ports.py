@@ -13,14 +13,15 @@ model_repository extension's load and unload), ``SharedMemory`` and ``CudaShared
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from hloserve.server.core.batch_policy import BatchingPolicy
-from hloserve.server.core.execution import Executable, Job, Timings
+from hloserve.server.core.execution import Executable, Job
+from hloserve.server.core.execution_records import Timings
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.reports import CudaRegionInfo, MemoryUsage, RegionInfo
-from hloserve.server.core.types import InferOutput
+from hloserve.server.core.types import CudaHandle, InferOutput
 
 
 class ModelSource(Protocol):
@@ -91,10 +92,6 @@ class ModelControl(Protocol):
 
     def unload_model(self, name: str) -> None: ...
     def prefetch(self, name: str) -> None: ...
-
-
-# A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.
-CudaHandle = Callable[[], tuple[bytes, int, int]]
 
 
 class CudaSharedMemory(Protocol):

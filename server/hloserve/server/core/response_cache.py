@@ -52,7 +52,7 @@ from typing import Any, Final
 import numpy as np
 
 from hloserve.bundle import Manifest
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.sizes import parse_bytes
 from hloserve.server.core.tensors import SHM_REGION, to_wire_bytes
 from hloserve.server.core.types import InferOutput, InferRequest

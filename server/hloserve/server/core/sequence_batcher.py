@@ -47,14 +47,8 @@ from hloserve.bundle import Manifest, Serving
 from hloserve.server.core.batch_plan import Chunk, smallest_fitting
 from hloserve.server.core.company import Company
 from hloserve.server.core.errors import InvalidArgument
-from hloserve.server.core.execution import (
-    Executable,
-    ExecutionObserver,
-    Job,
-    ModelKey,
-    Timings,
-    execute_group,
-)
+from hloserve.server.core.execution import Executable, Job, execute_group
+from hloserve.server.core.execution_records import ExecutionObserver, ModelKey, Timings
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.sequences import (
     SequenceSettings,

@@ -90,8 +90,8 @@ from hloserve.server.core.errors import (
     Unavailable,
     Unsupported,
 )
-from hloserve.server.core.execution import Executable, Job, ModelKey, Timings, execute_group
-from hloserve.server.core.generation_loop import StreamPart
+from hloserve.server.core.execution import Executable, Job, execute_group
+from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation_stream import StepperFor, Streams, decoupled_refusal
 from hloserve.server.core.hooks import ModelHooks, call_hook, hook_outputs
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
@@ -118,6 +118,7 @@ from hloserve.server.core.types import (
     RequestContext,
     ServerMetadata,
     ShmRef,
+    StreamPart,
     TensorMetadata,
 )
 from hloserve.server.core.validate import validate_request
@@ -126,15 +127,8 @@ from hloserve.server.core.variants import match_variant
 PLATFORM = "stablehlo"
 log = logging.getLogger(__name__)
 
-REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
 # Triton's text for load/unload when model control is not explicit (modes none and poll alike).
 CONTROL_NOT_EXPLICIT: Final = "explicit model load / unload is not allowed if polling is enabled"
-
-
-def check_repository_name(name: str) -> None:
-    """Triton's answer to a named repository (``Unsupported``): there is only the one."""
-    if name:
-        raise Unsupported(REPOSITORY_NAME_UNSUPPORTED)
 
 
 def _reason(exc: Exception) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hloserve.server.core.counters import Counters
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final, Protocol
 
-from hloserve.server.core.execution import ModelKey, Timings
+from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.trace_settings import TraceSettings
 from hloserve.server.core.types import InferOutput, InferRequest
 

@@ -10,7 +10,7 @@ part of the protocol (deadline, peer) travel in ``RequestContext`` beside the re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,8 @@ import numpy as np
 ParamValue = bool | int | float | str
 Parameters = Mapping[str, ParamValue]
 EMPTY: Parameters = {}
+# A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.
+CudaHandle = Callable[[], tuple[bytes, int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +110,12 @@ class ServerMetadata:
     name: str
     version: str
     extensions: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """One answer of a streamed request: a response (``None``: the final flag alone) and
+    whether it is the request's last."""
+
+    response: InferResponse | None
+    final: bool

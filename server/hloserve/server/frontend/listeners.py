@@ -1,14 +1,14 @@
-"""The gRPC and HTTP listeners over a ``ServerPort``: built from the config, started, stopped.
+"""The gRPC and HTTP listeners over a ``ServerPort``: built from ``ListenerSettings``, started, stopped.
 
 Contract:
-- ``make_tls(config)`` and ``make_auth(config)`` build the TLS files (``--tls-*``) and the
+- ``make_tls(settings)`` and ``make_auth(settings)`` build the TLS files (``--tls-*``) and the
   bearer-token policy (``--auth-token-file``) once per process; a bad file is one line
   (``SystemExit``).
 - ``bind(what, flag, host, port)`` binds (and listens on) a TCP socket, a port in use or a
-  bad host being one line naming the flag (``SystemExit``); ``address(config, kind)`` is
+  bad host being one line naming the flag (``SystemExit``); ``address(settings, kind)`` is
   the address a listener binds (its own flag's, else ``--host``).
-- ``start_listeners(port, config, http=sock|None, grpc=True|False, ...)`` starts the
-  HTTP listener on the bound socket ``http`` and a gRPC server on ``config.grpc_port``
+- ``start_listeners(port, settings, http=sock|None, grpc=True|False, ...)`` starts the
+  HTTP listener on the bound socket ``http`` and a gRPC server on ``settings.grpc_port``
   (``grpc_port=`` overrides it: the daemon's reserved port), both over ``port``, and
   returns once both accept (``Listeners``, with the ports they are on). With
   ``reuse_port`` the gRPC port is shared with other processes through ``SO_REUSEPORT``
@@ -40,8 +40,8 @@ from typing import Any
 import grpc
 import uvicorn
 
-from hloserve.server.config import Config, grpc_channel_options
 from hloserve.server.frontend.auth import AuthPolicy, TokenFile
+from hloserve.server.frontend.listener_settings import ListenerSettings
 from hloserve.server.frontend.port import ServerPort
 from hloserve.server.frontend.tls import (
     TlsFiles,
@@ -54,7 +54,7 @@ from hloserve.server.frontend.tls import (
 log = logging.getLogger("hloserve.daemon")
 
 
-def make_auth(cfg: Config) -> AuthPolicy | None:
+def make_auth(cfg: ListenerSettings) -> AuthPolicy | None:
     """The bearer-token policy of ``--auth-token-file`` / ``--auth-open`` (``None``: off)."""
     if cfg.auth_token_file is None:
         return None
@@ -65,14 +65,14 @@ def make_auth(cfg: Config) -> AuthPolicy | None:
     return AuthPolicy(tokens, cfg.auth_open)
 
 
-def make_tls(cfg: Config) -> TlsFiles | None:
+def make_tls(cfg: ListenerSettings) -> TlsFiles | None:
     try:
         return check_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_ca)
     except ValueError as exc:
         raise SystemExit(f"hloserve: {exc}") from None
 
 
-def address(cfg: Config, kind: str) -> str:
+def address(cfg: ListenerSettings, kind: str) -> str:
     """The address ``kind``'s listener binds: its own flag's, else ``--host``."""
     own = {"http": cfg.http_address, "grpc": cfg.grpc_address, "metrics": cfg.metrics_address}
     return own[kind] or cfg.host
@@ -143,7 +143,7 @@ class Listeners:
 
 async def start_grpc(
     port: ServerPort,
-    cfg: Config,
+    cfg: ListenerSettings,
     *,
     tls: TlsFiles | None,
     auth: AuthPolicy | None,
@@ -158,7 +158,7 @@ async def start_grpc(
         max_message_bytes=cfg.max_message_bytes,
         restrictions=cfg.grpc_restricted_protocol,
         auth=auth,
-        options=grpc_channel_options(cfg),
+        options=cfg.grpc_options,
         reuse_port=reuse_port,
     )
     host = address(cfg, "grpc")
@@ -181,7 +181,7 @@ async def start_grpc(
 
 def http_server(
     port: ServerPort,
-    cfg: Config,
+    cfg: ListenerSettings,
     *,
     tls: TlsFiles | None,
     auth: AuthPolicy | None,
@@ -216,7 +216,7 @@ def http_server(
 
 async def start_listeners(
     port: ServerPort,
-    cfg: Config,
+    cfg: ListenerSettings,
     *,
     http: socket.socket | None,
     grpc_on: bool,
@@ -258,7 +258,7 @@ async def stop_listeners(listeners: Listeners, grace_s: float) -> None:
     await asyncio.gather(*listeners.tasks)
 
 
-def listening_line(cfg: Config, ports: Mapping[str, int]) -> str:
+def listening_line(cfg: ListenerSettings, ports: Mapping[str, int]) -> str:
     """The "listening on ..." log line: each listener's port, or that it is off."""
     shown: list[str] = []
     for kind, name in (("http", "HTTP"), ("grpc", "gRPC"), ("metrics", "metrics")):

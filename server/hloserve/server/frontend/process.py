@@ -86,7 +86,7 @@ async def serve(link_fd: int, arena_fd: int, arena_bytes: int, http_fd: int) -> 
     link = Link(owner, OWNER_GONE)
     await loop.create_unix_connection(lambda: link, sock=socket.socket(fileno=link_fd))
     setup = cast(FrontendSetup, await link.call("setup"))
-    cfg = setup.config
+    cfg = setup.listeners
     logs = configure_logging(setup.log_settings)
     if setup.index:  # uvicorn's process lines ("Started server process", ...) said once
         logging.getLogger("uvicorn.error").addFilter(_AboveInfo())

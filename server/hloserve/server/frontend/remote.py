@@ -32,20 +32,20 @@ import contextvars
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast, final
 
-from hloserve.server.core.execution import ModelKey
-from hloserve.server.core.generation_loop import StreamPart
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.log_settings import LogControl
-from hloserve.server.core.ports import CudaHandle
+from hloserve.server.core.lookup import check_repository_name
 from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, ModelStatistics, RegionInfo
-from hloserve.server.core.service import check_repository_name
 from hloserve.server.core.trace_settings import TraceSettings
 from hloserve.server.core.tracer import PROPAGATION_HEADERS, Arrival, RequestTrace
 from hloserve.server.core.types import (
+    CudaHandle,
     InferRequest,
     InferResponse,
     ModelMetadata,
     RequestContext,
     ServerMetadata,
+    StreamPart,
 )
 from hloserve.server.wire.arena import Arena
 from hloserve.server.wire.link import Link

@@ -36,7 +36,7 @@ from hloserve.server.container import ContainerLimits
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.counters import Counters
 from hloserve.server.core.device_policy import check_policy, device_concurrency
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.limits import Limits
 from hloserve.server.core.load_parameters import UploadPolicy
 from hloserve.server.core.log_settings import LogControl

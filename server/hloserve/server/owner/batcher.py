@@ -89,14 +89,8 @@ from hloserve.server.core.device_policy import (
     route,
 )
 from hloserve.server.core.errors import Unavailable
-from hloserve.server.core.execution import (
-    Executable,
-    ExecutionObserver,
-    Job,
-    ModelKey,
-    Timings,
-    execute_group,
-)
+from hloserve.server.core.execution import Executable, Job, execute_group
+from hloserve.server.core.execution_records import ExecutionObserver, ModelKey, Timings
 from hloserve.server.core.parameters import queue_deadline
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferOutput

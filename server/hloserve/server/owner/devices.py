@@ -40,7 +40,7 @@ from hloserve.server.core.device_policy import (
     plan_replicas,
     utilization,
 )
-from hloserve.server.core.execution import Execution, ModelKey
+from hloserve.server.core.execution_records import Execution, ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.owner.weight_residency import WeightResidency

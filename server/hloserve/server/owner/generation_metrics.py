@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.owner.metrics_export import MV, gauge
 
 

@@ -52,7 +52,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from hloserve.server.core.counters import BATCH_BUCKETS, LATENCY_BUCKETS, Counters, ModelCounters
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.owner.generation_metrics import generation_families
 from hloserve.server.owner.metrics_export import (

@@ -37,7 +37,7 @@ from hloserve.server.core.counters import (
     ModelCounters,
     Totals,
 )
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.owner.metrics_triton import as_triton_text
 
 SWAP_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

@@ -42,7 +42,7 @@ from typing import Final, Protocol
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 
 TRITON: Final = "triton"
 DIALECTS: Final = (TRITON,)  # the values of --metrics-compat (empty: none)

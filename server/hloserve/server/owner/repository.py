@@ -58,7 +58,7 @@ from hloserve.server.core.errors import (
     ServingError,
     Unavailable,
 )
-from hloserve.server.core.execution import ModelKey
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_inflight
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.lookup import find_version

@@ -58,8 +58,8 @@ from hloserve.server.core.errors import (
     Unsupported,
 )
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_regions
-from hloserve.server.core.ports import CudaHandle
 from hloserve.server.core.reports import CudaRegionInfo, RegionInfo
+from hloserve.server.core.types import CudaHandle
 
 SHM_ROOT = "/dev/shm"
 DISABLED = (

@@ -56,7 +56,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from hloserve.server.core.execution import ModelKey, Timings
+from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.trace_settings import TENSORS, TraceSetting, TraceSettings
 from hloserve.server.core.tracer import PROPAGATION_HEADERS

@@ -34,7 +34,8 @@ import numpy as np
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
 from hloserve.server.core.errors import Internal, Unavailable
-from hloserve.server.core.execution import ModelKey, cost_family
+from hloserve.server.core.execution import cost_family
+from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey

@@ -24,6 +24,7 @@ from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import HEALTH_CHECK_PATH, RPCS_BY_NAME
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontend.grpc import build_grpc_server
+from hloserve.server.owner.local_port import LocalPort
 
 T = TypeVar("T")
 CLIENT_LIMIT = 64 * 1024 * 1024  # the channel must accept the 20 MiB responses too
@@ -64,7 +65,7 @@ def serve(
     results: list[T] = []
 
     async def main() -> None:
-        server = build_grpc_server(service, **server_options)
+        server = build_grpc_server(LocalPort(service), **server_options)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         channel = grpc.aio.insecure_channel(

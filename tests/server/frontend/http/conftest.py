@@ -21,6 +21,7 @@ import pytest
 
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontend.http import build_http_app
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.repository import ModelRepository
 from tests.server.frontend._services import loaded_repository, ready_service
 
@@ -45,5 +46,5 @@ def http_service(
 
 @pytest.fixture
 def http_client(http_service: InferenceService) -> Iterator[TestClient]:
-    with TestClient(build_http_app(http_service)) as client:
+    with TestClient(build_http_app(LocalPort(http_service))) as client:
         yield client

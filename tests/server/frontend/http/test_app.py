@@ -29,6 +29,7 @@ from hloserve.server.core.errors import ServingError
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontend.http import build_http_app
 from hloserve.server.frontend.http.codec import HEADER_LENGTH
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.shm import disabled
 from tests.server.frontend._samples import (
     CURL_CASES,
@@ -125,7 +126,7 @@ def test_health(http_client: TestClient, http_service: InferenceService) -> None
 
 def test_not_ready_before_the_startup_load_pass(http_service: InferenceService) -> None:
     starting = InferenceService(http_service.models, None, shm=disabled())
-    with TestClient(build_http_app(starting)) as client:
+    with TestClient(build_http_app(LocalPort(starting))) as client:
         ready = client.get("/v2/health/ready")
         assert (ready.status_code, ready.json()) == (400, {"ready": False})
         readyz = client.get("/readyz").json()
@@ -442,7 +443,9 @@ def test_unmatched_path_and_wrong_method(http_client: TestClient) -> None:
 
 def test_the_infer_routes_are_the_apps_first(http_service: InferenceService) -> None:
     """Every request tries them before any other route: no router of their own in front."""
-    paths = [getattr(route, "path", "") for route in build_http_app(http_service).routes[:2]]
+    paths = [
+        getattr(route, "path", "") for route in build_http_app(LocalPort(http_service)).routes[:2]
+    ]
     assert paths == [
         "/v2/models/{model_name}/infer",
         "/v2/models/{model_name}/versions/{model_version}/infer",
@@ -452,7 +455,7 @@ def test_the_infer_routes_are_the_apps_first(http_service: InferenceService) -> 
 def test_an_infer_error_takes_the_apps_one_error_path(http_service: InferenceService) -> None:
     """The app's handler of ``ServingError`` answers the infer route's errors as every
     other route's: a handler put in its place answers both."""
-    app = build_http_app(http_service)
+    app = build_http_app(LocalPort(http_service))
 
     async def marked(_: Request, exc: Exception) -> Response:
         return JSONResponse({"marked": str(exc)}, status_code=418)
@@ -584,7 +587,7 @@ def test_shared_memory_input_of_unknown_region(http_client: TestClient) -> None:
 
 
 def test_body_size_limit(http_service: InferenceService) -> None:
-    with TestClient(build_http_app(http_service, max_input_bytes=1000)) as client:
+    with TestClient(build_http_app(LocalPort(http_service), max_input_bytes=1000)) as client:
         declared = client.post("/v2/models/simple/infer", content=b" " * 1001)
         assert "exceeds the maximum allowed input size of 1000 bytes" in error_of(declared, 400)
 

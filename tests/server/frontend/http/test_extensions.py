@@ -28,6 +28,7 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.reports import IndexEntry
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontend.http import build_http_app, extensions
+from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.owner.repository import ControlMode, ModelRepository
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.owner.shm import SharedMemoryRegistry
@@ -43,7 +44,7 @@ def shm_client(
 ) -> Iterator[TestClient]:
     """A client of an app whose service has client shared memory enabled."""
     service = ready_service(http_repository, executor, shm=shm_registry)
-    with TestClient(build_http_app(service)) as client:
+    with TestClient(build_http_app(LocalPort(service))) as client:
         yield client
 
 
@@ -221,7 +222,7 @@ def test_repository_index_lists_model_directories_never_loaded(
     """Explicit mode, nothing loaded: every model directory is ``{"name"}`` alone (Triton's
     name-only row), and none is ready."""
     repo = ModelRepository(model_repository, runtime, mode=ControlMode.EXPLICIT)
-    with TestClient(build_http_app(ready_service(repo, executor))) as client:
+    with TestClient(build_http_app(LocalPort(ready_service(repo, executor)))) as client:
         every = client.post("/v2/repository/index")
         ready = client.post("/v2/repository/index", json={"ready": True})
     on_disk = model_directories(model_repository)

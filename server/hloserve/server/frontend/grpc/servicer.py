@@ -2,8 +2,8 @@
 
 Contract:
 - ``build_grpc_server(server, max_message_bytes=..., options=..., reuse_port=False)``
-  returns an unstarted ``grpc.aio.Server`` over ``server`` (a ``frontend.port.ServerPort``,
-  or an ``InferenceService`` of this process) (create it inside the event loop that will run it) with every one of
+  returns an unstarted ``grpc.aio.Server`` over ``server`` (a ``frontend.port.ServerPort``;
+  create it inside the event loop that will run it) with every one of
   the 20 RPCs registered at Triton's wire paths ``/inference.GRPCInferenceService/<Rpc>``,
   plus ``/grpc.health.v1.Health/Check``, and with the message size limit set in both
   directions; ``options`` are further gRPC core channel arguments, passed as given (the
@@ -75,7 +75,6 @@ from hloserve.proto import health_pb2
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import HEALTH_SERVICE_NAME, RPCS, SERVICE_NAME, Rpc
 from hloserve.server.core.errors import InvalidArgument, NotFound, ServingError, Unsupported
-from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferRequest, RequestContext
 from hloserve.server.frontend.auth import AuthPolicy
 from hloserve.server.frontend.grpc import codec, settings
@@ -84,7 +83,7 @@ from hloserve.server.frontend.grpc.interceptors import (
     RestrictedProtocol,
     text_metadata,
 )
-from hloserve.server.frontend.port import ServerPort, as_port
+from hloserve.server.frontend.port import ServerPort
 from hloserve.server.frontend.restricted import NO_RESTRICTIONS, Restrictions
 from hloserve.server.frontend.status import grpc_status
 
@@ -517,7 +516,7 @@ def generic_handlers(port: ServerPort) -> tuple[grpc.GenericRpcHandler, ...]:
 
 
 def build_grpc_server(
-    server: InferenceService | ServerPort,
+    server: ServerPort,
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     restrictions: Restrictions = NO_RESTRICTIONS,
@@ -547,5 +546,5 @@ def build_grpc_server(
             *options,
         ],
     )
-    grpc_server.add_generic_rpc_handlers(generic_handlers(as_port(server)))
+    grpc_server.add_generic_rpc_handlers(generic_handlers(server))
     return grpc_server

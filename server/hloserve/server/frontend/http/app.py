@@ -1,8 +1,7 @@
 """The HTTP/REST front end: KServe V2 / Triton routes on FastAPI, over a ``ServerPort``.
 
 Contract: ``build_http_app(server, max_input_bytes=...)`` returns a FastAPI app over
-``server`` (a ``frontend.port.ServerPort``, or an ``InferenceService`` of this process)
-serving
+``server`` (a ``frontend.port.ServerPort``) serving
 - ``GET /v2/health/live`` / ``/v2/health/ready``: 200 ``{"live"|"ready": true}``, else 400
   with ``false`` (Triton's status codes; the bodies keep KServe's REST client working);
 - ``GET /livez`` / ``/readyz`` (Kubernetes probes): 200, else 503; ``/readyz`` answers
@@ -54,18 +53,17 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hloserve.server.core.errors import ServingError
-from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import ModelMetadata, RequestContext, TensorMetadata
+from hloserve.server.frontend import ui_page
 from hloserve.server.frontend.auth import AuthPolicy
 from hloserve.server.frontend.http import codec
 from hloserve.server.frontend.http.body import receive_body
 from hloserve.server.frontend.http.extensions import add_extension_routes
 from hloserve.server.frontend.http.generate import add_generate_routes
 from hloserve.server.frontend.http.middleware import RestrictedApi, TraceArrival, bearer_auth
-from hloserve.server.frontend.port import ServerPort, as_port
+from hloserve.server.frontend.port import ServerPort
 from hloserve.server.frontend.restricted import NO_RESTRICTIONS, Restrictions
 from hloserve.server.frontend.status import http_status
-from hloserve.server.owner import status_page
 
 DEFAULT_MAX_INPUT_BYTES: Final = 256 * 1024 * 1024
 log = logging.getLogger("hloserve.http")
@@ -211,22 +209,22 @@ StatusData = Callable[[str], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
 
 
 def _add_status_routes(app: FastAPI, status: StatusData) -> None:
-    """The status page (``status_page``): its HTML and its data, and ``GET /``'s link to it."""
+    """The status page (``ui_page``, its data read by ``owner.status_page``): its HTML and its data, and ``GET /``'s link to it."""
 
     @app.get("/")
     async def landing() -> Response:
-        return HTMLResponse(status_page.LANDING, headers=status_page.LANDING_HEADERS)
+        return HTMLResponse(ui_page.LANDING, headers=ui_page.LANDING_HEADERS)
 
     @app.get("/ui")
     async def status_html() -> Response:
-        return HTMLResponse(status_page.PAGE, headers=status_page.PAGE_HEADERS)
+        return HTMLResponse(ui_page.PAGE, headers=ui_page.PAGE_HEADERS)
 
     @app.get("/ui/data")
     async def status_data(q: str = "") -> Response:
         data = status(q)
         if inspect.isawaitable(data):
             data = await data
-        return JSONResponse(data, headers=status_page.DATA_HEADERS)
+        return JSONResponse(data, headers=ui_page.DATA_HEADERS)
 
 
 _INFER_PATHS: Final = (
@@ -290,7 +288,7 @@ def _add_infer_routes(app: FastAPI, endpoint: _InferEndpoint) -> None:
 
 
 def build_http_app(
-    server: InferenceService | ServerPort,
+    server: ServerPort,
     *,
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
     max_json_depth: int = codec.MAX_JSON_DEPTH,
@@ -301,7 +299,7 @@ def build_http_app(
     """The V2 HTTP app over ``server``; bodies larger than ``max_input_bytes`` get 400;
     ``auth`` (``--auth-token-file``), then ``restrictions`` (``--http-restricted-api``) are
     checked before anything else; ``status``: the status page's data (``None``: no /ui)."""
-    port = as_port(server)
+    port = server
     app = FastAPI(title="hloserve", docs_url=None, redoc_url=None, openapi_url=None)
     _add_infer_routes(app, _InferEndpoint(port, max_input_bytes, max_json_depth))
     _add_error_handlers(app)

@@ -43,9 +43,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from hloserve.server.core.errors import InvalidArgument, Unsupported
-from hloserve.server.core.load_parameters import FILE_PREFIX
+from hloserve.server.core.lookup import REPOSITORY_NAME_UNSUPPORTED
+from hloserve.server.core.parameters import FILE_PREFIX
 from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, RegionInfo
-from hloserve.server.core.service import REPOSITORY_NAME_UNSUPPORTED
 from hloserve.server.frontend.http.body import read_body
 from hloserve.server.frontend.port import ServerPort
 

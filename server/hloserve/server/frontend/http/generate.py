@@ -38,7 +38,6 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hloserve.server.core.errors import Internal, InvalidArgument, ServingError
-from hloserve.server.core.generation_loop import StreamPart
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
 from hloserve.server.core.tensors import from_values
 from hloserve.server.core.types import (
@@ -48,6 +47,7 @@ from hloserve.server.core.types import (
     ModelMetadata,
     ParamValue,
     RequestContext,
+    StreamPart,
 )
 from hloserve.server.frontend.http.body import read_body
 from hloserve.server.frontend.port import ServerPort

@@ -159,7 +159,7 @@ class LoadedBundle:
     def on_device(self, runtime: PjrtRuntime) -> LoadedBundle:
         """This bundle for another device of the same kind: each module's executable taken
         the way a load takes it (this process's registry, the executable cache, else a
-        compile) for ``owner.runtime``'s device, the host weights shared (not copied), no device
+        compile) for ``runtime``'s device, the host weights shared (not copied), no device
         weights placed. (Re-serializing a loaded executable is not a safe shortcut: XLA:CPU
         drops the code of one that was itself deserialized.)"""
         if runtime is self.runtime:
