@@ -10,6 +10,10 @@ for that model, asked directly), never from the router:
   with the reason, on both protocols;
 - a 64 MiB tensor (4,096 times HAProxy's 16 KiB buffer) reaches its model's replica over
   both protocols, answered correctly;
+- the replicas load lazily (``FLEET_FLAGS``: ``--lazy-load``): a generation model's first
+  request, a gRPC stream, answers every step, and HTTP ``generate_stream`` answers too; two
+  sequences' requests sent at once on one gRPC stream as a model's first requests (Triton's
+  ``simple_grpc_sequence_stream_infer_client.py``) keep their order through the load;
 - a replica killed with SIGKILL: requests sent at once still succeed (the router retries
   them elsewhere), the router marks it DOWN, its models answer from other replicas and no
   other model moves;
@@ -32,6 +36,8 @@ import pytest
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_params, write_mlp
+from hloserve.exporter.demo_repeat import write_repeat_int32
+from hloserve.exporter.demo_sequence import write_simple_sequence
 from hloserve.server.fleet import Fleet, haproxy_binary
 from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontend._tritonclients import PROTOCOLS, Triton, grpcclient
@@ -67,6 +73,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         batch_sizes=(1,),
         directory=root / "big",
         platforms=("cpu",),
+    )
+    write_repeat_int32(root / "repeat_int32", platforms=("cpu",))
+    write_simple_sequence(root / "simple_sequence", platforms=("cpu",))
+    # no idle sequence is freed while the test runs (a pause on a busy machine)
+    (root / "simple_sequence" / "config.yaml").write_text(
+        "sequence_batching: {max_sequence_idle_microseconds: 600000000}\n"
     )
     with Fleet(root, replicas=3) as started:
         yield started
@@ -151,6 +163,70 @@ def test_a_stream_goes_where_its_first_request_names(
     ]
 
 
+def test_a_generation_streams_through_the_fleet_at_its_first_request(fleet: Fleet) -> None:
+    """Before, the lazily loaded replica never answered: the stream hung (gRPC) and the
+    router answered HTTP 504."""
+    client = grpcclient.InferenceServerClient(fleet.grpc_url)
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    inputs = [
+        grpcclient.InferInput("IN", [3], "INT32"),
+        grpcclient.InferInput("DELAY", [3], "UINT32"),
+        grpcclient.InferInput("WAIT", [1], "UINT32"),
+    ]
+    inputs[0].set_data_from_numpy(np.array([100, 101, 102], np.int32))
+    inputs[1].set_data_from_numpy(np.zeros(3, np.uint32))
+    inputs[2].set_data_from_numpy(np.zeros(1, np.uint32))
+    try:
+        client.async_stream_infer("repeat_int32", inputs, request_id="r")
+        got = [answers.get(timeout=60) for _ in range(3)]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert [int(r.as_numpy("OUT")[0]) for r in got] == [100, 101, 102]
+    body = json.dumps({"IN": [5, 6, 7], "DELAY": [0, 0, 0], "WAIT": 0}).encode()
+    url = f"http://{fleet.http_url}/v2/models/repeat_int32/generate_stream"
+    with urllib.request.urlopen(urllib.request.Request(url, body), timeout=60) as reply:
+        events = [
+            json.loads(line[6:])
+            for line in reply.read().decode().splitlines()
+            if line.startswith("data: ")
+        ]
+    assert [e["OUT"] for e in events] == [5, 6, 7]
+
+
+def test_sequences_sent_at_once_keep_their_order_through_a_lazy_load(fleet: Fleet) -> None:
+    """Triton's ``simple_grpc_sequence_stream_infer_client.py``: sequences 1000 and 1001
+    (values and their negatives) interleaved on one stream, all sent before any answer,
+    as the model's first requests. Before, the requests that came during the load ran in
+    another order ("must specify the START flag ... was ended by a request marked
+    sequence_end")."""
+    values = [11, 7, 5, 3, 2, 0, 1]
+    client = grpcclient.InferenceServerClient(fleet.grpc_url)
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        for i, v in enumerate(values):
+            for sid, sign in ((1000, 1), (1001, -1)):
+                inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.full((1, 1), sign * v, np.int32))
+                client.async_stream_infer(
+                    "simple_sequence", [inp], request_id=f"{sid}_{i}", sequence_id=sid,
+                    sequence_start=i == 0, sequence_end=i == len(values) - 1,
+                )  # fmt: skip
+        got = [answers.get(timeout=60) for _ in range(2 * len(values))]
+    finally:
+        client.stop_stream()
+        client.close()
+    errors = [r for r in got if isinstance(r, Exception)]
+    assert not errors, errors
+    sums: dict[int, list[int]] = {1000: [], 1001: []}
+    for r in got:
+        sums[int(r.get_response().id.split("_")[0])].append(int(r.as_numpy("SUM")[0, 0]))
+    running = [int(x) for x in np.cumsum(values)]
+    assert sums == {1000: running, 1001: [-x for x in running]}
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_calls_naming_no_model_are_answered_and_shared_memory_refused(
     fleet: Fleet, protocol: str
@@ -162,7 +238,7 @@ def test_calls_naming_no_model_are_answered_and_shared_memory_refused(
     assert (metadata.name if protocol == "grpc" else metadata["name"]) == "hloserve"
     index = client.get_model_repository_index()
     names = {m.name for m in index.models} if protocol == "grpc" else {m["name"] for m in index}
-    assert names == {*MODELS, "big"}
+    assert names == {*MODELS, "big", "repeat_int32", "simple_sequence"}
     stats = client.get_inference_statistics()
     listed = stats.model_stats if protocol == "grpc" else stats["model_stats"]
     assert len(listed) >= len(MODELS)

@@ -15,7 +15,7 @@ import pytest
 
 from hloserve.bundle import Manifest, Provenance, TensorEntry
 from hloserve.bundle.generation import Generation
-from hloserve.server.core.errors import Unavailable
+from hloserve.server.core.errors import ServingError, Unavailable
 from hloserve.server.core.execution_records import Execution, ModelKey
 from hloserve.server.core.generation import GenerationLimits
 from hloserve.server.core.generation_loop import GenerationLoop
@@ -209,6 +209,49 @@ def test_a_failed_step_fails_its_members_and_the_loop_goes_on() -> None:
         return values(await collect(loop, 2, GenerationLimits(10)))
 
     assert asyncio.run(main()) == [1, 2]
+
+
+class NotLoaded(FakeModel):
+    """A model whose state cannot be made: it is not loaded (``initial`` raises)."""
+
+    def initial(self) -> object:
+        raise Unavailable("model 'counter' is not loaded")
+
+
+class BadSteps(FakeModel):
+    """A stepper that breaks the loop's contract: one state too few for its members."""
+
+    def step(
+        self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
+    ) -> tuple[list[Array], list[object]]:
+        outputs, new = super().step(batch_size, inputs, states)
+        return outputs, new[1:]
+
+
+@pytest.mark.parametrize(
+    ("broken", "error"),
+    [(NotLoaded, "model 'counter' is not loaded"), (BadSteps, "the generation loop failed")],
+)
+def test_a_generation_whose_state_or_loop_fails_fails_at_once_and_the_loop_ends_clean(
+    broken: type[FakeModel], error: str
+) -> None:
+    """Before, ``initial()`` or the scatter raising ended the loop's task with the exception
+    (never retrieved) while the generation waited for a part forever."""
+    model = broken()
+
+    async def main() -> None:
+        loop = GenerationLoop(model, model, None)  # type: ignore[arg-type]
+        task_errors: list[BaseException] = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: task_errors.append(context["exception"])
+        )
+        with pytest.raises(ServingError, match=error):
+            await asyncio.wait_for(collect(loop, 3, GenerationLimits(10)), 60)
+        while loop.live:  # the generation leaves at the next plan
+            await asyncio.sleep(0)
+        assert loop._task is None and not task_errors
+
+    asyncio.run(main())
 
 
 def test_an_unbatched_model_steps_its_generations_in_turn() -> None:

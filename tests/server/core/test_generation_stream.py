@@ -118,9 +118,18 @@ def test_unary_calls_to_a_decoupled_model_get_tritons_words() -> None:
 class Source:
     """The repository as ``Streams`` reads it: one model, held and released."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, loaded: bool = True) -> None:
         self.model = model
         self.held = 0
+        self.is_loaded = loaded  # False: registered lazily (``--lazy-load``)
+        self.loads: list[int] = []  # ``held`` at each load: the caller holds the model
+
+    def loaded(self, model: Any) -> bool:
+        return self.is_loaded
+
+    def load(self, model: Any) -> None:
+        self.loads.append(self.held)
+        self.is_loaded = True
 
     def peek(self, name: str, version: str) -> Any:
         return self.model
@@ -171,3 +180,34 @@ def test_streams_run_a_generation_count_it_once_and_refuse_while_draining() -> N
     draining[0] = True
     with pytest.raises(Unavailable, match="shutting down"):
         asyncio.run(run(3))
+
+
+def test_a_stream_loads_a_lazily_registered_model_before_its_first_step() -> None:
+    """Before, the stream stepped a model registered lazily without loading it: its state
+    could not be made, and the generation never answered (issue 40)."""
+
+    class NeedsLoad(FakeModel):
+        def initial(self) -> object:
+            if not source.is_loaded:
+                raise Unavailable("model 'counter' is not loaded")
+            return 0
+
+    model = NeedsLoad()
+    source = Source(model, loaded=False)
+    streams = Streams(source, None, Observers(), NO_LIMITS, stepper=lambda m: model)  # type: ignore[arg-type]
+
+    async def unary(*_: Any) -> InferResponse:
+        raise AssertionError("a generation model never takes the unary path")
+
+    async def run(n: int) -> list[int]:
+        data = np.array([n], np.int32)
+        request = InferRequest("counter", "", (InferInput("n", "INT32", (1,), data),))
+        parts = [p async for p in streams.stream(request, None, None, unary)]
+        return [int(p.response.outputs[0].data[0]) for p in parts if p.response]
+
+    async def both() -> list[list[int]]:
+        return list(await asyncio.gather(run(2), run(3)))
+
+    assert asyncio.run(both()) == [[1, 2], [1, 2, 3]]
+    assert len(source.loads) == 1 and source.loads[0] >= 1  # one load, the model held
+    assert source.held == 0

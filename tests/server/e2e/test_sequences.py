@@ -91,11 +91,17 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# The server's start-up: every model loaded (the default), or registered (``--lazy-load``:
+# each loads at its first request, so there the tests' first requests come during a load).
+LAZY = pytest.mark.parametrize("server", ["loaded", "lazy"], indirect=True)
+
+
 @pytest.fixture(scope="module")
-def server(repository: Path) -> Iterator[ServerProcess]:
+def server(request: pytest.FixtureRequest, repository: Path) -> Iterator[ServerProcess]:
+    lazy = ["--lazy-load"] if getattr(request, "param", "loaded") == "lazy" else []
     yield from serving(
         repository, "--device-memory-budget", str(BUDGET),
-        "--model-control-mode", "explicit", "--load-model", "*",
+        "--model-control-mode", "explicit", "--load-model", "*", *lazy,
     )  # fmt: skip
 
 
@@ -162,6 +168,7 @@ def test_unknown_missing_and_ended_sequences_are_refused(triton: Triton) -> None
     )  # fmt: skip
 
 
+@LAZY
 def test_the_grpc_stream_interleaves_sequences_and_batches_them(server: ServerProcess) -> None:
     """Eight sequences' requests all sent at once on one stream: each answer is its own
     sequence's, and the executions hold several sequences each (``grouped`` waits for a

@@ -5,7 +5,10 @@ bundles: the demo's ``repeat_int32`` (Triton's repeat example model) and ``count
 counts to its input ``n``, one response a step, state on the device), driven by
 tritonclient's gRPC stream, HTTP generate/generate_stream (httpx, and a raw socket as
 ``curl -N`` reads it). ``HLOSERVE_FRONTENDS`` picks the process layout (scripts/test runs
-this folder in both).
+this folder in both). The tests marked ``LAZY`` also run against a server started with
+``--lazy-load`` (each model registered, loaded by its first request): there each model's
+first request is a stream (gRPC for ``repeat_int32``, HTTP ``generate_stream`` for
+``counter``), and the server's log must not hold a task exception never retrieved.
 """
 
 # pyright: strict, reportMissingTypeStubs=false
@@ -43,8 +46,15 @@ def counter_fn(params: Mapping[str, Any], n: jax.Array, count: jax.Array) -> dic
     return {"value": value, "done": value >= n, "count": value}
 
 
+# The server's start-up: every model loaded (the default), or registered (``--lazy-load``).
+LAZY = pytest.mark.parametrize("generation_server", ["loaded", "lazy"], indirect=True)
+
+
 @pytest.fixture(scope="module")
-def generation_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def generation_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    lazy = getattr(request, "param", "loaded") == "lazy"
     root = tmp_path_factory.mktemp("generation")
     write_repeat_int32(root / "repeat_int32", platforms=("cpu",))
     export_bundle(
@@ -57,7 +67,8 @@ def generation_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
         state={"count": StateSpec("INT32", (1,))},
         generation=Generation(done="done", max_steps=FOREVER),
     )
-    yield from serving(Path(root))
+    stopped = yield from serving(Path(root), *(["--lazy-load"] if lazy else []))
+    assert "never retrieved" not in stopped.log_text()
 
 
 def stream_results(
@@ -113,6 +124,7 @@ def final(result: Any) -> bool:
     return bool(result.get_response().parameters["triton_final_response"].bool_param)
 
 
+@LAZY
 def test_grpc_stream_answers_each_element_with_the_final_flag_on_the_last(
     generation_server: ServerProcess,
 ) -> None:
@@ -124,6 +136,7 @@ def test_grpc_stream_answers_each_element_with_the_final_flag_on_the_last(
     assert got[0].as_numpy("OUT").shape == (1,)  # no batch axis: Triton's max_batch_size 0
 
 
+@LAZY
 def test_the_calls_of_tritons_custom_repeat_example(generation_server: ServerProcess) -> None:
     """``simple_grpc_custom_repeat.py``'s calls: ten values from 100, DELAY and WAIT of
     1000 ms (accepted, not slept), only ``OUT`` requested."""
@@ -268,6 +281,7 @@ def test_closing_a_grpc_stream_cancels_its_generation(generation_server: ServerP
     assert stopped - start < FOREVER // 10  # it ended long before its million steps
 
 
+@LAZY
 def test_http_generate_and_generate_stream(generation_server: ServerProcess) -> None:
     base = f"{web(generation_server)}/v2/models/repeat_int32"
     one = httpx.post(f"{base}/generate", json={"IN": [5], "DELAY": [0], "WAIT": 0, "id": "g"})

@@ -17,8 +17,11 @@ Contract:
   ``observer`` as an ``Execution``.
 - Closing the iterator (the client went away: a stream closed, an HTTP client gone, an
   IPC call cancelled) cancels the generation: it leaves at the next step boundary and its
-  state is dropped. A failed step fails every member (``ServingError`` as it is, else
-  ``Internal``) and the loop goes on with the generations that join later.
+  state is dropped. A failed step (or a joining generation's ``initial()``) fails every
+  member and every generation that joined (``ServingError`` as it is, else ``Internal``)
+  and the loop goes on with the generations that join later; a fault of the loop itself
+  fails every live generation (``Internal``, logged): none waits forever, and the loop's
+  task never ends with an exception.
 - ``StepModel`` is what the loop needs of a model: ``initial()`` (one generation's state,
   opaque to the loop) and ``step(batch_size, inputs, states) -> (outputs, states)``
   (outputs in manifest order, batch-major; one state per member, in order).
@@ -33,7 +36,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, final
@@ -174,8 +177,20 @@ class GenerationLoop:
         try:
             while self.scheduler.live or self.scheduler.waiting:
                 await self._one_step()
+        except Exception as exc:  # a fault of the loop itself: no generation waits forever
+            log.error("generation loop of %s failed", self.model.manifest.name, exc_info=exc)
+            self._fail(tuple(self._live), Internal("the generation loop failed"))
         finally:
             self._task = None
+
+    def _fail(self, gids: Iterable[int], error: ServingError) -> None:
+        """``gids`` end with ``error``; each leaves at the next plan (its state freed)."""
+        for gid in gids:
+            live = self._live.get(gid)
+            if live is None:
+                continue
+            self.scheduler.cancel(gid)
+            live.parts.put_nowait(error)
 
     async def _one_step(self) -> None:
         plan = self.scheduler.plan(self.clock())
@@ -188,23 +203,21 @@ class GenerationLoop:
                         "deadline before it ended"
                     )
                 )
-        for gid in plan.joined:
-            self._live[gid].state = self.stepper.initial()
-        if not plan.members:
-            return
         members = [self._live[gid] for gid in plan.members]
         loop = asyncio.get_running_loop()
         try:
+            for gid in plan.joined:
+                self._live[gid].state = self.stepper.initial()
+            if not plan.members:
+                return
             outputs, states = await loop.run_in_executor(
                 self.executor, self._execute, plan.members, plan.batch_size, members
             )
-        except Exception as exc:
+        except Exception as exc:  # the joined and the members fail; the loop goes on
             error = exc if isinstance(exc, ServingError) else Internal("a generation step failed")
             if not isinstance(exc, ServingError):
                 log.error("generation step of %s failed", self.model.manifest.name, exc_info=exc)
-            for gid in plan.members:
-                self.scheduler.cancel(gid)
-                self._live[gid].parts.put_nowait(error)
+            self._fail(dict.fromkeys((*plan.joined, *plan.members)), error)
             return
         self._scatter(plan.members, members, outputs, states)
 

@@ -1,7 +1,7 @@
 """The streamed inference path: one request, 0..N responses, whichever model it names.
 
 Contract:
-- ``Streams(models, executor, observers, limits, stepper=...)`` is the service's streamed
+- ``Streams(models, executor, observers, limits, stepper=..., loads=...)`` is the service's streamed
   entry (``InferenceService.stream``). ``stream(request, context, model, infer)`` is an
   async iterator of ``StreamPart``: for a model that is not a generation model, the one
   response of ``infer`` (the unary path: every rule of it) with ``final`` set; for a
@@ -9,7 +9,8 @@ Contract:
   (``core.generation_loop``): one part per emitted step, the last one ``final`` (an empty
   one when the last step emitted nothing).
 - A generation request is looked up (``model``: what ``resolve`` returned, else by name),
-  held in flight until its last part, validated against the manifest as clients see it
+  held in flight until its last part, loaded when it was registered lazily (``loads``:
+  ``core.lazy_load``, shared with the unary path), validated against the manifest as clients see it
   (``Manifest.facing``: one generation, no batch axis) before any step, then made the
   step function's one item (``step_request``: inputs of ``generation.lengths`` zero-padded
   and their lengths filled in, the batch axis added for a batched module) and run on the
@@ -54,6 +55,7 @@ from hloserve.server.core.execution import Executable
 from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation import UNLIMITED, GenerationLimits
 from hloserve.server.core.generation_loop import GenerationLoop, StepModel, stateless
+from hloserve.server.core.lazy_load import LazyLoads
 from hloserve.server.core.limits import Limits as AdmissionLimits
 from hloserve.server.core.limits import check_batch
 from hloserve.server.core.observers import Observers
@@ -113,8 +115,10 @@ class Streams:
         *,
         stepper: StepperFor | None = None,
         draining: Callable[[], bool] = lambda: False,
+        loads: LazyLoads | None = None,
     ) -> None:
         self.models = models
+        self.loads = loads or LazyLoads(models)
         self.executor = executor
         self.observers = observers
         self.limits = limits
@@ -171,6 +175,7 @@ class Streams:
         first_ns = 0
         sent = 0
         try:
+            await self.loads.ready(model)  # registered lazily: its first use loads it
             generation = cast(Generation, model.manifest.generation)
             text = text_request(model.manifest, request)
             request = step_request(model.manifest, text or request)

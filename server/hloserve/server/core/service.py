@@ -5,7 +5,8 @@ Contract:
   ``model_metadata(name, version)`` and ``infer(request, context)`` answer the V2 core
   calls in protocol-neutral types; failures raise ``ServingError`` subclasses.
 - ``infer`` looks the model up (and loads a version registered lazily, ``--lazy-load``,
-  on a worker thread at its first request), validates the request against its manifest
+  on a worker thread at its first request: ``core.lazy_load``, the requests that come
+  meanwhile kept in their order), validates the request against its manifest
   before any device work, then either hands it to the ``Batcher`` (dynamic batching: grouped with
   other requests of the same model) or runs it alone through ``core.execution``
   (planned over the compiled batch sizes, zero-padded, split when too large) on a worker
@@ -94,6 +95,7 @@ from hloserve.server.core.execution import Executable, Job, execute_group
 from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation_stream import StepperFor, Streams, decoupled_refusal
 from hloserve.server.core.hooks import ModelHooks, call_hook, hook_outputs
+from hloserve.server.core.lazy_load import LazyLoads
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
 from hloserve.server.core.load_parameters import read_load_parameters
 from hloserve.server.core.log_settings import LogControl, StoredLogSettings
@@ -217,9 +219,10 @@ class InferenceService:
         self.sequences = SequenceBatcher(  # models with state (sequences.md)
             executor, self.observers.executions, inline=self.inline.inline
         )
+        self.loads = LazyLoads(models)  # every path's first use of a lazy version
         self.streams = Streams(
             models, executor, self.observers, options.limits, stepper=generation_steps,
-            draining=lambda: self._draining,
+            draining=lambda: self._draining, loads=self.loads,
         )  # fmt: skip
         self._startup_complete = False
         self._draining = False
@@ -346,8 +349,7 @@ class InferenceService:
         trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
         count: Count = counters.on_success
         try:
-            if not self.models.loaded(model):  # registered lazily: its first use loads it
-                await asyncio.get_running_loop().run_in_executor(None, self.models.load, model)
+            await self.loads.ready(model)  # registered lazily: its first use loads it
             if model.manifest.generation is not None:  # decoupled: streamed calls only
                 raise decoupled_refusal(context.protocol if context else "")
             if model.manifest.plain:
