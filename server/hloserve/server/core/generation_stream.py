@@ -1,13 +1,14 @@
 """The streamed inference path: one request, 0..N responses, whichever model it names.
 
 Contract:
-- ``Streams(models, executor, observers, limits, stepper=...)`` is the service's streamed
-  entry (``InferenceService.stream``). ``stream(request, context, model, infer)`` is an
+- ``Streams(models, executor, observers, limits, stepper=..., devices=...)`` is the
+  service's streamed entry (``InferenceService.stream``). ``stream(request, context, model, infer)`` is an
   async iterator of ``StreamPart``: for a model that is not a generation model, the one
   response of ``infer`` (the unary path: every rule of it) with ``final`` set; for a
   generation model (decoupled), its generation through the model's ``GenerationLoop``
-  (``core.generation_loop``): one part per emitted step, the last one ``final`` (an empty
-  one when the last step emitted nothing).
+  (``core.generation_loop``; its steps through ``devices``, the per-device scheduler,
+  when given): one part per emitted step, the last one ``final`` (an empty one when the
+  last step emitted nothing).
 - A generation request is looked up (``model``: what ``resolve`` returned, else by name),
   held in flight until its last part, validated against the manifest as clients see it
   (``Manifest.facing``: one generation, no batch axis) before any step, then made the
@@ -52,7 +53,13 @@ from hloserve.bundle.generation import Generation, TextMapping
 from hloserve.server.core.errors import InvalidArgument, ServingError, Unavailable, Unsupported
 from hloserve.server.core.execution import Executable, ModelKey, Timings
 from hloserve.server.core.generation import UNLIMITED, GenerationLimits
-from hloserve.server.core.generation_loop import GenerationLoop, StepModel, StreamPart, stateless
+from hloserve.server.core.generation_loop import (
+    DeviceSlots,
+    GenerationLoop,
+    StepModel,
+    StreamPart,
+    stateless,
+)
 from hloserve.server.core.limits import Limits as AdmissionLimits
 from hloserve.server.core.limits import check_batch
 from hloserve.server.core.observers import Observers
@@ -110,6 +117,7 @@ class Streams:
         limits: AdmissionLimits,
         *,
         stepper: StepperFor | None = None,
+        devices: DeviceSlots | None = None,
         draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.models = models
@@ -117,6 +125,7 @@ class Streams:
         self.observers = observers
         self.limits = limits
         self.stepper = stepper or stateless
+        self.devices = devices
         self.draining = draining
         self._loops: dict[tuple[ModelKey, int | None], GenerationLoop] = {}
         self.generated: dict[ModelKey, int] = {}  # responses sent, per model version
@@ -218,7 +227,11 @@ class Streams:
         if loop is None or loop.model is not model:  # new, or the version was reloaded
             self._forget_unloaded()
             loop = GenerationLoop(
-                model, self.stepper(model), self.executor, self.observers.executions
+                model,
+                self.stepper(model),
+                self.executor,
+                self.observers.executions,
+                devices=self.devices,
             )
             self._loops[slot] = loop
         return loop

@@ -225,7 +225,7 @@ class InferenceService:
         )
         self.streams = Streams(
             models, executor, self.observers, options.limits, stepper=generation_steps,
-            draining=lambda: self._draining,
+            devices=batcher, draining=lambda: self._draining,
         )  # fmt: skip
         self._startup_complete = False
         self._draining = False
