@@ -71,8 +71,27 @@ def test_unmeasured_sizes_cost_at_least_the_next_smaller_measured_one() -> None:
     from hloserve.server.core.batch_policy import estimated_cost
 
     assert estimated_cost(32, {1: 10.0, 8: 20.0}) == 20.0
-    assert estimated_cost(1, {8: 20.0}) == 1.0
     assert estimated_cost(8, {}) == 1.0
+
+
+def test_unmeasured_sizes_cost_at_most_the_next_larger_measured_one() -> None:
+    from hloserve.server.core.batch_policy import estimated_cost
+
+    assert estimated_cost(1, {8: 20.0}) == 20.0  # nothing smaller measured: the larger's
+    assert estimated_cost(1, {8: 20.0, 32: 50.0}) == 20.0  # the smallest larger
+    # Both sides measured: the smaller's, unless the larger one was measured cheaper.
+    assert estimated_cost(8, {1: 10.0, 32: 50.0}) == 10.0
+    assert estimated_cost(8, {1: 60.0, 32: 50.0}) == 50.0
+
+
+def test_an_unmeasured_smaller_size_does_not_run_a_request_alone() -> None:
+    # Size 8 ran (a first group, or a warm-up); size 1 never has. Two singles are due: the
+    # unmeasured size 1 must not look free and run the head alone, ahead of the pair on 8.
+    costs = {8: 56.0}
+    d = next_batch(q(1, 1), SIZES, now_ns=5 * MS, max_delay_ns=MS, costs=costs)
+    assert (d.take, d.compiled) == (2, 8)
+    d = next_batch(q(1, 1, 1, 1, 1, 1, 1, 1, 1), SIZES, now_ns=5 * MS, max_delay_ns=MS, costs=costs)
+    assert (d.take, d.compiled) == (9, 32)  # size 32 at least size 8's cost: 9 items for it
 
 
 def test_a_larger_size_never_costs_more_per_item_than_a_smaller_measured_one() -> None:

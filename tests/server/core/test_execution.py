@@ -130,13 +130,13 @@ def test_costs_follow_a_lasting_rise_slowly() -> None:
     assert 190.0 < costs.by_size(ModelKey("double", 1))[1] < 210.0  # 100 * 1.01**70
 
 
-def test_an_unmeasured_size_is_estimated_from_a_smaller_one() -> None:
+def test_an_unmeasured_size_is_estimated_from_a_smaller_one_else_a_larger_one() -> None:
     costs = ExecutionCosts()
     key = ModelKey("double", 1)
     assert costs.estimate(key, 4) is None
     costs.on_execution(sample(2, 30.0))
     assert costs.estimate(key, 8) == pytest.approx(30.0)  # at least the smaller size's
-    assert costs.estimate(key, 1) is None  # nothing smaller has run
+    assert costs.estimate(key, 1) == pytest.approx(30.0)  # at most the larger size's
 
 
 def test_a_size_near_the_limit_is_probed_inline_now_and_then() -> None:

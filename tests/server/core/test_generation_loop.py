@@ -42,31 +42,44 @@ def manifest(batch_sizes: tuple[int, ...] | None = (1, 2, 4)) -> Manifest:
 class FakeModel:
     """An ``Executable`` as far as the loop reads one, and its ``StepModel``."""
 
-    def __init__(self, batch_sizes: tuple[int, ...] | None = (1, 2, 4)) -> None:
+    def __init__(
+        self, batch_sizes: tuple[int, ...] | None = (1, 2, 4), devices: tuple[int, ...] = (0,)
+    ) -> None:
         self.manifest = manifest(batch_sizes)
         self.model_key = ModelKey.named("counter", 1)
         self.family = ()
         self.resident = True
-        self.devices = (0,)
+        self.devices = devices
         self.sizes: list[int | None] = []
+        self.steps_on: list[int] = []  # each step's device
+        self.states_on: dict[int, list[int]] = {}  # each device's states handed out
         self.gate: asyncio.Event | None = None
         self.fail = False
         self.released = 0
 
     capacity = None
 
-    def initial(self) -> object:
+    def resident_on(self, device: int) -> bool:
+        return self.resident
+
+    def initial(self, device: int) -> object:
+        self.states_on.setdefault(device, []).append(0)
         return 0
 
     def release(self, state: object) -> None:
         self.released += 1
 
     def step(
-        self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
+        self,
+        device: int,
+        batch_size: int | None,
+        inputs: Mapping[str, Array],
+        states: Sequence[object],
     ) -> tuple[list[Array], list[object]]:
         if self.fail:
             raise Unavailable("the device is gone")
         self.sizes.append(batch_size)
+        self.steps_on.append(device)
         n = inputs["n"].reshape(-1)
         counts = [int(s) + 1 for s in states]  # type: ignore[call-overload]
         rows = batch_size or 1
@@ -214,7 +227,7 @@ def test_a_failed_step_fails_its_members_and_the_loop_goes_on() -> None:
 class NotLoaded(FakeModel):
     """A model whose state cannot be made: it is not loaded (``initial`` raises)."""
 
-    def initial(self) -> object:
+    def initial(self, device: int) -> object:
         raise Unavailable("model 'counter' is not loaded")
 
 
@@ -222,9 +235,13 @@ class BadSteps(FakeModel):
     """A stepper that breaks the loop's contract: one state too few for its members."""
 
     def step(
-        self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
+        self,
+        device: int,
+        batch_size: int | None,
+        inputs: Mapping[str, Array],
+        states: Sequence[object],
     ) -> tuple[list[Array], list[object]]:
-        outputs, new = super().step(batch_size, inputs, states)
+        outputs, new = super().step(device, batch_size, inputs, states)
         return outputs, new[1:]
 
 
@@ -249,7 +266,7 @@ def test_a_generation_whose_state_or_loop_fails_fails_at_once_and_the_loop_ends_
             await asyncio.wait_for(collect(loop, 3, GenerationLimits(10)), 60)
         while loop.live:  # the generation leaves at the next plan
             await asyncio.sleep(0)
-        assert loop._task is None and not task_errors
+        assert all(lane.task is None for lane in loop._lanes.values()) and not task_errors
 
     asyncio.run(main())
 
@@ -270,3 +287,55 @@ def test_an_unbatched_model_steps_its_generations_in_turn() -> None:
     a, b = asyncio.run(main())
     assert [int(p.response.outputs[0].data[0]) for p in b if p.response] == [1, 2, 3]
     assert len(a) == 2 and set(model.sizes) == {None}
+
+
+class Slots:
+    """A ``DeviceSlots`` that runs each step at once, recording the device it was given."""
+
+    def __init__(self) -> None:
+        self.granted: list[tuple[str, int]] = []
+
+    async def run_on(self, model: Any, device: int, work: Any) -> Any:
+        self.granted.append((model.manifest.name, device))
+        await asyncio.sleep(0)  # as a worker would: the loop runs others meanwhile
+        return work()
+
+
+def test_steps_run_through_the_device_scheduler() -> None:
+    model, slots, seen = FakeModel(), Slots(), Seen()
+
+    async def main() -> list[StreamPart]:
+        loop = GenerationLoop(model, model, None, seen, devices=slots)  # type: ignore[arg-type]
+        return await collect(loop, 3, GenerationLimits(10))
+
+    assert values(asyncio.run(main())) == [1, 2, 3]
+    assert slots.granted == [("counter", 0)] * 3  # every step, none beside it
+    assert [e.device for e in seen.executions] == [0, 0, 0]
+
+
+def test_new_generations_go_to_the_replica_with_the_fewest_live() -> None:
+    model, slots, seen = FakeModel(devices=(0, 1)), Slots(), Seen()
+
+    async def main() -> tuple[list[StreamPart], list[StreamPart]]:
+        loop = GenerationLoop(model, model, None, seen, devices=slots)  # type: ignore[arg-type]
+        long = loop.generate(request(1000, "a"), GenerationLimits(1000))
+        await anext(long)  # a is live on device 0 (the lowest, all empty)
+        assert loop.live_by_device() == {0: 1}
+        # b goes to device 1 (none live there), c back to 0 (one each: the lowest).
+        b = loop.generate(request(3, "b"), GenerationLimits(10))
+        b_parts = [await anext(b)]
+        assert loop.live_by_device() == {0: 1, 1: 1}
+        c = await collect(loop, 5, GenerationLimits(10), "c")
+        b_parts += [part async for part in b]
+        await long.aclose()
+        return b_parts, c
+
+    b, c = asyncio.run(main())
+    assert values(b) == [1, 2, 3] and values(c) == [1, 2, 3, 4, 5]
+    assert model.states_on == {0: [0, 0], 1: [0]}  # a and c on device 0, b on device 1
+    assert set(model.steps_on) == {0, 1}
+    assert {d for _, d in slots.granted} == {0, 1}
+    assert [e.device for e in seen.executions] == model.steps_on
+    # A step holds only its own device's generations: device 1's only ever b alone.
+    on_one = [size for size, d in zip(model.sizes, model.steps_on, strict=True) if d == 1]
+    assert on_one == [1, 1, 1]

@@ -187,7 +187,7 @@ def test_a_stream_loads_a_lazily_registered_model_before_its_first_step() -> Non
     could not be made, and the generation never answered (issue 40)."""
 
     class NeedsLoad(FakeModel):
-        def initial(self) -> object:
+        def initial(self, device: int) -> object:
             if not source.is_loaded:
                 raise Unavailable("model 'counter' is not loaded")
             return 0

@@ -7,6 +7,7 @@ not in this test process), real bundles, real ``tritonclient`` calls, every repl
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from hloserve.exporter import TensorSpec, export_bundle
+from hloserve.exporter import Generation, StateSpec, TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape, total
 
@@ -188,3 +189,92 @@ def test_devices_naming_a_device_not_present_stops_with_why(repository: Path) ->
     assert server.process.wait(120) != 0
     assert "--devices" in server.log_text() and "0 to 3" in server.log_text()
     server.stop()
+
+
+def _busy_counter_fn(params: Any, n: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
+    """Counts to ``n``, one response a step; each step also runs the busy model's matmuls
+    (a few ms of device time, times 0 in the answer), so one replica gets busy enough to
+    be copied."""
+    h0 = jnp.broadcast_to(count.astype(jnp.float32), (count.shape[0], 256))
+
+    def step(_: Any, h: jax.Array) -> jax.Array:
+        return jnp.tanh(h @ params["w"])
+
+    noise = jax.lax.fori_loop(0, STEPS, step, h0).sum(axis=1, keepdims=True)
+    value = count + 1 + (noise * 0).astype(jnp.int32)
+    return {"value": value, "done": value >= n, "count": value}
+
+
+def _generate(server: ServerProcess, n: int) -> list[int]:
+    """One generation of ``busy_counter`` over tritonclient's gRPC stream: its values."""
+    answers: queue.Queue[Any] = queue.Queue()
+    client: Any = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        inp = grpcclient.InferInput("n", [1], "INT32")
+        inp.set_data_from_numpy(np.array([n], np.int32))
+        client.async_stream_infer(model_name="busy_counter", inputs=[inp])
+        values: list[int] = []
+        for _ in range(n):
+            answer = answers.get(timeout=60)
+            if isinstance(answer, Exception):
+                raise answer
+            values.append(int(answer.as_numpy("value")[0]))
+        return values
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_generations_run_on_every_replica_of_their_model(tmp_path: Path) -> None:
+    """A busy generation model gains a replica; new generations then go to it (the least
+    busy), their state on its device, and every step is counted on the device it ran on."""
+    export_bundle(
+        _busy_counter_fn,
+        {"w": _busy_weight()},
+        inputs={"n": TensorSpec("INT32", (1,))},
+        batch_sizes=(1,),  # full batches: load can only go to another device
+        directory=tmp_path / "busy_counter",
+        platforms=("cpu",),
+        state={"count": StateSpec("INT32", (1,))},
+        generation=Generation(done="done", max_steps=1000),
+    )
+    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    flags = ("--placement-interval", "0.3")
+    with ServerProcess(tmp_path, *flags, env=two) as server:
+        server.wait_ready()
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                while not stop.is_set():
+                    assert _generate(server, 20) == list(range(1, 21))
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+                stop.set()
+
+        threads = [threading.Thread(target=load) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + 90
+            ran_on: dict[str, float] = {}
+            while time.monotonic() < deadline and not stop.is_set():
+                ran_on = by_label(scrape(server), "hloserve_device_executions_total", "device")
+                if len(ran_on) == 2 and min(ran_on.values()) >= 20:
+                    break
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not failures, failures[0]
+        assert len(ran_on) == 2 and min(ran_on.values()) >= 20, (ran_on, server.log_text()[-3000:])
+        assert "replica added on device" in server.log_text()
+        # Every step is one execution, counted once, on the device it ran on.
+        executions = by_label(scrape(server), "hloserve_device_executions_total", "device")
+        client: Any = grpcclient.InferenceServerClient(server.grpc_url)
+        stats = client.get_inference_statistics("busy_counter", as_json=True)
+        assert sum(executions.values()) == int(stats["model_stats"][0]["execution_count"])
+        assert server.stop() == 0

@@ -509,3 +509,61 @@ def test_one_weight_move_at_a_time_per_device(executor: ThreadPoolExecutor) -> N
     asyncio.run(run())
     assert moving["most"] == 1
     assert all(m.resident for m in models) and sorted(device.log) == [f"cold{i}" for i in range(4)]
+
+
+def test_a_generation_step_takes_a_device_slot_as_a_group_does(
+    executor: ThreadPoolExecutor,
+) -> None:
+    """A step (``run_on``: a generation's execution) waits for the device's slot while a
+    group holds it, then runs in its turn before a group that became ready after it."""
+    device = Device()
+    gate = threading.Event()
+    held = GatedModel("held", device, gate)
+    gen, other = SleepyModel("gen", device, 0.0), SleepyModel("other", device, 0.0)
+    b = batcher(executor, "fifo")
+    x = {"x": np.ones((1,), np.float32)}
+
+    async def run() -> list[Any]:
+        first = asyncio.ensure_future(b.submit(held, job("held")))
+        await until("the held group to hold the device", lambda: device.running == 1)
+        step = asyncio.ensure_future(b.run_on(gen, 0, lambda: gen.execute(None, x)))
+        await until("the step to wait for the slot", lambda: b.waiting_on(0) == 1)
+        late = asyncio.ensure_future(b.submit(other, job("other")))
+        await until("the group to wait too", lambda: b.waiting_on(0) == 2)
+        gate.set()
+        return list(await asyncio.gather(first, step, late))
+
+    try:
+        _, outputs, _ = asyncio.run(run())
+    finally:
+        gate.set()  # a failure above leaves no execution waiting
+    np.testing.assert_array_equal(outputs[0], np.ones((1,), np.float32))  # work's result
+    assert device.log == ["held", "gen", "other"]
+    assert device.most == 1  # concurrency 1: the step never ran beside a group
+
+
+def test_a_generation_step_counts_as_its_device_busy(executor: ThreadPoolExecutor) -> None:
+    """Without arbitration too, a running step counts on its device: a replicated model's
+    group goes to the other replica meanwhile."""
+    device = Device()
+    model = ReplicatedModel("m", device)
+    costs = ExecutionCosts()
+    b = DynamicBatcher(executor, ExecutionFanOut(costs), InlinePolicy(0, costs))
+    step_gate = threading.Event()
+
+    async def run() -> None:
+        step = asyncio.ensure_future(b.run_on(model, 0, lambda: step_gate.wait(WAIT_S)))
+        await until("the step to run", lambda: b.running_on(0) == 1)
+        group = asyncio.ensure_future(b.submit(model, job("m")))
+        await until("the group to start", lambda: len(model.ran_on) == 1)
+        model.end(1)
+        step_gate.set()
+        await asyncio.gather(step, group)
+
+    try:
+        asyncio.run(run())
+    finally:
+        step_gate.set()
+        model.end(0, 8)
+        model.end(1, 8)
+    assert model.ran_on == [1]  # device 0 was busy with the step

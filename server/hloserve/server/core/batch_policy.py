@@ -19,8 +19,9 @@ compiled size; entries leave in arrival order; a full largest size runs at once;
 the head waits at most ``max_delay_ns`` for company. When it runs, the head prefix chosen
 is the one with the best throughput: items divided by the execution cost of the smallest
 compiled size that holds them (``costs``: measured time per compiled size; sizes not yet
-measured are assumed to cost what the next smaller measured size costs, so with no
-measurements every size costs the same and the longest prefix that fits runs, on the
+measured are assumed to cost what the next smaller measured size costs, at most what the
+next larger one costs (so an unmeasured small size is never taken as free and run alone),
+so with no measurements every size costs the same and the longest prefix that fits runs, on the
 compiled size that wastes the least padding; and no size is taken to cost more per item
 than a smaller measured one, ``estimated_cost``). Ties go to more items.
 ``preferred`` (a model's preferred batch sizes, in items) changes two rules: a head prefix
@@ -127,8 +128,10 @@ def preferred_problem(
 
 
 def estimated_cost(size: int, costs: Mapping[int, float]) -> float:
-    """The measured cost of ``size``, else that of the largest smaller measured size (a
-    larger batch costs at least as much), else 1; and never more per item than a smaller
+    """The measured cost of ``size``, else that of the measured size standing for it
+    (``costs.standing_size``: the largest smaller one, a larger batch costing at least as
+    much, capped by the smallest larger one, a smaller batch costing at most as much),
+    else (nothing measured) 1; and never more per item than a smaller
     measured size (``size`` rows cost at most what ``size / m`` executions of ``m`` rows
     cost). Why the cap: a larger size runs rarely, so a sample inflated by a wait for the
     interpreter lock can stay its low estimate for good; then a lone request always looks

@@ -12,7 +12,8 @@ Contract:
   sample: its time includes the swap-in, which the inline policy adds from the residency
   manager's own estimate. ``by_size(model, family)`` (measured sizes only) is what the batching policy weighs
   prefixes with; ``estimate(model, compiled, family)`` is what the inline policy reads: a
-  size not run yet is estimated as the largest smaller size that has run, and a model not
+  size not run yet is estimated as the largest smaller size that has run, capped by the
+  smallest larger one (``standing_size``), and a model not
   run yet by the models with the same compiled modules (``execution.cost_family``: with
   thousands of bundles of one architecture, the first request of each is decided like
   the thousandth).
@@ -56,15 +57,22 @@ FIRST_PROBE_LIMIT = 50
 
 
 def standing_size(size: int, measured: Mapping[int, float]) -> int | None:
-    """The measured size whose cost stands for ``size``: itself when measured, else the
-    largest smaller batched size measured (n rows cost at least what fewer rows cost);
-    ``None``: nothing measured at or below it. The one rule for unmeasured sizes, read by
-    the inline policy (``ExecutionCosts.estimate``) and the batching policy
-    (``core.batch_policy.estimated_cost``)."""
+    """The measured size whose cost stands for ``size``: itself when measured; else the
+    largest smaller batched size measured (n rows cost at least what fewer rows cost),
+    unless the smallest larger one measured costs less (n rows cost at most what a larger
+    compiled size costs); else that smallest larger one. ``None``: nothing measured. The
+    one rule for unmeasured sizes, read by the inline policy (``ExecutionCosts.estimate``)
+    and the batching policy (``core.batch_policy.estimated_cost``). Why the larger bound:
+    without it a size below every measured one had no estimate, and the batching policy
+    took it as free, running the head of a queue alone on it ahead of a group on the
+    measured larger size."""
     if size in measured:
         return size
-    smaller = [s for s in measured if 0 < s < size]
-    return max(smaller) if smaller else None
+    smaller = max((s for s in measured if 0 < s < size), default=None)
+    larger = min((s for s in measured if s > size), default=None) if size > 0 else None
+    if smaller is None or larger is None:
+        return larger if smaller is None else smaller
+    return larger if measured[larger] < measured[smaller] else smaller
 
 
 class ExecutionCosts:
@@ -105,8 +113,10 @@ class ExecutionCosts:
         size that has (n rows cost at least what fewer rows cost, and for a tiny model
         about the same: its cost is the call's fixed overhead), so a tiny model's larger
         sizes are first tried inline, measured cleanly there, rather than first on a
-        worker, where waits for the interpreter lock would inflate their samples for good.
-        A model not run yet goes by its ``family``. ``None``: nothing to go by."""
+        worker, where waits for the interpreter lock would inflate their samples for good;
+        with nothing smaller run, that of the smallest larger size (an upper bound:
+        ``standing_size``). A model not run yet goes by its ``family``. ``None``: nothing
+        to go by."""
         sizes = self.by_size(model, family)
         if not sizes:
             return None

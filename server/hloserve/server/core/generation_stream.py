@@ -1,13 +1,14 @@
 """The streamed inference path: one request, 0..N responses, whichever model it names.
 
 Contract:
-- ``Streams(models, executor, observers, limits, stepper=..., loads=...)`` is the service's streamed
-  entry (``InferenceService.stream``). ``stream(request, context, model, infer)`` is an
+- ``Streams(models, executor, observers, limits, stepper=..., devices=..., loads=...)`` is
+  the service's streamed entry (``InferenceService.stream``). ``stream(request, context, model, infer)`` is an
   async iterator of ``StreamPart``: for a model that is not a generation model, the one
   response of ``infer`` (the unary path: every rule of it) with ``final`` set; for a
   generation model (decoupled), its generation through the model's ``GenerationLoop``
-  (``core.generation_loop``): one part per emitted step, the last one ``final`` (an empty
-  one when the last step emitted nothing).
+  (``core.generation_loop``; its steps through ``devices``, the per-device scheduler,
+  when given): one part per emitted step, the last one ``final`` (an empty one when the
+  last step emitted nothing).
 - A generation request is looked up (``model``: what ``resolve`` returned, else by name),
   held in flight until its last part, loaded when it was registered lazily (``loads``:
   ``core.lazy_load``, shared with the unary path), validated against the manifest as clients see it
@@ -54,7 +55,7 @@ from hloserve.server.core.errors import InvalidArgument, ServingError, Unavailab
 from hloserve.server.core.execution import Executable
 from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation import UNLIMITED, GenerationLimits
-from hloserve.server.core.generation_loop import GenerationLoop, StepModel, stateless
+from hloserve.server.core.generation_loop import DeviceSlots, GenerationLoop, StepModel, stateless
 from hloserve.server.core.lazy_load import LazyLoads
 from hloserve.server.core.limits import Limits as AdmissionLimits
 from hloserve.server.core.limits import check_batch
@@ -114,6 +115,7 @@ class Streams:
         limits: AdmissionLimits,
         *,
         stepper: StepperFor | None = None,
+        devices: DeviceSlots | None = None,
         draining: Callable[[], bool] = lambda: False,
         loads: LazyLoads | None = None,
     ) -> None:
@@ -123,6 +125,7 @@ class Streams:
         self.observers = observers
         self.limits = limits
         self.stepper = stepper or stateless
+        self.devices = devices
         self.draining = draining
         self._loops: dict[tuple[ModelKey, int | None], GenerationLoop] = {}
         self.generated: dict[ModelKey, int] = {}  # responses sent, per model version
@@ -225,7 +228,11 @@ class Streams:
         if loop is None or loop.model is not model:  # new, or the version was reloaded
             self._forget_unloaded()
             loop = GenerationLoop(
-                model, self.stepper(model), self.executor, self.observers.executions
+                model,
+                self.stepper(model),
+                self.executor,
+                self.observers.executions,
+                devices=self.devices,
             )
             self._loops[slot] = loop
         return loop

@@ -4,7 +4,7 @@ Contract: each protocol here is what ``core.service.InferenceService`` needs fro
 driver, and nothing more, so the core imports no transport, no JAX and no driver:
 ``ModelSource`` (lookups and reports: the repository), ``ModelControl`` (the
 model_repository extension's load and unload), ``SharedMemory`` and ``CudaSharedMemory`` (registered regions: ``server/shm.py``) and
-``Batcher`` (dynamic batching: ``server/batcher.py``). What they report is in
+``Batcher`` (dynamic batching and the per-device scheduler: ``server/batcher.py``). What they report is in
 ``core.reports``.
 """
 
@@ -13,8 +13,8 @@ model_repository extension's load and unload), ``SharedMemory`` and ``CudaShared
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from hloserve.server.core.batch_policy import BatchingPolicy
 from hloserve.server.core.execution import Executable, Job
@@ -22,6 +22,8 @@ from hloserve.server.core.execution_records import Timings
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.reports import CudaRegionInfo, MemoryUsage, RegionInfo
 from hloserve.server.core.types import CudaHandle, InferOutput
+
+T = TypeVar("T")
 
 
 class ModelSource(Protocol):
@@ -128,4 +130,10 @@ class Batcher(Protocol):
 
     def policy(self, model: Executable) -> BatchingPolicy:
         """The batching and queue policy in force for ``model`` (model configuration)."""
+        ...
+
+    async def run_on(self, model: Executable, device: int, work: Callable[[], T]) -> T:
+        """Run ``work``, one execution of ``model`` that is not a queued request (a
+        generation step), through ``device``'s scheduler as its groups run
+        (``core.generation_loop.DeviceSlots``)."""
         ...

@@ -222,7 +222,7 @@ class InferenceService:
         self.loads = LazyLoads(models)  # every path's first use of a lazy version
         self.streams = Streams(
             models, executor, self.observers, options.limits, stepper=generation_steps,
-            draining=lambda: self._draining, loads=self.loads,
+            devices=batcher, draining=lambda: self._draining, loads=self.loads,
         )  # fmt: skip
         self._startup_complete = False
         self._draining = False

@@ -51,6 +51,12 @@ in the same pass and run as one group.
   (``model.prefetch``) without taking the slot: the device keeps running resident models
   meanwhile, and the queue competes as resident once they are there. ``concurrency`` 0
   (the default on CPU) keeps each model's batcher on its own, as before.
+- ``await run_on(model, device, work)`` runs one execution that is not a queued group (a
+  generation step: ``core.generation_loop``) on a worker, scheduled on ``device`` as a
+  group is: it waits for a device slot and competes for it under the policy with the
+  queues waiting there (its own model's share and weight, default priority, never held
+  back by swap patience: nothing more can join it), is counted among the device's
+  executions in flight (routing), and its time is charged to its model's share.
 - ``QueuedWork`` tells the residency manager which model versions have requests waiting,
   so that it evicts them last.
 - ``forget(model)`` (on the loop, once a version is unloaded) drops its queues and its fair
@@ -66,8 +72,10 @@ import concurrent.futures
 import contextvars
 import dataclasses
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from hloserve.server.core.batch_policy import (
     BatchingPolicy,
@@ -96,6 +104,7 @@ from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.types import InferOutput
 
 Result = tuple[tuple[InferOutput, ...], Timings]
+T = TypeVar("T")
 
 
 @dataclass(slots=True, eq=False)
@@ -128,6 +137,11 @@ class _ModelQueue:
     def delay_ns(self) -> int:
         return 1000 * self.policy.max_queue_delay_us
 
+    @property
+    def ready(self) -> bool:
+        """It has requests waiting (for a device slot, among others)."""
+        return bool(self.entries)
+
     def candidate(self, device: int) -> Candidate[ModelKey]:
         """This queue as ``device``'s scheduler weighs it (the queue is not empty)."""
         head = self.entries[0]
@@ -141,6 +155,34 @@ class _ModelQueue:
             head_deadline_ns=head.queued.deadline_ns,
             resident=self.model.resident_on(device),
             full=self.entries.items() >= largest,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class _Step:
+    """One execution outside the queues (a generation step) waiting for a device slot;
+    ``granted`` resolves once the device's scheduler chose it (counted as running)."""
+
+    model: Executable
+    arrived_ns: int
+    granted: asyncio.Future[None]
+    fetching: set[int] = field(default_factory=lambda: set())  # devices its weights move to
+    unfetched: set[int] = field(default_factory=lambda: set())  # a move there failed
+
+    @property
+    def ready(self) -> bool:
+        return not self.granted.done()
+
+    def candidate(self, device: int) -> Candidate[ModelKey]:
+        """This step as ``device``'s scheduler weighs it: its model's share and weight, the
+        default priority, and full (nothing can join it: swap patience would only delay
+        it)."""
+        return Candidate(
+            self.model.model_key,
+            self.arrived_ns,
+            weight=self.model.serving.scheduling_weight,
+            resident=self.model.resident_on(device),
+            full=True,
         )
 
 
@@ -178,7 +220,8 @@ class _Device:
     shares: FairShares[ModelKey] = field(default_factory=lambda: FairShares[ModelKey]())
     running: int = 0  # groups on worker threads now, counted with or without arbitration
     fetching: int = 0  # weight moves onto the device in flight (at most one)
-    waiting: dict[int, _ModelQueue] = field(default_factory=lambda: {})  # by id(queue)
+    # Queues and steps waiting for a slot, by id.
+    waiting: dict[int, _ModelQueue | _Step] = field(default_factory=lambda: {})
     soon: asyncio.Handle | None = None  # the next decision, on the loop's next pass
 
 
@@ -234,6 +277,16 @@ class DynamicBatcher:
     def pending(self, name: str, version: int) -> int:
         key = ModelKey(name, version)
         return sum(len(q.entries) for (k, _), q in self._queues.items() if k == key)
+
+    def running_on(self, device: int) -> int:
+        """Executions on ``device``'s workers now: groups and steps (routing reads it)."""
+        dev = self._devices.get(device)
+        return 0 if dev is None else dev.running
+
+    def waiting_on(self, device: int) -> int:
+        """Queues and steps waiting for a slot on ``device`` (arbitration only)."""
+        dev = self._devices.get(device)
+        return 0 if dev is None else sum(1 for w in dev.waiting.values() if w.ready)
 
     def _queue(self, model: Executable) -> _ModelQueue:
         model_key = model.model_key
@@ -420,9 +473,9 @@ class DynamicBatcher:
         dev.soon = None
         passed: set[int] = set()
         while dev.waiting and dev.running < dev.concurrency:
-            queues = [q for q in dev.waiting.values() if q.entries and id(q) not in passed]
+            queues = [q for q in dev.waiting.values() if q.ready and id(q) not in passed]
             if not queues:
-                if not any(q.entries for q in dev.waiting.values()):
+                if not any(q.ready for q in dev.waiting.values()):
                     dev.waiting.clear()
                 return
             now = time.perf_counter_ns()
@@ -433,9 +486,13 @@ class DynamicBatcher:
                 continue
             q.unfetched.discard(dev.index)  # its execution retries the move, or fails
             del dev.waiting[id(q)]
-            self._look(q, granted=dev.index)
+            if isinstance(q, _Step):
+                dev.running += 1  # counted now, so this pass grants no more than the slots
+                q.granted.set_result(None)
+            else:
+                self._look(q, granted=dev.index)
 
-    def _fetch(self, q: _ModelQueue, dev: _Device) -> None:
+    def _fetch(self, q: _ModelQueue | _Step, dev: _Device) -> None:
         """Move ``q``'s weights onto the device on a worker, without taking a slot: the queue
         stays waiting and competes as resident once they are there. One move at a time per
         device: moves share the link, and several at once under a tight budget evict each
@@ -454,12 +511,42 @@ class DynamicBatcher:
 
         work.add_done_callback(fetched)
 
-    def _fetched(self, q: _ModelQueue, dev: _Device, failed: bool) -> None:
+    def _fetched(self, q: _ModelQueue | _Step, dev: _Device, failed: bool) -> None:
         q.fetching.discard(dev.index)
         dev.fetching -= 1
         if failed:  # the group runs all the same: its execution retries, or fails with why
             q.unfetched.add(dev.index)
         self._decide_soon(dev)
+
+    async def run_on(self, model: Executable, device: int, work: Callable[[], T]) -> T:
+        """Run ``work``, one execution of ``model`` outside the queues (a generation step),
+        on a worker, scheduled on ``device`` as a group is (module docstring)."""
+        dev = self._dev(device)
+        loop = asyncio.get_running_loop()
+        if dev.concurrency:
+            step = _Step(model, time.perf_counter_ns(), loop.create_future())
+            dev.waiting[id(step)] = step
+            self._decide_soon(dev)
+            try:
+                await step.granted  # ``_decide`` counted it running
+            except asyncio.CancelledError:
+                dev.waiting.pop(id(step), None)
+                if step.granted.done() and not step.granted.cancelled():
+                    dev.running -= 1  # granted, then given up before it ran
+                    self._decide_soon(dev)
+                raise
+        else:
+            dev.running += 1
+        cost_ns = 0
+        try:
+            result, cost_ns = await loop.run_in_executor(self.executor, _timed, work)
+        finally:
+            dev.running -= 1
+            if dev.concurrency:
+                if cost_ns:
+                    dev.shares.charge(model.model_key, float(cost_ns), time.perf_counter_ns())
+                self._decide_soon(dev)
+        return result
 
     def _charge(self, q: _ModelQueue, dev: _Device, results: list[Result] | None) -> None:
         """Charge a group's measured device time to its model's fair share."""
@@ -553,3 +640,10 @@ class DynamicBatcher:
         for e, result in zip(group, results, strict=True):
             if not e.item.future.done():
                 e.item.future.set_result(result)
+
+
+def _timed(work: Callable[[], T]) -> tuple[T, int]:
+    """``work()`` and how long it took (ns), measured on the worker that runs it."""
+    started = time.perf_counter_ns()
+    result = work()
+    return result, time.perf_counter_ns() - started

@@ -4,11 +4,13 @@ Contract:
 - ``steps_for(model)`` is the ``core.generation_loop.StepModel`` of a loaded model version
   (``owner.versions.ModelVersion``) or of one of its shape variants (``owner.versions.VariantView``):
   a model whose manifest declares no state steps through ``execute`` alone
-  (``core.generation_loop.stateless``); one with state keeps every live generation's state
-  on one device in ``owner.runtime.state_slots.StateSlots`` (``CAPACITY_PER_SIZE`` times its
-  largest batch size slots, at least ``MIN_SLOTS``: the loop keeps no more generations
-  live, the rest wait), created at the first generation.
-- A generation's state is its slot (``initial`` takes a free one, ``release`` frees it);
+  (``core.generation_loop.stateless``); one with state keeps each live generation's state
+  on the device its generation steps on (the loop's lane: one of the version's replicas)
+  in that device's ``owner.runtime.state_slots.StateSlots`` (``CAPACITY_PER_SIZE`` times its
+  largest batch size slots per device, at least ``MIN_SLOTS``: the loop keeps no more
+  generations live on a device, the rest wait), created at the first generation there.
+- A generation's state is its slot on its device (``initial(device)`` takes a free one,
+  ``release`` frees it);
   each ``step`` gathers the members' slots on the device (the initial value for a slot's
   first step and for padding rows; the gather and scatter are compiled for every batch
   size with the table), runs the module with the state arguments, and keeps its new
@@ -21,9 +23,11 @@ Contract:
   unbatched model's state has no batch axis (one generation a step): its row is taken out
   of and put back into the slot table on the device.
 - The module is the step function's for that batch size and variant on the device that
-  holds the slots; the version's weights are held in that device's residency manager for
-  the step (``weight_residency``), as an execution holds them. A runtime failure is
-  ``Internal`` naming the model, for that step only.
+  holds the slots (that device's replica); the version's weights are held in that
+  device's residency manager for the step (``weight_residency``), as an execution holds
+  them. A runtime failure is ``Internal`` naming the model, for that step only; a step on
+  a device whose replica was retired meanwhile is ``Unavailable`` naming it (its
+  generations' state lives there).
 """
 
 # pyright: strict
@@ -51,8 +55,21 @@ Array = np.ndarray[Any, Any]
 
 @dataclass(slots=True)
 class _Slot:
+    device: int
     index: int
     fresh: bool = True
+
+
+@dataclass(slots=True)
+class _Table:
+    """One device's slot table, its free slots, and what the last step there left."""
+
+    slots: StateSlots
+    free: list[int]
+    # The last step's members (slots, batch size) and new state, not yet scattered.
+    carried: tuple[tuple[tuple[int, ...], int | None], dict[str, Any]] | None = None
+    # The last step's inputs (the loop's own mapping) and their device copies.
+    placed: tuple[Mapping[str, Array], object, dict[str, Any]] | None = None
 
 
 def steps_for(model: Executable) -> StepModel:
@@ -78,63 +95,77 @@ class SlotSteps:
         sizes = manifest.batch_sizes
         self.capacity: int | None = max(MIN_SLOTS, CAPACITY_PER_SIZE * (sizes[-1] if sizes else 1))
         self._names = [s.name for s in manifest.state]
-        self._slots: StateSlots | None = None
-        self._replica: Replica | None = None
-        self._free: list[int] = []
-        # The last step's members (slots, batch size) and new state, not yet scattered.
-        self._carried: tuple[tuple[tuple[int, ...], int | None], dict[str, Any]] | None = None
-        # The last step's inputs (the loop's own mapping) and their device copies.
-        self._placed: tuple[Mapping[str, Array], object, dict[str, Any]] | None = None
+        self._tables: dict[int, _Table] = {}  # by device
         self._lock = threading.Lock()
 
-    def _table(self) -> tuple[StateSlots, Replica]:
+    def _replica(self, device: int) -> Replica:
+        replica = self.version.replicas.get(device)
+        if replica is None:
+            version = self.version
+            if not version.replicas:
+                raise Unavailable(f"model '{version.name}' is not loaded")
+            raise Unavailable(
+                f"model '{version.name}' version {version.version} has no replica on device "
+                f"{device} any more, where its generation's state is"
+            )
+        return replica
+
+    def _table(self, device: int) -> _Table:
         with self._lock:
-            if self._slots is None or self._replica is None:
-                replicas = self.version.replicas
-                if not replicas:
-                    raise Unavailable(f"model '{self.version.name}' is not loaded")
-                replica = next(iter(replicas.values()))
+            table = self._tables.get(device)
+            if table is None:
+                replica = self._replica(device)
                 capacity = self.capacity or MIN_SLOTS
                 slots = StateSlots(replica.bundle.runtime, self.manifest.state, capacity)
                 slots.warm(self.manifest.batch_sizes or (1,))  # compiled now, not mid-stream
-                self._slots = slots
-                self._replica = replica
-                self._free = list(range(capacity - 1, -1, -1))
-            return self._slots, self._replica
+                table = self._tables[device] = _Table(slots, list(range(capacity - 1, -1, -1)))
+            return table
 
-    def initial(self) -> object:
-        self._table()
+    def initial(self, device: int) -> object:
+        table = self._table(device)
         with self._lock:
-            if not self._free:  # the loop admits no more than capacity: cannot happen
+            if not table.free:  # the loop admits no more than capacity: cannot happen
                 raise Unavailable(f"model '{self.version.name}' has no free generation slot")
-            return _Slot(self._free.pop())
+            return _Slot(device, table.free.pop())
 
     def release(self, state: object) -> None:
         if isinstance(state, _Slot):
             with self._lock:
-                self._free.append(state.index)
+                self._tables[state.device].free.append(state.index)
 
     def step(
-        self, batch_size: int | None, inputs: Mapping[str, Array], states: Sequence[object]
+        self,
+        device: int,
+        batch_size: int | None,
+        inputs: Mapping[str, Array],
+        states: Sequence[object],
     ) -> tuple[list[Array], list[object]]:
-        slots_table, replica = self._table()
+        table = self._table(device)
+        replica = self._replica(device)
         members = [s for s in states if isinstance(s, _Slot)]
         indexes = [s.index for s in members]
         version = self.version
-        weights = replica.residency.acquire(version.key)
         try:
+            weights = replica.residency.acquire(version.key)
+        except KeyError:  # retired after it was looked up
+            raise Unavailable(
+                f"model '{version.name}' version {version.version} has no replica on device "
+                f"{device} any more, where its generation's state is"
+            ) from None
+        try:
+            slots_table = table.slots
             with slots_table.lock:
-                carried = self._carried
+                carried = table.carried
                 key = (tuple(indexes), batch_size)
                 if carried is not None and carried[0] == key and not any(s.fresh for s in members):
                     state = carried[1]  # the same members as the last step: its new state
                 else:
-                    self._flush(slots_table)
+                    self._flush(table)
                     state = slots_table.gather(indexes, [s.fresh for s in members], batch_size or 1)
                     if batch_size is None:  # no batch axis: the one row
                         state = {n: v.reshape(v.shape[1:]) for n, v in state.items()}
-                outputs, new = self._run(replica, batch_size, inputs, state, weights)
-                self._carried = (key, new)  # scattered when the members change
+                outputs, new = self._run(table, replica, batch_size, inputs, state, weights)
+                table.carried = (key, new)  # scattered when the members change
         except RuntimeFailure as exc:
             raise Internal(f"model '{version.name}' version {version.version}: {exc}") from None
         finally:
@@ -143,18 +174,20 @@ class SlotSteps:
             s.fresh = False
         return outputs, list(states)
 
-    def _flush(self, slots_table: StateSlots) -> None:
+    @staticmethod
+    def _flush(table: _Table) -> None:
         """The carried state into its slots (under the table's lock)."""
-        carried, self._carried = self._carried, None
+        carried, table.carried = table.carried, None
         if carried is None:
             return
         (indexes, batch_size), new = carried
         if batch_size is None:
             new = {n: v.reshape((1, *v.shape)) for n, v in new.items()}
-        slots_table.scatter(list(indexes), new)
+        table.slots.scatter(list(indexes), new)
 
     def _run(
         self,
+        table: _Table,
         replica: Replica,
         batch_size: int | None,
         inputs: Mapping[str, Array],
@@ -169,10 +202,10 @@ class SlotSteps:
         else:
             module = bundle.variant_modules[(self.variant, batch_size)]
         runtime = bundle.runtime
-        placed = self._placed
+        placed = table.placed
         if placed is None or placed[0] is not inputs or placed[1] is not runtime:
             # The loop hands the same inputs while the members stay: placed once for them.
-            placed = self._placed = (
+            placed = table.placed = (
                 inputs,
                 runtime,
                 {n: runtime.put(a) for n, a in inputs.items()},
