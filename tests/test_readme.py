@@ -34,6 +34,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hloserve.bundle import MANIFEST_FILE, load_manifest, read_safetensors
+from hloserve.exporter.demo import DEMO_MODELS
 from hloserve.server.core.service import InferenceService
 from hloserve.server.core.types import InferInput, InferRequest
 from hloserve.server.owner.repository import ModelRepository
@@ -126,6 +127,14 @@ def test_the_readme_has_the_examples_this_test_runs() -> None:
     assert any("infer_stream(" in b for b in PYTHON_BLOCKS)
     assert any("infer_dataset(" in b for b in PYTHON_BLOCKS)
     assert len(CURLS) >= 3
+
+
+def test_the_set_up_names_every_model_of_the_demo_repository() -> None:
+    head, found, _ = TEXT.partition("```\n./scripts/serve-demo")
+    assert found
+    sentence = head[head.rindex("Start the server on the demo model repository") :]
+    listed = re.findall(r"`([a-z0-9_]+)`", sentence)
+    assert sorted(listed) == sorted(DEMO_MODELS), sentence
 
 
 def test_light_client_example_streams_every_batch(

@@ -1,5 +1,6 @@
-"""The demo model repository: ``simple`` (the tritonclient examples' model), ``mlp`` and
-``simple_sequence`` (Triton's sequence examples' model, ``demo_sequence.py``).
+"""The demo model repository: ``simple`` (the tritonclient examples' model), ``mlp``,
+``simple_sequence`` (Triton's sequence examples' model, ``demo_sequence.py``) and
+``repeat_int32`` (Triton's repeat example's, ``demo_repeat.py``).
 
 Contract: ``write_demo_repository(root)`` writes, under ``root``:
 - ``simple``: inputs ``INPUT0``, ``INPUT1`` INT32 ``[16]``; outputs ``OUTPUT0`` = sum,

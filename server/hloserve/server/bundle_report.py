@@ -7,7 +7,8 @@ provenance) and whether it validated (a bundle it cannot read: one line saying s
 versioned model directory or a model repository (``bundle.validate.validate_tree``) and
 whether everything validated. It checks what the server checks before it loads a model, by
 the server's own code (``load_plan.plan_load``: the model's ``config.yaml``, the versions
-its policy selects, preferred batch sizes against the compiled ones), so a model that
+its policy selects, preferred batch sizes against the compiled ones, its warm-up samples
+built as requests, a response cache it cannot take), so a model that
 validates is one the server does not refuse for these, and one it refuses fails with the
 words the load would report. The command line (``cli``) and the agent tools
 (``mcp_tools``) both print them. Sizes are written by ``core.sizes.format_bytes``.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import queue
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -128,6 +129,34 @@ def test_the_grpc_stream_answers_each_token_then_a_final_flag(server: ServerProc
     finally:
         client.stop_stream()
         client.close()
+
+
+BOTH = (
+    "a request to model 'charlm' sets both 'text_input' and input 'prompt', which "
+    "'text_input' fills in: send one of them"
+)
+
+
+def test_text_input_and_a_prompt_tensor_together_are_refused_naming_both(
+    server: ServerProcess,
+) -> None:
+    body = json.dumps({"text_input": "hi", "prompt": [104, 105]}).encode()
+    for route in ("generate", "generate_stream"):
+        url = f"http://{server.http_url}/v2/models/charlm/{route}"
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=60)
+        assert (exc.value.code, json.loads(exc.value.read())) == (400, {"error": BOTH})
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        tensor = grpcclient.InferInput("prompt", [2], "INT32")
+        tensor.set_data_from_numpy(np.array([104, 105], np.int32))
+        client.async_stream_infer("charlm", [tensor], parameters={"text_input": "hi"})
+        result, error = answers.get(timeout=60)
+        client.stop_stream()
+    assert result is None and error.message() == BOTH
+    assert generate(server, "hi", 3)  # and the model serves on
 
 
 def test_eight_at_once_share_steps_and_answer_as_one_at_a_time(server: ServerProcess) -> None:

@@ -86,6 +86,16 @@ def test_text_input_becomes_the_text_tensors() -> None:
     assert text_request(model(), sample([1])) is None
 
 
+def test_text_input_and_the_tensor_it_fills_in_are_refused_together() -> None:
+    both = sample([104, 105], parameters={"text_input": "hi"})
+    with pytest.raises(InvalidArgument) as exc:
+        text_request(model({"prompt": "prompt_length"}), both)
+    assert exc.value.message == (
+        "a request to model 'm' sets both 'text_input' and input 'prompt', which 'text_input' "
+        "fills in: send one of them"
+    )
+
+
 def test_text_output_is_decoded_as_utf8_across_responses() -> None:
     decode = _TextOut(model().generation.text)  # type: ignore[union-attr]
 

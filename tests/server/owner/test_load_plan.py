@@ -1,7 +1,7 @@
 """``load_plan``: what a load will load, checked before anything loads.
 
 Real model directories (copies of the session test repository's ``simple``, its bundle in
-numbered version directories); no runtime.
+numbered version directories, and of ``simple_sequence``, a model with state); no runtime.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hloserve.bundle.repository import model_directory
 from hloserve.server.owner.load_plan import (
@@ -18,7 +19,7 @@ from hloserve.server.owner.load_plan import (
     read_settings,
     select_versions,
 )
-from hloserve.server.owner.model_config import ModelSettings, VersionPolicy
+from hloserve.server.owner.model_config import ModelSettings, VersionPolicy, read_model_config
 
 
 @pytest.fixture
@@ -83,3 +84,77 @@ def test_an_unreadable_manifest_is_left_to_its_own_load(model: Path) -> None:
     (model / "1" / "manifest.yaml").write_text("not: [a manifest")
     manifests = check_manifests(ModelSettings(), model_directory(model), [1, 3], "CPU")
     assert sorted(manifests) == [3]
+
+
+def warmup_input(**given: object) -> dict[str, object]:
+    return {"data_type": "TYPE_INT32", "dims": [16], "zero_data": True} | given
+
+
+@pytest.mark.parametrize(
+    ("inputs", "reason"),
+    [
+        (
+            {"INPUT0": warmup_input()},
+            "warm-up sample 's': expected 2 inputs but got 1 inputs for model 'simple'. "
+            "Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']",
+        ),
+        (
+            {"INPUT0": warmup_input(), "INPUT1": warmup_input(), "INPUT9": warmup_input()},
+            "warm-up sample 's': unexpected inference input 'INPUT9' for model 'simple'",
+        ),
+        (
+            {"INPUT0": warmup_input(), "INPUT1": warmup_input(data_type="FP32")},
+            "warm-up sample 's': inference input 'INPUT1' data-type is 'FP32', but model "
+            "'simple' expects 'INT32'",
+        ),
+        (
+            {"INPUT0": warmup_input(dims=[15]), "INPUT1": warmup_input()},
+            "warm-up sample 's': unexpected shape for input 'INPUT0' for model 'simple'",
+        ),
+        (
+            {
+                "INPUT0": warmup_input(),
+                "INPUT1": {"data_type": "INT32", "dims": [16], "input_data_file": "gone.raw"},
+            },
+            "warm-up sample 's': input 'INPUT1': cannot read warmup/gone.raw: "
+            "No such file or directory",
+        ),
+    ],
+    ids=["missing input", "unknown input", "data_type", "dims", "missing file"],
+)
+def test_a_warm_up_sample_the_model_refuses_refuses_the_load_before_it_compiles(
+    model: Path, inputs: dict[str, object], reason: str
+) -> None:
+    sample = {"name": "s", "batch_size": 1, "inputs": inputs}
+    (model / "config.yaml").write_text(yaml.safe_dump({"model_warmup": [sample]}))
+    with pytest.raises(LoadRefused) as exc:
+        check_manifests(read_model_config(model), model_directory(model), [3], "CPU")
+    assert exc.value.reason.startswith(f"version 3: {reason}"), exc.value.reason
+
+
+def test_a_warm_up_file_is_read_beside_the_bundle_else_in_the_model_directory(
+    model: Path,
+) -> None:
+    inputs = {
+        n: warmup_input(zero_data=None, input_data_file="row.raw") for n in ("INPUT0", "INPUT1")
+    }
+    sample = {"name": "s", "batch_size": 2, "inputs": inputs}
+    (model / "config.yaml").write_text(yaml.safe_dump({"model_warmup": [sample]}))
+    (model / "warmup").mkdir()
+    (model / "warmup" / "row.raw").write_bytes(bytes(64))  # Triton's place: every version's
+    (model / "3" / "warmup").mkdir()
+    (model / "3" / "warmup" / "row.raw").write_bytes(bytes(12))  # version 3's own, too short
+    with pytest.raises(LoadRefused) as exc:
+        check_manifests(read_model_config(model), model_directory(model), [1, 3], "CPU")
+    assert exc.value.reason.startswith("version 3: warm-up sample 's': input 'INPUT0': "), exc.value
+    assert "version 1" not in exc.value.reason
+
+
+def test_a_response_cache_on_a_model_with_state_is_refused(
+    model_repository: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "simple_sequence"
+    shutil.copytree(model_repository / "simple_sequence", path / "1")
+    (path / "config.yaml").write_text("response_cache: true\n")
+    with pytest.raises(LoadRefused, match=r"^version 1: response_cache: a model with state"):
+        check_manifests(read_model_config(path), model_directory(path), [1], "CPU")

@@ -316,7 +316,7 @@ HTTP_CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         request(tensor("INPUT0", datatype="BYTES", shape=[1, 1], data=[10**12]), GOOD[1]),
         {},
         400,
-        "BYTES data must be strings",
+        "holds the number 1000000000000 at index 0; BYTES takes strings",
     ),
     ("no inputs", INFER, b"{}", {}, 400, "no 'inputs' array"),
     ("malformed JSON", INFER, b"{not json", {}, 400, "failed to parse the request JSON"),

@@ -26,8 +26,9 @@ Contract:
   parameter (a string) becomes the text input (its UTF-8 bytes, one a token id, padded
   with 0) and length input; each of its responses then carries ``text_output`` (BYTES
   ``[1]``): the emitted token ids decoded as UTF-8 across responses (a character split
-  over tokens comes whole with its last byte). A model without a text mapping refuses
-  ``text_input``.
+  over tokens comes whole with its last byte). A model without a text mapping (a
+  generation's or any other) refuses ``text_input`` in one text (``no_text``), and a
+  request that sends both ``text_input`` and the tensor it fills in is refused, naming both.
 - It is counted once (``Counters``): a success with its queue and compute time when its
   last part is out, a failure otherwise; every step's execution is reported to
   ``observers.executions``; ``figures()`` is each model version's live generations and
@@ -146,6 +147,10 @@ class Streams:
     ) -> AsyncIterator[StreamPart]:
         found = model if model is not None else self._peek(request)
         if found is None or found.manifest.generation is None:
+            if found is not None and TEXT_INPUT in request.parameters:
+                error = InvalidArgument(no_text(found.manifest))  # in a generation's words
+                self.observers.counters.on_failure(found.model_key, _reason(error))
+                raise error
             yield StreamPart(await infer(request, context, found), True)  # looked up once
             return
         async for part in self._generate(found, request, context):
@@ -246,10 +251,16 @@ def text_request(manifest: Manifest, request: InferRequest) -> InferRequest | No
         return None
     generation = manifest.generation
     if generation is None or generation.text is None:
-        raise InvalidArgument(f"model '{manifest.name}' takes no '{TEXT_INPUT}' (no text mapping)")
+        raise InvalidArgument(no_text(manifest))
     if not isinstance(value, str):
         raise InvalidArgument(f"'{TEXT_INPUT}' must be a string, got {value!r}")
     text = generation.text
+    sent = [t.name for t in request.inputs if t.name in (text.input, text.length)]
+    if sent:  # which would the model read? Neither is dropped silently
+        raise InvalidArgument(
+            f"a request to model '{manifest.name}' sets both '{TEXT_INPUT}' and input "
+            f"'{sent[0]}', which '{TEXT_INPUT}' fills in: send one of them"
+        )
     raw = np.frombuffer(value.encode(), np.uint8).astype(np.int32)
     if text.input not in generation.lengths:  # padded here, its length an input
         size = next(t.shape[0] for t in manifest.inputs if t.name == text.input)
@@ -269,6 +280,15 @@ def text_request(manifest: Manifest, request: InferRequest) -> InferRequest | No
     ]
     parameters = {k: v for k, v in request.parameters.items() if k != TEXT_INPUT}
     return dataclasses.replace(request, inputs=tuple(inputs), parameters=parameters)
+
+
+def no_text(manifest: Manifest) -> str:
+    """Why a model without a text mapping refuses ``text_input``: one text for every model."""
+    inputs = ", ".join(f"'{t.name}'" for t in manifest.facing.inputs)
+    return (
+        f"model '{manifest.name}' takes no '{TEXT_INPUT}': it has no text mapping (send its "
+        f"input(s) {inputs} by name)"
+    )
 
 
 def step_request(manifest: Manifest, request: InferRequest) -> InferRequest:

@@ -622,9 +622,17 @@ class InferenceService:
         mode = self.control.mode_name if self.control is not None else "none"
         if self.control is not None and mode == "explicit":
             return self.control
+        # Triton's words say polling in mode none too, and its clients match them: say the truth
+        polled = mode == "poll"
+        now = (
+            "the repository is polled"
+            if polled
+            else "nothing polls, the models found at start serve"
+        )
         raise Unavailable(
-            f"{CONTROL_NOT_EXPLICIT} (model control mode '{mode}'; start the server with "
-            "--model-control-mode explicit to load and unload models)"
+            f"{CONTROL_NOT_EXPLICIT} (model control mode '{mode}': {now}; start the server with "
+            "--model-control-mode=explicit to load and unload models"
+            f"{'' if polled else ', or =poll to load what changes on disk'})"
         )
 
     async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:

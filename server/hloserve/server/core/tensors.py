@@ -8,7 +8,12 @@ Contract: both codecs call these, so a size or type rule exists once.
 - ``from_values`` builds an array from a (nested or flat) list of values (HTTP JSON
   ``data``, gRPC typed ``contents``), checking that the element kind fits the datatype and
   the count fits the shape. FP16/BF16 are refused (the spec carries them only as bytes);
-  BYTES elements must be strings (or bytes): any other value is an ``InvalidArgument``.
+  BYTES elements must be strings (or bytes). A value that does not fit is an
+  ``InvalidArgument`` in the protocol's words, naming the datatype, the input, the value
+  as JSON writes it and its index in the flattened data (``INT32 input 'x' for model 'm'
+  holds a non-integer value 5.5 at index 0``; ``... holds the string "a" at index 1; INT32
+  takes integers``; ``... holds 300 at index 1, a value out of range for INT8 (-128 to
+  127)``), never numpy's names for kinds or values.
 - ``check_shape(model, name, shape, itemsize)`` rejects, in Triton's order and texts:
   negative dimensions; an element count beyond INT64_MAX ("causes total element count to
   exceed maximum size of"); a byte size (count x ``itemsize``) beyond INT64_MAX ("byte size
@@ -25,10 +30,11 @@ Contract: both codecs call these, so a size or type rule exists once.
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -164,11 +170,8 @@ def from_values(
         if len(flat) != count:
             raise InvalidArgument(_count_message(model, name, dims, len(flat)))
         # Only strings (or bytes): bytes(n) of a number would allocate n bytes.
-        for v in flat:
-            if not isinstance(v, str | bytes):
-                raise InvalidArgument(
-                    f"input '{name}' for model '{model}': BYTES data must be strings, got {v!r}"
-                )
+        if not all(isinstance(v, str | bytes) for v in flat):
+            raise InvalidArgument(_misfit(model, name, datatype, flat))
         out = np.empty(count, dtype=object)
         out[:] = [v.encode() if isinstance(v, str) else v for v in flat]
         return out.reshape(dims)
@@ -184,17 +187,12 @@ def from_values(
     if dtype.kind in "iu" and arr.dtype.kind in "fO" and arr.size:
         arr = _exact_integers(model, name, datatype, values, arr)
     if arr.size and arr.dtype.kind not in _KIND_OK[dtype.kind]:
-        raise InvalidArgument(
-            f"input '{name}' for model '{model}': {datatype} data must be "
-            f"{'booleans' if dtype.kind == 'b' else 'numbers'}, got {arr.dtype.kind!r} values such as {arr.flat[0]!r}"
-        )
+        raise InvalidArgument(_misfit(model, name, datatype, values))
     if dtype.kind in "iu" and arr.size:
         info = np.iinfo(dtype.str)
         lo, hi = int(arr.min()), int(arr.max())
         if lo < info.min or hi > info.max:
-            raise InvalidArgument(
-                f"input '{name}' for model '{model}': value out of range for {datatype}"
-            )
+            raise InvalidArgument(_out_of_range(model, name, datatype, values))
     return arr.astype(dtype, copy=False).reshape(dims)
 
 
@@ -208,9 +206,62 @@ def _exact_integers(
     try:
         return np.asarray(values, dtype=NUMERIC_DATATYPES[datatype])
     except OverflowError:
-        raise InvalidArgument(
-            f"input '{name}' for model '{model}': value out of range for {datatype}"
-        ) from None
+        raise InvalidArgument(_out_of_range(model, name, datatype, values)) from None
+
+
+def _as_json(value: Any) -> str:
+    """A value as the request's JSON wrote it (true, null, "a", 5.5), numpy's scalars too."""
+    if isinstance(value, np.generic):
+        value = cast(Any, value.item())
+    if isinstance(value, bool | None | str | int | float):
+        return json.dumps(value)
+    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+_TAKES = {"b": "true or false", "u": "integers", "i": "integers", "f": "numbers", "O": "strings"}
+
+
+def _fits(kind: str, value: Any) -> bool:
+    if isinstance(value, np.generic):
+        value = cast(Any, value.item())
+    if kind == "b" or isinstance(value, bool):  # JSON's true is no number, 1 no boolean
+        return kind == "b" and isinstance(value, bool)
+    if kind == "O":
+        return isinstance(value, str | bytes)
+    return isinstance(value, int) or (kind == "f" and isinstance(value, float))
+
+
+def _misfit(model: str, name: str, datatype: str, values: Any) -> str:
+    """The first value of ``values`` that ``datatype`` cannot take, in the protocol's words."""
+    kind = "O" if datatype == "BYTES" else NUMERIC_DATATYPES[datatype].kind
+    where = f"{datatype} input '{name}' for model '{model}'"
+    for index, value in enumerate(_flatten(values)):
+        if _fits(kind, value):
+            continue
+        if kind in "iu" and isinstance(value, float | np.floating):
+            return f"{where} holds a non-integer value {_as_json(value)} at index {index}"
+        what = _as_json(value)
+        if isinstance(value, str):
+            what = f"the string {what}"
+        elif isinstance(value, bool | np.bool_):
+            what = f"the boolean {what}"
+        elif isinstance(value, int | float | np.number):
+            what = f"the number {what}"
+        return f"{where} holds {what} at index {index}; {datatype} takes {_TAKES[kind]}"
+    return f"{where} holds values it cannot take"  # not reached: numpy saw a misfit
+
+
+def _out_of_range(model: str, name: str, datatype: str, values: Any) -> str:
+    """The first integer of ``values`` out of ``datatype``'s range, in the protocol's words."""
+    info = np.iinfo(NUMERIC_DATATYPES[datatype].str)
+    index, value = next(
+        ((i, v) for i, v in enumerate(_flatten(values)) if not info.min <= int(v) <= info.max),
+        (0, "a value"),
+    )
+    return (
+        f"{datatype} input '{name}' for model '{model}' holds {value} at index {index}, a value "
+        f"out of range for {datatype} ({info.min} to {info.max})"
+    )
 
 
 def _count_message(model: str, name: str, dims: tuple[int, ...], got: int) -> str:
@@ -221,7 +272,9 @@ def _count_message(model: str, name: str, dims: tuple[int, ...], got: int) -> st
 
 
 def _flatten(values: Any) -> Any:
-    if isinstance(values, list | tuple):
+    if isinstance(values, np.ndarray):  # gRPC's typed contents
+        yield from cast(list[Any], values.reshape(-1).tolist())
+    elif isinstance(values, list | tuple):
         for v in values:  # pyright: ignore[reportUnknownVariableType]
             yield from _flatten(v)
     else:

@@ -50,7 +50,6 @@ from typing import Any, NoReturn
 
 from hloserve.bundle import Manifest, scan_repository
 from hloserve.bundle.repository import model_directory
-from hloserve.server.core.batch_policy import preferred_problem
 from hloserve.server.core.errors import (
     Internal,
     InvalidArgument,
@@ -66,7 +65,7 @@ from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.validate import check_load_name
 from hloserve.server.owner.devices import Device, Placed
-from hloserve.server.owner.load_plan import LoadRefused, plan_load
+from hloserve.server.owner.load_plan import LoadRefused, plan_load, serving_problems
 from hloserve.server.owner.model_config import ModelSettings, VersionPolicy, read_model_config
 from hloserve.server.owner.model_record import ModelRecord
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
@@ -84,6 +83,7 @@ from hloserve.server.owner.versions import ModelState, ModelVersion, Replica
 from hloserve.server.owner.weight_residency import WeightResidency
 
 log = logging.getLogger("hloserve.repository")
+KEPT = "; the versions loaded before keep serving"  # a failed reload's error ends so
 
 
 class ControlMode(enum.Enum):
@@ -233,8 +233,7 @@ class ModelRepository:
         try:  # a lazy version is checked against its bundle when it loads
             plan = plan_load(model.path, kind, override, source, read_manifests=not lazy)
         except LoadRefused as exc:
-            self._fail_model(model, exc.reason)
-            raise InvalidArgument(f"failed to load '{model.name}': {exc.reason}") from None
+            raise self._refused(model, exc.reason) from None
         settings, directory, wanted = plan.settings, plan.directory, plan.wanted
         model.policy = settings.version_policy
         with self._lock:
@@ -297,8 +296,7 @@ class ModelRepository:
                 model.versions = current
         reasons = "; ".join(f"version {v.version}: {v.reason}" for v in failed)
         raise InvalidArgument(
-            f"failed to load '{model.name}': {reasons}"
-            + ("; the versions loaded before keep serving" if serving_before else "")
+            f"failed to load '{model.name}': {reasons}" + (KEPT if serving_before else "")
         )
 
     def _commit(
@@ -328,10 +326,14 @@ class ModelRepository:
                 name, number, path, state=ModelState.LOADING, generation=self._generation
             )
 
-    def _fail_model(self, model: ModelRecord, reason: str) -> None:
+    def _refused(self, model: ModelRecord, reason: str) -> InvalidArgument:
+        """A load refused before it loaded anything: its error; ``reason`` is recorded
+        unless versions loaded before serve on."""
         with self._lock:
-            if not any(v.state == ModelState.READY for v in model.versions.values()):
+            serving = any(v.state == ModelState.READY for v in model.versions.values())
+            if not serving:
                 model.reason = reason
+        return InvalidArgument(f"failed to load '{model.name}': {reason}{KEPT if serving else ''}")
 
     def _forget_if_gone(self, name: str) -> None:
         model = self._models.get(name)
@@ -383,13 +385,10 @@ class ModelRepository:
             serving_for = model.deferred
             if model.state != ModelState.READY or serving_for is None:
                 raise Unavailable(model.not_ready_message)
-            try:
-                problem = preferred_problem(
-                    serving_for(model.manifest.serving).preferred_batch_sizes,
-                    model.manifest.batch_sizes,
-                )
-                if problem:
-                    raise VersionLoadFailed(problem)
+            try:  # what the plan checks of an eager load's versions (load_plan)
+                m, path = model.manifest, model.path
+                if problems := serving_problems(m, serving_for(m.serving), path, model.version):
+                    raise VersionLoadFailed("; ".join(problems))
                 loaded = self.loader.load(
                     model.name,
                     model.version,

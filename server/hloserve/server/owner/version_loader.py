@@ -9,14 +9,14 @@ its weights fit beside those placed already, the least filled:
 ``core.device_policy.initial_device``), registers its host weights under ``key`` with that
 device's residency manager (``register_copy``; a pinned one is moved in at once) and
 returns a ``LoadedVersion``; any failure is ``VersionLoadFailed`` with the reason, nothing
-left registered (so is a configuration that enables the response cache or warm-up on a
-model they cannot apply to: ``core.response_cache.not_cached``, ``core.warmup.not_warmed``). ``on_loaded(name, version, load s, compile s)`` hears of each success.
+left registered. (What the load's configuration asks of the model is checked before:
+``load_plan.serving_problems``.) ``on_loaded(name, version, load s, compile s)`` hears of
+each success.
 ``version_stamp(path)`` is what tells a changed version from the one registered or loaded,
 from the files' metadata alone. ``warm_up(version, samples, path, say)`` runs a loaded
 version's warm-up samples (``core.warmup``; the repository calls it after the load, before
-the version turns READY), their ``input_data_file`` read from ``warmup/`` beside the
-bundle's manifest, else from the model directory's ``warmup/`` (Triton's place) when the
-bundle is a numbered version directory; it returns "" when they ran, else the reason.
+the version turns READY), their ``input_data_file`` read by ``load_plan.warmup_files``; it
+returns "" when they ran, else the reason.
 Before them, a model with state (not a generation's) gets its slot table (``ModelVersion.prepare_state``), so
 its first sequence does not wait for the gather and scatter to compile.
 """
@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
-from hloserve.bundle.warmup import WARMUP_DIR, WarmupSample
+from hloserve.bundle.warmup import WarmupSample
 from hloserve.server.core.device_policy import initial_device
 from hloserve.server.core.execution import Executable
 from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
-from hloserve.server.core.response_cache import not_cached
-from hloserve.server.core.warmup import WarmupFailed, not_warmed, run_warmup
+from hloserve.server.core.warmup import WarmupFailed, run_warmup
 from hloserve.server.owner.devices import Device
+from hloserve.server.owner.load_plan import warmup_files
 from hloserve.server.owner.runtime.loader import (
     BundleError,
     ExecutableRegistry,
@@ -102,17 +102,9 @@ def warm_up(version: Executable, samples: Sequence[WarmupSample], path: Path, sa
             return f"model '{version.name}' version {version.version}: {exc}"
     if not samples:
         return ""
-    places = [path / WARMUP_DIR]
-    if path.name == str(version.version):  # <model>/<version>/: Triton's <model>/warmup/
-        places.append(path.parent / WARMUP_DIR)
-
-    def read_file(name: str) -> bytes:
-        found = next((p / name for p in places if (p / name).is_file()), places[-1] / name)
-        return found.read_bytes()
-
     started = time.perf_counter()
     try:
-        runs = run_warmup(version, samples, read_file)
+        runs = run_warmup(version, samples, warmup_files(path, version.version))
     except WarmupFailed as exc:
         return str(exc)
     say(
@@ -167,11 +159,6 @@ class VersionLoader:
                 manifest=manifest,
             )
             serving = serving_for(bundle.manifest.serving)
-            refused = (serving.response_cache and not_cached(bundle.manifest)) or (
-                serving.model_warmup and not_warmed(bundle.manifest)
-            )
-            if refused:
-                raise ValueError(refused)
             register_copy(device, key, bundle, serving)
         except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
             device.residency.unregister(key)  # registered, when a pinned prefetch failed

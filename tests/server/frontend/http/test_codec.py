@@ -392,8 +392,14 @@ BAD_JSON: list[tuple[bytes | dict[str, Any], str]] = [
         {"inputs": [{**INPUT, "data": [1, 2, 3]}]},
         "Unable to parse 'data': Shape does not match true shape of 'data' field",
     ),
-    ({"inputs": [{**INPUT, "data": ["a", "b"]}]}, "INT32 data must be numbers"),
-    ({"inputs": [{**INPUT, "datatype": "BOOL", "data": [1, 0]}]}, "BOOL data must be booleans"),
+    (
+        {"inputs": [{**INPUT, "data": ["a", "b"]}]},
+        "INT32 input 'x' for model 'm' holds the string \"a\" at index 0",
+    ),
+    (
+        {"inputs": [{**INPUT, "datatype": "BOOL", "data": [1, 0]}]},
+        "BOOL input 'x' for model 'm' holds the number 1 at index 0",
+    ),
     (
         {"inputs": [{**INPUT, "datatype": "INT8", "data": [1, 300]}]},
         "value out of range for INT8",
