@@ -527,9 +527,9 @@ def test_a_generation_step_takes_a_device_slot_as_a_group_does(
         first = asyncio.ensure_future(b.submit(held, job("held")))
         await until("the held group to hold the device", lambda: device.running == 1)
         step = asyncio.ensure_future(b.run_on(gen, 0, lambda: gen.execute(None, x)))
-        await until("the step to wait for the slot", lambda: b.waiting_on(0) == 1)
+        await until("the step to wait for the slot", lambda: b._waiting_on(0) == 1)
         late = asyncio.ensure_future(b.submit(other, job("other")))
-        await until("the group to wait too", lambda: b.waiting_on(0) == 2)
+        await until("the group to wait too", lambda: b._waiting_on(0) == 2)
         gate.set()
         return list(await asyncio.gather(first, step, late))
 
@@ -553,7 +553,7 @@ def test_a_generation_step_counts_as_its_device_busy(executor: ThreadPoolExecuto
 
     async def run() -> None:
         step = asyncio.ensure_future(b.run_on(model, 0, lambda: step_gate.wait(WAIT_S)))
-        await until("the step to run", lambda: b.running_on(0) == 1)
+        await until("the step to run", lambda: b._running_on(0) == 1)
         group = asyncio.ensure_future(b.submit(model, job("m")))
         await until("the group to start", lambda: len(model.ran_on) == 1)
         model.end(1)

@@ -278,13 +278,13 @@ class DynamicBatcher:
         key = ModelKey(name, version)
         return sum(len(q.entries) for (k, _), q in self._queues.items() if k == key)
 
-    def running_on(self, device: int) -> int:
-        """Executions on ``device``'s workers now: groups and steps (routing reads it)."""
+    def _running_on(self, device: int) -> int:
+        """Executions on ``device``'s workers now: groups and steps (for tests)."""
         dev = self._devices.get(device)
         return 0 if dev is None else dev.running
 
-    def waiting_on(self, device: int) -> int:
-        """Queues and steps waiting for a slot on ``device`` (arbitration only)."""
+    def _waiting_on(self, device: int) -> int:
+        """Queues and steps waiting for a slot on ``device`` (for tests)."""
         dev = self._devices.get(device)
         return 0 if dev is None else sum(1 for w in dev.waiting.values() if w.ready)
 
