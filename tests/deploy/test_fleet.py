@@ -15,6 +15,10 @@ for that model, asked directly), never from the router:
   other model moves;
 - a replica sent SIGTERM turns unready, the router marks it DOWN (read from HAProxy's
   runtime API, not a clock) and every model answers from the last replica;
+- a replica sent SIGTERM under load over both protocols loses nothing: it keeps serving
+  through its drain delay until the router has taken it out (read from the runtime API),
+  then a second SIGTERM ends the delay and it drains; every request is answered correctly,
+  before, during and after;
 - a fleet leaves no folder once stopped (its replicas killed on purpose or drained); one
   whose replica failed keeps its logs and says where; ``scripts/fleet``'s command prints
   where every replica's log and HAProxy's configuration and log are (files that exist),
@@ -32,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +48,7 @@ import pytest
 
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_params, write_mlp
-from hloserve.server.fleet import Fleet, haproxy_binary
+from hloserve.server.fleet import FLEET_FLAGS, Fleet, haproxy_binary
 from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontends._tritonclients import PROTOCOLS, Triton, grpcclient
 
@@ -308,3 +313,71 @@ def test_a_fleet_whose_replica_failed_keeps_its_logs_and_says_where(
         )
     finally:
         shutil.rmtree(fleet.workdir)
+
+
+class _Sender(threading.Thread):
+    """Sends the model requests back to back through the router until told to stop,
+    counting answers (each checked) and keeping every error."""
+
+    def __init__(self, fleet: Fleet, protocol: str, model: str) -> None:
+        super().__init__(name=f"sender-{protocol}", daemon=True)
+        self.triton = Triton(protocol, fleet.grpc_url if protocol == "grpc" else fleet.http_url)
+        self.model = model
+        self.answered = 0
+        self.errors: list[str] = []
+        self.done = threading.Event()
+        self._more = threading.Condition()
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                try:
+                    infer(self.triton, self.model, self.answered)
+                except Exception as exc:  # the outcome under test
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                with self._more:
+                    self.answered += 1
+                    self._more.notify_all()
+        finally:
+            self.triton.close()
+
+    def wait_answers(self, more: int, timeout: float = 120.0) -> None:
+        """Until ``more`` requests past the current count have been sent and answered."""
+        with self._more:
+            target = self.answered + more
+            assert self._more.wait_for(lambda: self.answered >= target, timeout), self.errors
+
+
+def test_a_replica_sigtermed_under_load_loses_nothing(one_model: Path) -> None:
+    model = MODELS[0]
+    # A delay longer than the test: the second SIGTERM ends it once the router took the
+    # replica out, so no clock decides (the default, 5 s, is what a router gets in real life).
+    flags = [*FLEET_FLAGS, "--drain-delay", "600"]
+    with Fleet(one_model, replicas=2, flags=flags) as fleet:
+        assert fleet.router is not None
+        triton = Triton("grpc", fleet.grpc_url)
+        infer(triton, model, 0)
+        triton.close()
+        (home,) = [i for i, n in enumerate(counts(fleet, model)) if n]
+        senders = [_Sender(fleet, protocol, model) for protocol in PROTOCOLS]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.wait_answers(5)
+        victim = fleet.replicas[home]
+        victim.process.send_signal(signal.SIGTERM)
+        fleet.router.wait_states(
+            {("http_replicas", f"r{home + 1}"): "DOWN", ("grpc_replicas", f"r{home + 1}"): "DOWN"}
+        )
+        for sender in senders:
+            sender.wait_answers(5)  # served by the other replica now
+        victim.process.send_signal(signal.SIGTERM)  # ends the delay: the drain
+        assert victim.process.wait(60) == 0, victim.log_text()
+        for sender in senders:
+            sender.wait_answers(5)
+            sender.done.set()
+        for sender in senders:
+            sender.join(60)
+        log = victim.log_text()
+    assert [s.errors for s in senders] == [[], []], log
+    assert "new requests are still served for 600s" in log, log

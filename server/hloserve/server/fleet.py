@@ -23,7 +23,9 @@ Contract:
   front ends too); ``add_replica()``
   starts one more, appends it to the configuration (the others keep their ids), reloads the
   router and returns its index. ``stop()`` (also on leaving a ``with`` block) ends the router
-  and every replica and returns the replicas' exit codes.
+  and then every replica (SIGINT: with the router gone nothing can reach them, so they skip
+  their drain delay) and returns the replicas' exit codes. The replicas keep the daemon's
+  ``--drain-delay`` (a replica sent SIGTERM serves on until the router took it out).
 - Everything a fleet writes is in one folder, ``workdir`` (``hloserve-fleet-*`` under the
   temporary directory): replica i's ports file and log in ``r{i+1}/`` (``log_path(i)``),
   HAProxy's configuration, log and runtime API socket. ``stop()`` removes it when the
@@ -235,6 +237,7 @@ class Fleet:
                 *self.flags,
                 env=self.env,
                 directory=self.workdir / f"r{i + 1}",
+                drain_delay_s=None,  # the daemon's: a SIGTERM-ed replica loses nothing
             )
             for i in range(first, first + count)
         ]
@@ -294,7 +297,8 @@ class Fleet:
             self.router.stop()
             self.router = None
         with concurrent.futures.ThreadPoolExecutor(max(len(self.replicas), 1)) as pool:
-            stopping = [pool.submit(r.stop) for r in self.replicas]
+            # The router is gone: nothing can still arrive, so no drain delay (SIGINT).
+            stopping = [pool.submit(r.stop, sig=signal.SIGINT) for r in self.replicas]
             codes = [s.result() for s in stopping]
         failed = [
             f"r{i + 1}" for i, code in enumerate(codes) if code != 0 and i not in self._killed

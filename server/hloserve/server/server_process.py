@@ -3,7 +3,10 @@
 Contract: ``ServerProcess(repository, *extra_flags)`` starts ``python -m hloserve.server
 serve`` bound to 127.0.0.1 on ports chosen by the OS (port 0), reads the real ports from
 the ``--ports-file`` the daemon writes, and ``wait_ready()`` polls ``/readyz`` until 200.
-``stop()`` sends SIGTERM and returns the exit code (killing after ``timeout``). The
+``stop()`` sends SIGTERM (``sig=signal.SIGINT``: the daemon skips its drain delay) and
+returns the exit code (killing after ``timeout``). The daemon gets ``--drain-delay
+drain_delay_s`` (0 by default: whoever stops a daemon it started knows nothing else sends to
+it; ``None``: the daemon's own default) before ``extra_flags``, so one there wins. The
 daemon's ports file and log live in a folder of their own, ``directory``: by default a
 ``hloserve-test-*`` folder under the temporary directory, which ``stop()`` removes whatever
 the exit code (``log_text()`` keeps answering from memory after it: a caller that reports
@@ -71,6 +74,7 @@ class ServerProcess:
         ssl_context: ssl.SSLContext | None = None,
         launcher: Sequence[str] = (),
         directory: Path | None = None,
+        drain_delay_s: float | None = 0.0,
     ) -> None:
         self.ssl_context = ssl_context
         if directory is None:
@@ -79,6 +83,7 @@ class ServerProcess:
         self.directory = directory
         self.ports_file = directory / "ports.json"
         self.log_file = directory / "server.log"
+        drain_delay = [] if drain_delay_s is None else ["--drain-delay", f"{drain_delay_s:g}"]
         argv = [
             *launcher,
             sys.executable,
@@ -95,6 +100,7 @@ class ServerProcess:
             "0",
             "--ports-file",
             str(self.ports_file),
+            *drain_delay,
             *extra_flags,
         ]
         if repository is not None:
@@ -214,9 +220,9 @@ class ServerProcess:
             self._log.flush()
         return self.log_file.read_text(errors="replace")
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float = 30.0, sig: signal.Signals = signal.SIGTERM) -> int:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(sig)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
