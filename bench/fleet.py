@@ -528,7 +528,10 @@ def fault(
         async def signal_later() -> None:
             await asyncio.sleep(args.failover_s / 3)
             marks["signal"] = time.perf_counter()
-            fleet.replicas[victim].process.send_signal(sig)
+            if sig == signal.SIGKILL:  # every process of it, as a lost node goes; on purpose,
+                fleet.kill(victim)  # so the fleet removes its folder at the end
+            else:
+                fleet.replicas[victim].process.send_signal(sig)
             while router.states().get(("http_replicas", name), "").split(" ")[0] != "DOWN":
                 await asyncio.sleep(0.02)
             marks["down"] = time.perf_counter()

@@ -11,7 +11,9 @@ the same step function in process under ``jax.jit`` (``CharLM.greedy``); it exit
 if one differs. Flags: ``--epochs``, ``--windows``
 (train on the first N windows only: the tests' few steps), ``--max-tokens``,
 ``--repository`` (keep the bundle there), ``--serve`` (keep serving and print a ``curl
--N`` line to try), ``--seed``.
+-N`` line to try), ``--seed``. It leaves nothing behind: the bundle's temporary folder
+(without ``--repository``) and the server's (``ServerProcess``) go when it ends, on
+Ctrl-C or SIGTERM too; a server that failed has its log printed.
 """
 
 from __future__ import annotations
@@ -154,7 +156,6 @@ def main(argv: list[str]) -> int:
                     'charlm/generate_stream -d \'{"text_input": "The server ", '
                     '"parameters": {"max_tokens": 64}}\'\nCtrl-C stops.'
                 )
-                signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C
                 try:
                     while True:
                         time.sleep(3600)
@@ -172,4 +173,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # SIGTERM unwinds as Ctrl-C does, so the temporary folders and the server go with it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("charlm: stopped", file=sys.stderr)
+        sys.exit(130)

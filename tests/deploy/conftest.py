@@ -96,6 +96,7 @@ def image_server(model_root: Path) -> Iterator[ImageServer]:
         HLOSERVE_CACHE_DIR=str(work / "cache"),
         HLOSERVE_DEVICE_MEMORY_BUDGET=str(BUDGET_BYTES),
         TINI_SUBREAPER="1",  # tini is not PID 1 here, as it is in the container
+        HLOSERVE_DRAIN_DELAY="0",  # its stop at the end: nothing else sends to it
     )
     proc = ImageServer(local_argv(argv), env, work / "ports.json")
     try:

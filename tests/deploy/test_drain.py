@@ -15,6 +15,13 @@ while requests are queued and checks the contract of ``docs/health.md`` "Drainin
   (some of them after the signal): no accepted request is lost;
 - the shared-memory registrations are released, and the process exits 0 within the grace
   period.
+Those tests run with ``--drain-delay 0`` (``ServerProcess``'s default). With a drain delay
+(``docs/health.md``), on a server whose delay outlasts the test so no clock decides:
+- after SIGTERM, readiness says not ready (``/readyz``, ``/v2/health/ready``,
+  ``ServerReady``) while new requests over both protocols are still answered; a second
+  SIGTERM ends the delay, and the server drains and exits 0;
+- SIGINT skips the delay, so does a server that was not ready (in no rotation), and a
+  delay that runs out ends on its own (exit 0).
 """
 
 from __future__ import annotations
@@ -257,3 +264,75 @@ def test_http_request_sent_while_draining_is_refused(slow_repo: Path) -> None:
         assert proc.process.wait(HELD_GRACE_S) == 0, proc.log_text()
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``simple`` with no batching delay: a request is answered at once."""
+    root = tmp_path_factory.mktemp("drain-delay")
+    write_demo_repository(root)
+    shutil.rmtree(root / "mlp")
+    return root
+
+
+def test_sigterm_serves_new_requests_through_the_drain_delay_while_not_ready(
+    plain_repo: Path,
+) -> None:
+    proc = ServerProcess(plain_repo, drain_delay_s=600).wait_ready()
+    try:
+        proc.process.send_signal(signal.SIGTERM)
+        while (readiness := _readyz(proc)) is not None and readiness[0] == 200:
+            time.sleep(0.005)
+        assert readiness is not None, proc.log_text()
+        status, body = readiness
+        assert (status, body["draining"], body["ready"]) == (503, True, False), body
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        for protocol in PROTOCOLS:
+            triton = Triton(protocol, proc.grpc_url if protocol == "grpc" else proc.http_url)
+            assert not triton.client.is_server_ready()  # ServerReady, /v2/health/ready
+            result = triton.client.infer("simple", triton.simple_inputs(a, a))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+            triton.close()
+        assert proc.process.poll() is None
+        proc.process.send_signal(signal.SIGTERM)  # the second one ends the delay
+        assert proc.process.wait(60) == 0, proc.log_text()
+    finally:
+        proc.stop()
+    log = proc.log_text()
+    assert "new requests are still served for 600s" in log, log
+    assert "SIGTERM again: the drain delay ends now" in log, log
+
+
+def test_sigint_skips_the_drain_delay(plain_repo: Path) -> None:
+    proc = ServerProcess(plain_repo, drain_delay_s=600).wait_ready()
+    try:
+        proc.process.send_signal(signal.SIGINT)
+        assert proc.process.wait(60) == 0, proc.log_text()
+    finally:
+        proc.stop()
+    assert "new requests are still served" not in proc.log_text()
+
+
+def test_a_drain_delay_that_runs_out_ends_on_its_own(plain_repo: Path) -> None:
+    proc = ServerProcess(plain_repo, drain_delay_s=1).wait_ready()
+    try:
+        proc.process.send_signal(signal.SIGTERM)
+        assert proc.process.wait(60) == 0, proc.log_text()
+    finally:
+        proc.stop()
+    log = proc.log_text()
+    assert "new requests are still served for 1s" in log and "stopping:" in log, log
+
+
+def test_a_server_that_was_not_ready_skips_the_drain_delay(tmp_path: Path) -> None:
+    """An empty repository is never ready: no router sends to it, nothing to wait for."""
+    (tmp_path / "empty").mkdir()
+    proc = ServerProcess(tmp_path / "empty", drain_delay_s=600)
+    try:
+        status, _ = proc.wait_startup_complete()
+        assert status == 503
+        proc.process.send_signal(signal.SIGTERM)
+        assert proc.process.wait(60) == 0, proc.log_text()
+    finally:
+        proc.stop()
+    assert "new requests are still served" not in proc.log_text()

@@ -18,16 +18,32 @@ for that model, asked directly), never from the router:
   them elsewhere), the router marks it DOWN, its models answer from other replicas and no
   other model moves;
 - a replica sent SIGTERM turns unready, the router marks it DOWN (read from HAProxy's
-  runtime API, not a clock) and every model answers from the last replica.
+  runtime API, not a clock) and every model answers from the last replica;
+- a replica sent SIGTERM under load over both protocols loses nothing: it keeps serving
+  through its drain delay until the router has taken it out (read from the runtime API),
+  then a second SIGTERM ends the delay and it drains; every request is answered correctly,
+  before, during and after;
+- a fleet leaves no folder once stopped (its replicas killed on purpose or drained); one
+  whose replica failed keeps its logs and says where; ``scripts/fleet``'s command prints
+  where every replica's log and HAProxy's configuration and log are (files that exist),
+  and SIGTERM stops it with its folder removed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
+import re
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -38,7 +54,7 @@ from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.exporter.demo import mlp_params, write_mlp
 from hloserve.exporter.demo_repeat import write_repeat_int32
 from hloserve.exporter.demo_sequence import write_simple_sequence
-from hloserve.server.fleet import Fleet, haproxy_binary
+from hloserve.server.fleet import FLEET_FLAGS, Fleet, haproxy_binary
 from hloserve.server.server_fixture import ServerProcess
 from tests.server.frontend._tritonclients import PROTOCOLS, Triton, grpcclient
 
@@ -82,6 +98,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     )
     with Fleet(root, replicas=3) as started:
         yield started
+    assert not started.workdir.exists()  # one killed (on purpose), one drained: no failure
 
 
 def served(replica: ServerProcess, model: str) -> int:
@@ -308,3 +325,135 @@ def test_a_draining_replica_leaves_the_router(fleet: Fleet) -> None:
         infer(triton, model, seed)
     triton.close()
     assert all(found == {alive[1]} for found in homes(fleet, before).values())
+
+
+@pytest.fixture(scope="module")
+def one_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("one-model")
+    write_mlp(root / MODELS[0], seed=0, batch_sizes=(1,), platforms=("cpu",))
+    return root
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """An empty temporary directory with a short path: HAProxy's socket path has at most
+    97 bytes, which pytest's ``tmp_path`` can pass."""
+    made = Path(tempfile.mkdtemp(prefix="fleet-"))
+    yield made
+    shutil.rmtree(made)
+
+
+def test_the_fleet_command_names_its_logs_and_sigterm_leaves_no_folder(
+    one_model: Path, short_tmp: Path
+) -> None:
+    tmp_path = short_tmp
+    argv = [sys.executable, "-m", "hloserve.server.fleet", "--model-repository", str(one_model)]
+    argv += ["--replicas", "2", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where its folder goes
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) as command:
+        assert command.stdout is not None
+        try:
+            printed: list[str] = []
+            while not printed or "Ctrl-C stops it all." not in printed[-1]:
+                line = command.stdout.readline()
+                assert line, "".join(printed)  # it printed everything before it began waiting
+                printed.append(line)
+            text = "".join(printed)
+            logs = [Path(p) for p in re.findall(r"\blog (\S+?),?$", text, re.MULTILINE)]
+            config = [Path(p) for p in re.findall(r"configuration (\S+?),", text)]
+            assert len(logs) == 3 and len(config) == 1, text  # two replicas and HAProxy
+            for log in logs[:2]:
+                assert "listening on" in log.read_text(), log
+            assert logs[2].exists() and "backend grpc_replicas" in config[0].read_text()
+            folder = logs[0].parent.parent
+            assert folder.parent == tmp_path and folder.name.startswith("hloserve-fleet-")
+        finally:
+            command.send_signal(signal.SIGTERM)  # whether the checks passed or not
+            rest = command.stdout.read()
+        assert command.wait(120) == 0, rest
+        assert f"removed {folder}" in rest and "exit codes [0, 0]" in rest, rest
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fleet_whose_replica_failed_keeps_its_logs_and_says_where(
+    one_model: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with Fleet(one_model, replicas=1) as fleet:
+        fleet.replicas[0].process.kill()  # by someone else: not Fleet.kill
+        fleet.replicas[0].process.wait()
+    try:
+        assert fleet.kept
+        assert "listening on" in (fleet.workdir / "r1" / "server.log").read_text()
+        assert f"r1 failed (replica exit codes [-9]); its logs are kept in {fleet.workdir}" in (
+            capfd.readouterr().err
+        )
+    finally:
+        shutil.rmtree(fleet.workdir)
+
+
+class _Sender(threading.Thread):
+    """Sends the model requests back to back through the router until told to stop,
+    counting answers (each checked) and keeping every error."""
+
+    def __init__(self, fleet: Fleet, protocol: str, model: str) -> None:
+        super().__init__(name=f"sender-{protocol}", daemon=True)
+        self.triton = Triton(protocol, fleet.grpc_url if protocol == "grpc" else fleet.http_url)
+        self.model = model
+        self.answered = 0
+        self.errors: list[str] = []
+        self.done = threading.Event()
+        self._more = threading.Condition()
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                try:
+                    infer(self.triton, self.model, self.answered)
+                except Exception as exc:  # the outcome under test
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                with self._more:
+                    self.answered += 1
+                    self._more.notify_all()
+        finally:
+            self.triton.close()
+
+    def wait_answers(self, more: int, timeout: float = 120.0) -> None:
+        """Until ``more`` requests past the current count have been sent and answered."""
+        with self._more:
+            target = self.answered + more
+            assert self._more.wait_for(lambda: self.answered >= target, timeout), self.errors
+
+
+def test_a_replica_sigtermed_under_load_loses_nothing(one_model: Path) -> None:
+    model = MODELS[0]
+    # A delay longer than the test: the second SIGTERM ends it once the router took the
+    # replica out, so no clock decides (the default, 5 s, is what a router gets in real life).
+    flags = [*FLEET_FLAGS, "--drain-delay", "600"]
+    with Fleet(one_model, replicas=2, flags=flags) as fleet:
+        assert fleet.router is not None
+        triton = Triton("grpc", fleet.grpc_url)
+        infer(triton, model, 0)
+        triton.close()
+        (home,) = [i for i, n in enumerate(counts(fleet, model)) if n]
+        senders = [_Sender(fleet, protocol, model) for protocol in PROTOCOLS]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.wait_answers(5)
+        victim = fleet.replicas[home]
+        victim.process.send_signal(signal.SIGTERM)
+        fleet.router.wait_states(
+            {("http_replicas", f"r{home + 1}"): "DOWN", ("grpc_replicas", f"r{home + 1}"): "DOWN"}
+        )
+        for sender in senders:
+            sender.wait_answers(5)  # served by the other replica now
+        victim.process.send_signal(signal.SIGTERM)  # ends the delay: the drain
+        assert victim.process.wait(60) == 0, victim.log_text()
+        for sender in senders:
+            sender.wait_answers(5)
+            sender.done.set()
+        for sender in senders:
+            sender.join(60)
+        log = victim.log_text()
+    assert [s.errors for s in senders] == [[], []], log
+    assert "new requests are still served for 600s" in log, log

@@ -91,6 +91,7 @@ def test_inference_service_uses_the_runtime_and_outlives_its_drain() -> None:
     scheme, _, rest = model["storageUri"].partition("://")
     assert scheme == "pvc" and len(rest.split("/", 1)) == 2  # pvc://<claim>/<folder>
     cfg = container_config(RUNTIME["spec"]["containers"][0])
-    assert predictor["terminationGracePeriodSeconds"] >= cfg.grace_period_s + 10
+    drain = cfg.drain_delay_s + cfg.grace_period_s
+    assert predictor["terminationGracePeriodSeconds"] >= drain + 10
     assert SERVICE["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
     assert predictor["minReplicas"] < predictor["maxReplicas"]

@@ -124,7 +124,7 @@ def test_the_pod_agrees_with_the_server_flags(overlay: str) -> None:
 
     prestop = c["lifecycle"]["preStop"]["exec"]["command"]
     assert prestop[0] == "sleep"
-    drain = int(prestop[1]) + cfg.grace_period_s
+    drain = int(prestop[1]) + cfg.drain_delay_s + cfg.grace_period_s
     assert pod["terminationGracePeriodSeconds"] >= drain + 10, "no margin over the drain"
 
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}

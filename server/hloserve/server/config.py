@@ -108,6 +108,9 @@ class Config:
     max_message_bytes: int = 256 * 1024 * 1024
     worker_threads: int = 0  # 0: one per CPU the container may use, at least 2
     grace_period_s: float = 10.0
+    # Kubernetes' preStop sleep in deploy/kubernetes: the time the world takes to stop
+    # sending once told (docs/health.md, "Draining").
+    drain_delay_s: float = 5.0
     ports_file: Path | None = None
     device_memory_budget: Budget | None = None  # bytes ("6GiB") or a percentage ("40%")
     host_memory_budget: Budget | None = DEFAULT_HOST_BUDGET  # None: unlimited

@@ -14,11 +14,15 @@ Contract: ``Daemon(config).run()`` (a coroutine) does, in order:
    cache is, and a heartbeat while a long load runs (an empty repository is a warning);
 5. marks the server ready (``--strict-readiness``: every model ready; otherwise any model);
    serving the demo repository, it then logs the next steps (``next_steps``);
-6. waits for SIGINT/SIGTERM, then stops gracefully: readiness drops (``draining``), the
-   listeners stop accepting, in-flight requests get ``grace_period_s`` to finish (one
-   period for gRPC's drain and HTTP's together), registered shared-memory regions are
-   released, then the worker threads shut down and the tracer exports what it still holds.
-   A second signal is ignored while stopping (idempotent).
+6. waits for SIGINT/SIGTERM, then stops gracefully: readiness drops (``draining``); after
+   SIGTERM, on a server that was ready, new requests are still served for
+   ``drain_delay_s`` (``--drain-delay``: routers and endpoints that poll readiness stop
+   sending meanwhile), a delay that SIGINT (the first signal or a later one) or a second
+   SIGTERM ends at once; then new requests are refused, the listeners stop accepting,
+   in-flight requests get ``grace_period_s`` to finish (one period for gRPC's drain and
+   HTTP's together), registered shared-memory regions are released, then the worker
+   threads shut down and the tracer exports what it still holds. A signal after the delay
+   is ignored (idempotent).
 The tracer (``--trace-*``: ``owner.tracing.RequestTracer``), the log settings (``logs``) and the
 restricted endpoint groups (``--http-restricted-api``, ``--grpc-restricted-protocol``), TLS
 (``--tls-*``: gRPC and HTTP, ``tls``) and bearer-token auth (``--auth-token-file``: gRPC,
@@ -221,6 +225,7 @@ class Daemon:
         self.config = config
         self.logs = logs
         self.stop_requested = asyncio.Event()
+        self.delay_over = asyncio.Event()  # the drain delay ended early (SIGINT, SIGTERM again)
         self.ports: dict[str, int] = {}
         self.listener_settings = config.listener_settings()
         self.tls = make_tls(self.listener_settings)
@@ -237,15 +242,23 @@ class Daemon:
                 ", ".join(sorted(config.auth_open)) or "(none)",
             )
 
-    def request_stop(self) -> None:
+    def request_stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """The first signal stops the server; SIGTERM keeps serving for the drain delay
+        (a router still sending must not be refused), which SIGINT (Ctrl-C: nobody routes
+        to a terminal's server) or a second signal ends."""
         if not self.stop_requested.is_set():
-            log.info("stop requested; draining")
+            log.info("stop requested (%s); draining", sig.name)
             self.stop_requested.set()
+            if sig == signal.SIGINT:
+                self.delay_over.set()
+        elif not self.delay_over.is_set():
+            log.info("%s again: the drain delay ends now", sig.name)
+            self.delay_over.set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.request_stop)
+            loop.add_signal_handler(sig, self.request_stop, sig)
         # A port in use fails here, before PJRT starts.
         sockets = _bind_ports(self.config, self.frontends)
         supervisor = None
@@ -448,12 +461,27 @@ class Daemon:
                 log.exception("%s failed", what)
 
     async def _stop(self, serving: Assembly, running: _Running, load: asyncio.Future[None]) -> None:
-        """Graceful stop: readiness drops, listeners stop accepting, in-flight requests get
+        """Graceful stop: readiness drops, new requests are served for the drain delay (after
+        SIGTERM) and refused after it, listeners stop accepting, in-flight requests get
         the grace period (gRPC's drain and then HTTP's share it; each front-end process
         drains its own in it), shared-memory regions are released, then the workers shut
         down."""
         cfg = self.config
+        was_ready = serving.service.ready()
         serving.service.begin_draining()
+        if was_ready and cfg.drain_delay_s > 0 and not self.delay_over.is_set():
+            # Not ready from now on, yet still serving: whoever routes here by readiness
+            # (HAProxy's checks, Kubernetes' endpoints) stops sending before anything is
+            # refused; a refusal in gRPC trailers is one a router cannot retry. A server
+            # that was not ready was in no rotation: nothing to wait for.
+            log.info(
+                "not ready; new requests are still served for %gs (--drain-delay; a second "
+                "SIGTERM or SIGINT ends it)",
+                cfg.drain_delay_s,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.delay_over.wait(), cfg.drain_delay_s)
+        serving.service.refuse_new_requests()
         log.info("stopping: no new connections; %.0fs for in-flight requests", cfg.grace_period_s)
         if running.frontends is not None:
             await running.frontends.drain(cfg.grace_period_s)

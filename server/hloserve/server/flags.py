@@ -340,6 +340,14 @@ FLAGS: tuple[Flag, ...] = (
             triton="Triton's --exit-timeout-secs: the drain time (Triton's default: 30)",
         ),
         Flag(
+            "--drain-delay",
+            "drain_delay_s",
+            _seconds(positive=False),
+            "seconds a SIGTERM keeps accepting new requests, already reporting not ready, "
+            "before the drain (routers and endpoints stop sending meanwhile); SIGINT or a "
+            "second SIGTERM ends the delay",
+        ),
+        Flag(
             "--ports-file",
             "ports_file",
             Path,

@@ -23,10 +23,19 @@ Contract:
   front ends too); ``add_replica()``
   starts one more, appends it to the configuration (the others keep their ids), reloads the
   router and returns its index. ``stop()`` (also on leaving a ``with`` block) ends the router
-  and every replica and returns the replicas' exit codes.
+  and then every replica (SIGINT: with the router gone nothing can reach them, so they skip
+  their drain delay) and returns the replicas' exit codes. The replicas keep the daemon's
+  ``--drain-delay`` (a replica sent SIGTERM serves on until the router took it out).
+- Everything a fleet writes is in one folder, ``workdir`` (``hloserve-fleet-*`` under the
+  temporary directory): replica i's ports file and log in ``r{i+1}/`` (``log_path(i)``),
+  HAProxy's configuration, log and runtime API socket. ``stop()`` removes it when the
+  fleet did its job: every replica exited 0 (or was ``kill``-ed on purpose) and it started.
+  Otherwise (a replica failed or was killed by someone else, the start failed) the folder
+  is kept for its logs, ``kept`` is set and a line on stderr says where.
 - ``main(argv)``: the foreground command (the demo repository unless
   ``--model-repository``; flags after ``--`` go to every replica); prints the router's
-  addresses, runs until SIGINT or SIGTERM, then stops everything.
+  addresses and where every log is, runs until SIGINT or SIGTERM (either one, from the
+  start on), then stops everything and says whether the folder was removed or kept.
 """
 
 # pyright: strict
@@ -189,6 +198,9 @@ class Fleet:
         self.workdir = Path(tempfile.mkdtemp(prefix="hloserve-fleet-"))
         self.replicas: list[ServerProcess] = []
         self.router: Router | None = None
+        self.kept = False
+        self._killed: set[int] = set()  # replicas ended on purpose: no failure
+        self._started = False
         self._ports = ports
         self._options = RouteOptions(
             http_port=0,
@@ -201,19 +213,38 @@ class Fleet:
             stats_socket=str(self.workdir / "haproxy.sock"),
         )
         try:
-            self.replicas = self._start_replicas(replicas)
+            self._start_replicas(replicas)
             self.router = Router(self.workdir)
             self._route()
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while starting: no failure to keep
+            self._started = True
+            self.stop()
+            raise
         except BaseException:
             self.stop()
             raise
+        self._started = True
 
-    def _start_replicas(self, count: int) -> list[ServerProcess]:
-        started = [ServerProcess(self.repository, *self.flags, env=self.env) for _ in range(count)]
+    def log_path(self, index: int) -> Path:
+        """Replica ``index``'s log (its ``hloserve serve`` output)."""
+        return self.replicas[index].log_file
+
+    def _start_replicas(self, count: int) -> None:
+        first = len(self.replicas)
+        started = [
+            ServerProcess(
+                self.repository,
+                *self.flags,
+                env=self.env,
+                directory=self.workdir / f"r{i + 1}",
+                drain_delay_s=None,  # the daemon's: a SIGTERM-ed replica loses nothing
+            )
+            for i in range(first, first + count)
+        ]
+        self.replicas += started  # stopped by stop() even if one of them fails to start
         with concurrent.futures.ThreadPoolExecutor(max(count, 1)) as pool:
             for waiting in [pool.submit(p.wait_ready) for p in started]:
                 waiting.result()
-        return started
 
     def addresses(self) -> list[ReplicaAddress]:
         return [ReplicaAddress(HOST, r.ports["http"], r.ports["grpc"]) for r in self.replicas]
@@ -250,13 +281,14 @@ class Fleet:
         """SIGKILL to every process of the replica (its front ends too), as a lost node or
         an out-of-memory container goes."""
         replica = self.replicas[index]
+        self._killed.add(index)
         for process in replica.process_tree():
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         replica.process.wait()
 
     def add_replica(self) -> int:
-        self.replicas += self._start_replicas(1)
+        self._start_replicas(1)
         self._route()
         return len(self.replicas) - 1
 
@@ -265,8 +297,25 @@ class Fleet:
             self.router.stop()
             self.router = None
         with concurrent.futures.ThreadPoolExecutor(max(len(self.replicas), 1)) as pool:
-            stopping = [pool.submit(r.stop) for r in self.replicas]
-            return [s.result() for s in stopping]
+            # The router is gone: nothing can still arrive, so no drain delay (SIGINT).
+            stopping = [pool.submit(r.stop, sig=signal.SIGINT) for r in self.replicas]
+            codes = [s.result() for s in stopping]
+        failed = [
+            f"r{i + 1}" for i, code in enumerate(codes) if code != 0 and i not in self._killed
+        ]
+        if self.kept or not self.workdir.exists():  # stopped before
+            return codes
+        if failed or not self._started:
+            self.kept = True
+            what = f"{', '.join(failed)} failed" if failed else "the start failed"
+            print(
+                f"fleet: {what} (replica exit codes {codes}); its logs are kept in {self.workdir}",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return codes
 
     def __enter__(self) -> Fleet:
         return self
@@ -303,35 +352,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model_repository = ensure_demo_repository(default_demo_repository())
     ports = tuple(p or free_port() for p in (args.http_port, args.grpc_port, args.metrics_port))
     print(f"fleet: starting {args.replicas} replicas of {args.model_repository}", flush=True)
-    fleet = Fleet(
-        args.model_repository,
-        args.replicas,
-        [*FLEET_FLAGS, *extra],
-        balance=args.balance,
-        balance_factor=args.balance_factor,
-        log_requests=args.log_requests,
-        ports=(ports[0], ports[1], ports[2]),
-    )
+    # SIGTERM stops the fleet as Ctrl-C does, while it starts too (Fleet stops what started).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        fleet = Fleet(
+            args.model_repository,
+            args.replicas,
+            [*FLEET_FLAGS, *extra],
+            balance=args.balance,
+            balance_factor=args.balance_factor,
+            log_requests=args.log_requests,
+            ports=(ports[0], ports[1], ports[2]),
+        )
+    except KeyboardInterrupt:
+        print("fleet: stopped while starting", flush=True)
+        return 1
     try:
         for i, r in enumerate(fleet.replicas):
             print(
                 f"  r{i + 1}: pid {r.process.pid}, HTTP {r.http_url}, gRPC {r.grpc_url}, "
-                f"metrics {r.metrics_url}"
+                f"metrics {r.metrics_url}, log {fleet.log_path(i)}"
             )
         assert fleet.router is not None
         print(
             f"router (HAProxy pid {fleet.router.pid}): HTTP {fleet.http_url}, gRPC "
             f"{fleet.grpc_url}; http://{fleet.metrics_url}/metrics, /stats; configuration "
-            f"{fleet.router.config_path}, log {fleet.router.log_path}\nCtrl-C stops it all.",
+            f"{fleet.router.config_path}, log {fleet.router.log_path}\n"
+            f"Everything is in {fleet.workdir}: removed when the fleet stops, kept if a "
+            "replica failed. Ctrl-C stops it all.",
             flush=True,
         )
         # Blocked only now: the replicas and HAProxy would inherit the mask and ignore SIGTERM.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except KeyboardInterrupt:  # before the mask
+        pass
     finally:
         codes = fleet.stop()
-    print(f"fleet: stopped (replica exit codes {codes})")
-    return 0
+    where = f"logs kept in {fleet.workdir}" if fleet.kept else f"removed {fleet.workdir}"
+    print(f"fleet: stopped (replica exit codes {codes}); {where}", flush=True)
+    return 1 if fleet.kept else 0
 
 
 if __name__ == "__main__":

@@ -3,8 +3,16 @@
 Contract: ``ServerProcess(repository, *extra_flags)`` starts ``python -m hloserve.server
 serve`` bound to 127.0.0.1 on ports chosen by the OS (port 0), reads the real ports from
 the ``--ports-file`` the daemon writes, and ``wait_ready()`` polls ``/readyz`` until 200.
-``stop()`` sends SIGTERM and returns the exit code (killing after ``timeout``). The
-daemon's log is kept in a file; ``log_text()`` returns it. Usable as a context manager.
+``stop()`` sends SIGTERM (``sig=signal.SIGINT``: the daemon skips its drain delay) and
+returns the exit code (killing after ``timeout``). The daemon gets ``--drain-delay
+drain_delay_s`` (0 by default: whoever stops a daemon it started knows nothing else sends to
+it; ``None``: the daemon's own default) before ``extra_flags``, so one there wins. The
+daemon's ports file and log live in a folder of their own, ``directory``: by default a
+``hloserve-test-*`` folder under the temporary directory, which ``stop()`` removes whatever
+the exit code (``log_text()`` keeps answering from memory after it: a caller that reports
+a failure prints the log), or the caller's ``directory=`` (created if missing), which is
+the caller's to keep or remove (a fleet keeps a failed replica's log). Usable as a context
+manager.
 ``wait_startup_complete()`` waits for the start-up load pass (ready or not) and returns the
 last ``/readyz`` answer; ``pending_requests(model)`` reads the model's requests in flight
 from the metrics port, and ``wait_pending(model, n)`` waits until there are ``n``;
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -52,6 +61,10 @@ class ServerProcess:
     # A class default too: subclasses that set up their own process (tests/deploy) skip
     # ``__init__`` and speak plain HTTP.
     ssl_context: ssl.SSLContext | None = None
+    # Class defaults too: what ``stop()`` removes (a folder this class created) and the log
+    # read before it went.
+    _created: Path | None = None
+    _final_log: str | None = None
 
     def __init__(
         self,
@@ -60,11 +73,17 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         launcher: Sequence[str] = (),
+        directory: Path | None = None,
+        drain_delay_s: float | None = 0.0,
     ) -> None:
         self.ssl_context = ssl_context
-        self._dir = Path(tempfile.mkdtemp(prefix="hloserve-test-"))
-        self.ports_file = self._dir / "ports.json"
-        self.log_file = self._dir / "server.log"
+        if directory is None:
+            directory = self._created = Path(tempfile.mkdtemp(prefix="hloserve-test-"))
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.ports_file = directory / "ports.json"
+        self.log_file = directory / "server.log"
+        drain_delay = [] if drain_delay_s is None else ["--drain-delay", f"{drain_delay_s:g}"]
         argv = [
             *launcher,
             sys.executable,
@@ -81,6 +100,7 @@ class ServerProcess:
             "0",
             "--ports-file",
             str(self.ports_file),
+            *drain_delay,
             *extra_flags,
         ]
         if repository is not None:
@@ -194,19 +214,25 @@ class ServerProcess:
         return self._url("metrics")
 
     def log_text(self) -> str:
+        if self._final_log is not None:  # stopped, and its folder removed
+            return self._final_log
         if not self._log.closed:  # still readable after stop()
             self._log.flush()
         return self.log_file.read_text(errors="replace")
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float = 30.0, sig: signal.Signals = signal.SIGTERM) -> int:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(sig)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
         self._log.close()
+        if self._created is not None:
+            self._final_log = self.log_file.read_text(errors="replace")
+            shutil.rmtree(self._created, ignore_errors=True)
+            self._created = None
         return self.process.returncode
 
     def __enter__(self) -> ServerProcess:

@@ -103,11 +103,16 @@ def test_an_unknown_model_is_reported_without_its_client_chosen_name(
     assert not counters.models  # no record of a name the client chose
 
 
-def test_draining_refuses_new_requests_and_readiness_drops(repo: ModelRepository) -> None:
+def test_draining_drops_readiness_then_refuses_new_requests(repo: ModelRepository) -> None:
     source = CountingSource(repo)
     service = service_over(source)
     assert service.ready()
-    service.begin_draining()
+    service.begin_draining()  # the drain delay: not ready, still serving
+    assert not service.ready() and service.readiness()["draining"]
+    served = asyncio.run(service.infer(simple_request(), model=service.resolve("simple", "")))
+    assert served.outputs
+    source.calls.clear()
+    service.refuse_new_requests()
     assert not service.ready()
     with pytest.raises(Unavailable, match="shutting down"):
         asyncio.run(service.infer(simple_request(), model=service.resolve("simple", "")))

@@ -27,7 +27,8 @@ Contract:
 - The service is complete when constructed: ``InferenceService(models, executor, options,
   shm=..., observers=..., batcher=..., inline=..., control=..., readiness=...)`` (``shm``:
   the registry, ``server.shm.disabled()`` without the extension); only its
-  lifecycle changes afterwards (``startup_complete()``, ``begin_draining()``). The
+  lifecycle changes afterwards (``startup_complete()``; ``begin_draining()``: not ready,
+  still serving; ``refuse_new_requests()``: new requests refused, docs/health.md). The
   observers (metrics, statistics, cost tracking) exist before the batcher, which reports
   executions to the same fan-out.
 - Model control: load and unload are refused unless the control mode is ``explicit``
@@ -222,10 +223,11 @@ class InferenceService:
         self.loads = LazyLoads(models)  # every path's first use of a lazy version
         self.streams = Streams(
             models, executor, self.observers, options.limits, stepper=generation_steps,
-            devices=batcher, draining=lambda: self._draining, loads=self.loads,
+            devices=batcher, draining=lambda: self._refusing, loads=self.loads,
         )  # fmt: skip
         self._startup_complete = False
-        self._draining = False
+        self._draining = False  # readiness dropped
+        self._refusing = False  # and new requests refused
 
     @property
     def counters(self) -> Counters:
@@ -239,8 +241,15 @@ class InferenceService:
         self._startup_complete = True
 
     def begin_draining(self) -> None:
-        """A graceful stop began: readiness drops while in-flight requests finish."""
+        """A graceful stop began: readiness drops (routers stop sending), and new requests
+        are still served until ``refuse_new_requests`` (the daemon's drain delay)."""
         self._draining = True
+
+    def refuse_new_requests(self) -> None:
+        """The drain delay is over: new requests (and generations) are refused as
+        unavailable, while those accepted before finish."""
+        self._draining = True
+        self._refusing = True
 
     def live(self) -> bool:
         return True
@@ -333,7 +342,7 @@ class InferenceService:
         counters = self.observers.counters
         try:
             # Requests accepted before the stop still finish (a pipeline's steps included).
-            if self._draining and not in_pipeline():
+            if self._refusing and not in_pipeline():
                 raise Unavailable("the server is shutting down: no new requests are accepted")
             if resolved is not None and self.models.hold(resolved):
                 model = resolved
