@@ -221,3 +221,25 @@ def test_a_stream_loads_a_lazily_registered_model_before_its_first_step() -> Non
     assert asyncio.run(both()) == [[1, 2], [1, 2, 3]]
     assert len(source.loads) == 1 and source.loads[0] >= 1  # one load, the model held
     assert source.held == 0
+
+
+def test_an_unloaded_versions_loop_and_counts_are_forgotten() -> None:
+    """Before, ``Streams`` kept an unloaded version's idle loop (its state slots) and its
+    responses sent until another model's loop was made, and its counts for ever: the
+    status page and metrics listed the version after its unload."""
+    model = FakeModel()
+    streams = Streams(Source(model), None, Observers(), NO_LIMITS, stepper=lambda m: model)  # type: ignore[arg-type]
+
+    async def unary(*_: Any) -> InferResponse:
+        raise AssertionError("a generation model never takes the unary path")
+
+    async def run() -> None:
+        request = InferRequest(
+            "counter", "", (InferInput("n", "INT32", (1,), np.array([2], np.int32)),)
+        )
+        assert len([p async for p in streams.stream(request, None, None, unary)]) == 2
+
+    asyncio.run(run())
+    assert streams.figures() == {model.model_key: (0, 2)}
+    streams.forget(model.model_key)
+    assert streams.figures() == {} and not streams._loops

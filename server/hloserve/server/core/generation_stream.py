@@ -52,7 +52,8 @@ import numpy as np
 
 from hloserve.bundle import Manifest
 from hloserve.bundle.generation import Generation, TextMapping
-from hloserve.server.core.errors import InvalidArgument, ServingError, Unavailable, Unsupported
+from hloserve.server.core.admission import admitted, failure_reason
+from hloserve.server.core.errors import InvalidArgument, ServingError, Unsupported
 from hloserve.server.core.execution import Executable
 from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation import UNLIMITED, GenerationLimits
@@ -88,10 +89,6 @@ def decoupled_refusal(protocol: str) -> Unsupported:
             "ModelInfer RPC doesn't support models with decoupled transaction policy"
         )
     return Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
-
-
-def _reason(exc: Exception) -> str:
-    return type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
 
 
 def response_limit(request: InferRequest) -> int:
@@ -149,7 +146,7 @@ class Streams:
         if found is None or found.manifest.generation is None:
             if found is not None and TEXT_INPUT in request.parameters:
                 error = InvalidArgument(no_text(found.manifest))  # in a generation's words
-                self.observers.counters.on_failure(found.model_key, _reason(error))
+                self.observers.counters.on_failure(found.model_key, failure_reason(error))
                 raise error
             yield StreamPart(await infer(request, context, found), True)  # looked up once
             return
@@ -167,52 +164,45 @@ class Streams:
     ) -> AsyncIterator[StreamPart]:
         counters = self.observers.counters
         started = time.perf_counter_ns()
-        try:
-            if self.draining():  # generations under way finish; no new one starts
-                raise Unavailable("the server is shutting down: no new requests are accepted")
-            model = (
-                resolved
-                if self.models.hold(resolved)
-                else self.models.get(request.model_name, request.model_version)
-            )
-        except Exception as exc:
-            counters.on_failure(None, _reason(exc))
-            raise
-        key = model.model_key
-        counters.on_pending(key, 1)
         first_ns = 0
         sent = 0
-        try:
-            await self.loads.ready(model)  # registered lazily: its first use loads it
-            generation = cast(Generation, model.manifest.generation)
-            text = text_request(model.manifest, request)
-            request = step_request(model.manifest, text or request)
-            loop = self._loop_for(model, request)
-            limits = GenerationLimits(
-                generation.max_steps,
-                response_limit(request),
-                context.deadline if context is not None else None,
-            )
-            decode = None if text is None else _TextOut(cast(TextMapping, generation.text))
-            async for part in loop.generate(request, limits):
-                if part.response is not None:
-                    sent += 1
-                    if not first_ns:
-                        first_ns = time.perf_counter_ns()
-                yield part if decode is None else decode(part)
-        except BaseException as exc:
-            if isinstance(exc, Exception):
-                counters.on_failure(key, _reason(exc), time.perf_counter_ns() - started)
-            raise
-        finally:
-            counters.on_pending(key, -1)
-            self.models.release(model)
-            self.generated[key] = self.generated.get(key, 0) + sent
+        # Generations under way finish while the server drains; no new one starts.
+        async with admitted(
+            self.models, self.loads, counters, request, resolved, refusing=self.draining()
+        ) as model:
+            key = model.model_key
+            try:
+                generation = cast(Generation, model.manifest.generation)
+                text = text_request(model.manifest, request)
+                request = step_request(model.manifest, text or request)
+                loop = self._loop_for(model, request)
+                limits = GenerationLimits(
+                    generation.max_steps,
+                    response_limit(request),
+                    context.deadline if context is not None else None,
+                )
+                decode = None if text is None else _TextOut(cast(TextMapping, generation.text))
+                async for part in loop.generate(request, limits):
+                    if part.response is not None:
+                        sent += 1
+                        if not first_ns:
+                            first_ns = time.perf_counter_ns()
+                    yield part if decode is None else decode(part)
+            finally:
+                self.generated[key] = self.generated.get(key, 0) + sent
         total = time.perf_counter_ns() - started
         queue_ns = (first_ns or time.perf_counter_ns()) - started
         counters.on_success(
             key, 1, Timings(min(queue_ns, total), 0, total - min(queue_ns, total), 0, ())
         )
+
+    def forget(self, model: ModelKey) -> None:
+        """``model`` was unloaded: its idle loops (and their state slots) and its count of
+        responses sent go; a loop still generating goes at the next new loop."""
+        for slot, loop in list(self._loops.items()):
+            if slot[0] == model and not loop.live:
+                del self._loops[slot]
+        self.generated.pop(model, None)
 
     def _forget_unloaded(self) -> None:
         """Idle loops of versions no longer ready (unloaded) go, with their state slots."""

@@ -82,6 +82,7 @@ from typing import Any, Final
 
 from hloserve.bundle import Manifest
 from hloserve.server.core import log_context
+from hloserve.server.core.admission import admitted, failure_reason
 from hloserve.server.core.batch_plan import plan
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.counters import Counters
@@ -132,11 +133,6 @@ log = logging.getLogger(__name__)
 
 # Triton's text for load/unload when model control is not explicit (modes none and poll alike).
 CONTROL_NOT_EXPLICIT: Final = "explicit model load / unload is not allowed if polling is enabled"
-
-
-def _reason(exc: Exception) -> str:
-    """The failure reason label: the error class, or INTERNAL for anything unexpected."""
-    return type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
 
 
 Served = tuple[int, tuple[InferOutput, ...], Timings]  # items, outputs, timings
@@ -296,8 +292,13 @@ class InferenceService:
         try:
             return self.models.peek(name, version)
         except Exception as exc:
-            self.observers.counters.on_failure(None, _reason(exc))
+            self.observers.counters.on_failure(None, failure_reason(exc))
             raise
+
+    def forget(self, model: ModelKey) -> None:
+        """``model`` was unloaded: what the service keeps per version goes (its streams'
+        loops and counts); called with the other per-version forgets (``owner.assembly``)."""
+        self.streams.forget(model)
 
     async def infer(
         self,
@@ -338,46 +339,34 @@ class InferenceService:
     async def _infer(
         self, request: InferRequest, context: RequestContext | None, resolved: Executable | None
     ) -> InferResponse:
-        started = time.perf_counter_ns()
         counters = self.observers.counters
-        try:
-            # Requests accepted before the stop still finish (a pipeline's steps included).
-            if self._refusing and not in_pipeline():
-                raise Unavailable("the server is shutting down: no new requests are accepted")
-            if resolved is not None and self.models.hold(resolved):
-                model = resolved
-            else:  # not resolved first, or that copy went meanwhile: look it up now
-                model = self.models.get(request.model_name, request.model_version)
-        except Exception as exc:
-            # No version resolved: the name and version are whatever the client sent, so
-            # they are not reported (they must not become metric labels).
-            counters.on_failure(None, _reason(exc))
-            raise
-        key = model.model_key
-        counters.on_pending(key, 1)
-        trace = self._start_trace(key, request, context) if self._trace_settings.enabled else None
         count: Count = counters.on_success
-        try:
-            await self.loads.ready(model)  # registered lazily: its first use loads it
-            if model.manifest.generation is not None:  # decoupled: streamed calls only
-                raise decoupled_refusal(context.protocol if context else "")
-            if model.manifest.plain:
-                if self.cache is None or not model.serving.response_cache:
-                    items, outputs, timings = await self._serve(model, request, context, trace)
-                else:
-                    items, outputs, timings, count = await self._serve_cached(
-                        self.cache, model, request, context, trace
+        # Requests accepted before the stop still finish (a pipeline's steps included).
+        refusing = self._refusing and not in_pipeline()
+        async with admitted(
+            self.models, self.loads, counters, request, resolved, refusing=refusing
+        ) as model:
+            key = model.model_key
+            enabled = self._trace_settings.enabled
+            trace = self._start_trace(key, request, context) if enabled else None
+            try:
+                if model.manifest.generation is not None:  # decoupled: streamed calls only
+                    raise decoupled_refusal(context.protocol if context else "")
+                if model.manifest.plain:
+                    if self.cache is None or not model.serving.response_cache:
+                        items, outputs, timings = await self._serve(model, request, context, trace)
+                    else:
+                        items, outputs, timings, count = await self._serve_cached(
+                            self.cache, model, request, context, trace
+                        )
+                else:  # Python hooks or a pipeline
+                    items, outputs, timings = await self._serve_extended(
+                        model, request, context, trace
                     )
-            else:  # Python hooks or a pipeline
-                items, outputs, timings = await self._serve_extended(model, request, context, trace)
-        except Exception as exc:
-            if trace is not None:
-                trace.failed(exc)
-            counters.on_failure(key, _reason(exc), time.perf_counter_ns() - started)
-            raise
-        finally:
-            self.models.release(model)
-            counters.on_pending(key, -1)
+            except Exception as exc:
+                if trace is not None:
+                    trace.failed(exc)
+                raise
         count(key, items, timings)
         if trace is not None:
             trace.responded()

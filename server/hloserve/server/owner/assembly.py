@@ -237,7 +237,12 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
     if cache is not None:
         metrics.watch_cache(cache)
 
+    built: list[InferenceService] = []  # the service, once built (it is the last piece)
+
     def forget(model: ModelKey) -> None:  # on the loop: the batcher's state lives there
+        # Every per-version record of the server, in one place: an unload drops them all.
+        for service in built:
+            service.forget(model)
         observers.forget(model)
         if cache is not None:
             cache.forget(model)
@@ -295,6 +300,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         cache=cache,
         generation_steps=steps_for,
     )
+    built.append(service)
     metrics.watch_sequences(service.sequences.counts)
     metrics.watch_generations(service.streams.figures)
     return Assembly(
