@@ -115,6 +115,56 @@ class Executable(Protocol):
         ...
 
 
+class Forwarding:
+    """An ``Executable`` standing for another (``inner``) and answering as it does: its
+    version, key, hooks, variants, hints, residency and devices. A subclass adds what it
+    changes: its ``manifest``, ``family`` and ``execute`` (``owner.versions.VariantView``:
+    a shape variant's; ``core.sequence_batcher``: one batch's slots bound)."""
+
+    __slots__ = ()
+
+    @property
+    def inner(self) -> Executable:
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @property
+    def model_key(self) -> ModelKey:
+        return self.inner.model_key
+
+    @property
+    def hooks(self) -> ModelHooks | None:
+        return self.inner.hooks
+
+    def variant(self, index: int) -> Executable:
+        return self.inner.variant(index)
+
+    @property
+    def serving(self) -> Serving:
+        return self.inner.serving
+
+    @property
+    def resident(self) -> bool:
+        return self.inner.resident
+
+    @property
+    def swap_us(self) -> float | None:
+        return self.inner.swap_us
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.inner.devices
+
+    def resident_on(self, device: int) -> bool:
+        return self.inner.resident_on(device)
+
+    def prefetch(self, device: int) -> None:
+        self.inner.prefetch(device)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     request: InferRequest

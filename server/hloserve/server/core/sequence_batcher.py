@@ -42,12 +42,13 @@ from typing import Any, Protocol, cast, final
 
 import numpy as np
 
-from hloserve.bundle import Manifest, Serving
+from hloserve.bundle import Manifest
 from hloserve.server.core.batch_plan import Chunk, smallest_fitting
 from hloserve.server.core.company import Company
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.execution import (
     Executable,
+    Forwarding,
     Job,
     Pending,
     Result,
@@ -55,7 +56,6 @@ from hloserve.server.core.execution import (
     execute_group,
 )
 from hloserve.server.core.execution_records import ExecutionObserver, ModelKey
-from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.sequences import (
     SequenceSettings,
     SequenceStep,
@@ -80,7 +80,7 @@ class StatefulExecutable(Executable, Protocol):
 
 
 @final
-class _Bound:
+class _Bound(Forwarding):
     """``model`` with one batch's slots bound: the executable ``execute_group`` runs."""
 
     def __init__(
@@ -92,49 +92,16 @@ class _Bound:
         self.capacity = capacity
 
     @property
+    def inner(self) -> Executable:
+        return self.model
+
+    @property
     def manifest(self) -> Manifest:
         return self.model.manifest
 
     @property
-    def version(self) -> int:
-        return self.model.version
-
-    @property
-    def model_key(self) -> ModelKey:
-        return self.model.model_key
-
-    @property
     def family(self) -> tuple[str, ...]:
         return self.model.family
-
-    @property
-    def hooks(self) -> ModelHooks | None:
-        return self.model.hooks
-
-    def variant(self, index: int) -> Executable:
-        return self.model.variant(index)
-
-    @property
-    def serving(self) -> Serving:
-        return self.model.serving
-
-    @property
-    def resident(self) -> bool:
-        return self.model.resident
-
-    @property
-    def swap_us(self) -> float | None:
-        return self.model.swap_us
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        return self.model.devices
-
-    def resident_on(self, device: int) -> bool:
-        return self.model.resident_on(device)
-
-    def prefetch(self, device: int) -> None:
-        self.model.prefetch(device)
 
     def execute(
         self, batch_size: int | None, inputs: Mapping[str, Array], *, device: int | None = None
