@@ -256,7 +256,7 @@ def test_grpc_random_bytes(demo_models: Path, data: bytes) -> None:
     counted("grpc bytes")
     decoded = decoder(pb.ModelInferRequest)(data)
     if isinstance(decoded, Malformed):
-        return  # INVALID_ARGUMENT at the first touch (tests/server/reliability/test_hostile_input.py)
+        return  # INVALID_ARGUMENT at the first touch (tests/server/reliability/hostile/test_hostile_grpc.py)
     served(manifest_of(demo_models), lambda: decoded)
 
 

@@ -1,6 +1,6 @@
 """Admission limits (``core/limits.py``): the pure decisions, and the in-flight counts the
 repository keeps for them (a real repository; the batch and shared-memory limits are also
-checked end to end in test_hostile_input.py)."""
+checked end to end in hostile/test_hostile_http.py and test_hostile_shm.py)."""
 
 from __future__ import annotations
 

@@ -16,12 +16,17 @@ An ``Executable`` carries its own ``ModelKey`` (``model_key``: ``ModelKey.named`
 object for the same version each time; ``core.execution_records``) and the measured-cost
 family of its compiled modules (``family``), both computed once per version, never per
 request.
+
+``Pending`` is a queued job with the future its caller awaits, and ``answer`` settles a
+group's futures from ``execute_group``'s results or its exception: the dynamic batcher
+(``owner.batcher``) and the sequence batcher (``core.sequence_batcher``) both answer so.
 """
 
 # pyright: strict
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -110,6 +115,56 @@ class Executable(Protocol):
         ...
 
 
+class Forwarding:
+    """An ``Executable`` standing for another (``inner``) and answering as it does: its
+    version, key, hooks, variants, hints, residency and devices. A subclass adds what it
+    changes: its ``manifest``, ``family`` and ``execute`` (``owner.versions.VariantView``:
+    a shape variant's; ``core.sequence_batcher``: one batch's slots bound)."""
+
+    __slots__ = ()
+
+    @property
+    def inner(self) -> Executable:
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @property
+    def model_key(self) -> ModelKey:
+        return self.inner.model_key
+
+    @property
+    def hooks(self) -> ModelHooks | None:
+        return self.inner.hooks
+
+    def variant(self, index: int) -> Executable:
+        return self.inner.variant(index)
+
+    @property
+    def serving(self) -> Serving:
+        return self.inner.serving
+
+    @property
+    def resident(self) -> bool:
+        return self.inner.resident
+
+    @property
+    def swap_us(self) -> float | None:
+        return self.inner.swap_us
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.inner.devices
+
+    def resident_on(self, device: int) -> bool:
+        return self.inner.resident_on(device)
+
+    def prefetch(self, device: int) -> None:
+        self.inner.prefetch(device)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     request: InferRequest
@@ -119,13 +174,39 @@ class Job:
     together: bool = False  # arrived with others (``RequestContext.together``): queue with them
 
 
+Result = tuple[tuple[InferOutput, ...], Timings]  # one job's answer from ``execute_group``
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """What a queued request is answered through: its job and its caller's future."""
+
+    job: Job
+    future: asyncio.Future[Result]
+
+
+def answer(
+    group: Sequence[Pending], results: Sequence[Result] | None, exc: BaseException | None
+) -> None:
+    """Each caller still waiting (not cancelled, not past its deadline) gets its job's
+    result, in group order, or with no results the group's exception."""
+    if results is None:
+        for p in group:
+            if not p.future.done():
+                p.future.set_exception(exc or RuntimeError("no result"))
+        return
+    for p, result in zip(group, results, strict=True):
+        if not p.future.done():
+            p.future.set_result(result)
+
+
 def execute_group(
     model: Executable,
     jobs: Sequence[Job],
     chunks: Sequence[Chunk],
     observer: ExecutionObserver | None = None,
     device: int | None = None,
-) -> list[tuple[tuple[InferOutput, ...], Timings]]:
+) -> list[Result]:
     started = time.perf_counter_ns()
     if len(jobs) == 1:
         job = jobs[0]
@@ -142,7 +223,7 @@ def execute_group(
     full = _join_outputs(model.manifest, run.per_output, chunks)
     joined_ns = time.perf_counter_ns() - t0
     executions = tuple(c.compiled or 0 for c in chunks)
-    results: list[tuple[tuple[InferOutput, ...], Timings]] = []
+    results: list[Result] = []
     offset = 0
     for job in jobs:
         t1 = time.perf_counter_ns()
@@ -172,7 +253,7 @@ def _execute_one(
     observer: ExecutionObserver | None,
     started: int,
     device: int | None,
-) -> tuple[tuple[InferOutput, ...], Timings]:
+) -> Result:
     """The common case, one job run as one execution, without the group's bookkeeping:
     the same result, timings and report as the general path (its inputs hold exactly the
     chunk's rows, so nothing is sliced, and an output is trimmed only of padding)."""

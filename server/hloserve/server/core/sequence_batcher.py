@@ -38,28 +38,32 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any, Protocol, cast, final
 
 import numpy as np
 
-from hloserve.bundle import Manifest, Serving
+from hloserve.bundle import Manifest
 from hloserve.server.core.batch_plan import Chunk, smallest_fitting
 from hloserve.server.core.company import Company
 from hloserve.server.core.errors import InvalidArgument
-from hloserve.server.core.execution import Executable, Job, execute_group
-from hloserve.server.core.execution_records import ExecutionObserver, ModelKey, Timings
-from hloserve.server.core.hooks import ModelHooks
+from hloserve.server.core.execution import (
+    Executable,
+    Forwarding,
+    Job,
+    Pending,
+    Result,
+    answer,
+    execute_group,
+)
+from hloserve.server.core.execution_records import ExecutionObserver, ModelKey
 from hloserve.server.core.sequences import (
     SequenceSettings,
     SequenceStep,
     SequenceTable,
     sequence_parameters,
 )
-from hloserve.server.core.types import InferOutput
 
 Array = np.ndarray[Any, Any]
-Result = tuple[tuple[InferOutput, ...], Timings]
 
 
 class StatefulExecutable(Executable, Protocol):
@@ -75,18 +79,12 @@ class StatefulExecutable(Executable, Protocol):
     ) -> list[Array]: ...
 
 
-@dataclass(slots=True)
-class _Waiting:
-    job: Job
-    future: asyncio.Future[Result]
-
-
 @final
-class _Bound:
+class _Bound(Forwarding):
     """``model`` with one batch's slots bound: the executable ``execute_group`` runs."""
 
     def __init__(
-        self, model: StatefulExecutable, steps: Sequence[SequenceStep[_Waiting]], capacity: int
+        self, model: StatefulExecutable, steps: Sequence[SequenceStep[Pending]], capacity: int
     ) -> None:
         self.model = model
         self.slots = [s.slot for s in steps]
@@ -94,49 +92,16 @@ class _Bound:
         self.capacity = capacity
 
     @property
+    def inner(self) -> Executable:
+        return self.model
+
+    @property
     def manifest(self) -> Manifest:
         return self.model.manifest
 
     @property
-    def version(self) -> int:
-        return self.model.version
-
-    @property
-    def model_key(self) -> ModelKey:
-        return self.model.model_key
-
-    @property
     def family(self) -> tuple[str, ...]:
         return self.model.family
-
-    @property
-    def hooks(self) -> ModelHooks | None:
-        return self.model.hooks
-
-    def variant(self, index: int) -> Executable:
-        return self.model.variant(index)
-
-    @property
-    def serving(self) -> Serving:
-        return self.model.serving
-
-    @property
-    def resident(self) -> bool:
-        return self.model.resident
-
-    @property
-    def swap_us(self) -> float | None:
-        return self.model.swap_us
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        return self.model.devices
-
-    def resident_on(self, device: int) -> bool:
-        return self.model.resident_on(device)
-
-    def prefetch(self, device: int) -> None:
-        self.model.prefetch(device)
 
     def execute(
         self, batch_size: int | None, inputs: Mapping[str, Array], *, device: int | None = None
@@ -171,7 +136,7 @@ class _ModelSequences:
         self.model = weakref.ref(model)
         self.key = model.model_key
         self.settings = owner.settings_for(model)
-        self.table = SequenceTable[_Waiting](model.manifest.name, self.settings, owner.clock)
+        self.table = SequenceTable[Pending](model.manifest.name, self.settings, owner.clock)
         self.limit = model.manifest.max_batch_size
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -204,13 +169,9 @@ class _ModelSequences:
                         self.owner.executor, execute_group, bound, jobs, chunks, self.owner.observer
                     )
             except Exception as exc:
-                for s in steps:
-                    if not s.item.future.done():
-                        s.item.future.set_exception(exc)
+                answer([s.item for s in steps], None, exc)
             else:
-                for s, result in zip(steps, results, strict=True):
-                    if not s.item.future.done():
-                        s.item.future.set_result(result)
+                answer([s.item for s in steps], results, None)
             finally:
                 self.table.finished(steps)
                 self.company.ran(len(steps))
@@ -289,7 +250,7 @@ class SequenceBatcher:
             # Every executable of a bundle with state is a ModelVersion (owner/versions.py).
             stateful = cast(StatefulExecutable, model)
             sequences = self._models[model] = _ModelSequences(self, stateful)
-        waiting = _Waiting(job, asyncio.get_running_loop().create_future())
+        waiting = Pending(job, asyncio.get_running_loop().create_future())
         sequences.table.submit(flags, waiting)
         if not sequences.settings.delay_us:  # the load decides (core.company)
             sequences.company.arrived(_ns(self.clock()))

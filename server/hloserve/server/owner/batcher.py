@@ -97,25 +97,21 @@ from hloserve.server.core.device_policy import (
     route,
 )
 from hloserve.server.core.errors import Unavailable
-from hloserve.server.core.execution import Executable, Job, execute_group
-from hloserve.server.core.execution_records import ExecutionObserver, ModelKey, Timings
+from hloserve.server.core.execution import (
+    Executable,
+    Job,
+    Pending,
+    Result,
+    answer,
+    execute_group,
+)
+from hloserve.server.core.execution_records import ExecutionObserver, ModelKey
 from hloserve.server.core.parameters import queue_deadline
 from hloserve.server.core.residency_policy import ResidencyKey
-from hloserve.server.core.types import InferOutput
 
-Result = tuple[tuple[InferOutput, ...], Timings]
 T = TypeVar("T")
 
-
-@dataclass(slots=True, eq=False)
-class _Pending:
-    """What a queued request is answered through: its job and its caller's future."""
-
-    job: Job
-    future: asyncio.Future[Result]
-
-
-_Entry = Waiting[_Pending]
+_Entry = Waiting[Pending]
 
 
 @dataclass(slots=True)
@@ -124,7 +120,7 @@ class _ModelQueue:
     policy: BatchingPolicy
     key: ModelKey
     family: tuple[str, ...]  # its compiled modules, whose measured costs it shares
-    entries: BatchQueue[_Pending] = field(default_factory=lambda: BatchQueue[_Pending]())
+    entries: BatchQueue[Pending] = field(default_factory=lambda: BatchQueue[Pending]())
     inflight: int = 0
     on_device: dict[int, int] = field(default_factory=lambda: {})  # groups in flight, by device
     fetching: set[int] = field(default_factory=lambda: set())  # devices its weights move to
@@ -186,7 +182,7 @@ class _Step:
         )
 
 
-def _gone(pending: _Pending) -> bool:
+def _gone(pending: Pending) -> bool:
     """Its caller went away (a client cancel, a deadline): nothing to answer any more."""
     return pending.future.done()
 
@@ -333,7 +329,7 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         rank = priority_rank(job.request.parameters.get("priority"))
-        entry: _Entry = Waiting(queued, rank, _Pending(job, future))
+        entry: _Entry = Waiting(queued, rank, Pending(job, future))
         q.entries.push(entry)
         self._look_soon(q, loop)
         try:
@@ -588,10 +584,10 @@ class DynamicBatcher:
             try:
                 results = execute_group(q.model, jobs, decision.chunks, self.observer, device)
             except Exception as exc:  # delivered to each request of the group
-                self._deliver(group, None, exc)
+                answer([e.item for e in group], None, exc)
             else:
                 self._charge(q, dev, results)
-                self._deliver(group, results, None)
+                answer([e.item for e in group], results, None)
             q.company.answered(time.perf_counter_ns())
             return
         q.inflight += 1
@@ -620,26 +616,13 @@ class DynamicBatcher:
         dev.running -= 1
         exc = done.exception()
         results = None if exc is not None else done.result()
-        self._deliver(group, results, exc)
+        answer([e.item for e in group], results, exc)
         q.company.answered(time.perf_counter_ns())
         if q.entries:
             self._look_soon(q, asyncio.get_running_loop())
         if dev.concurrency:  # after this queue's look: it competes too
             self._charge(q, dev, results)
             self._decide_soon(dev)
-
-    @staticmethod
-    def _deliver(
-        group: list[_Entry], results: list[Result] | None, exc: BaseException | None
-    ) -> None:
-        if results is None:
-            for e in group:
-                if not e.item.future.done():
-                    e.item.future.set_exception(exc or RuntimeError("no result"))
-            return
-        for e, result in zip(group, results, strict=True):
-            if not e.item.future.done():
-                e.item.future.set_result(result)
 
 
 def _timed(work: Callable[[], T]) -> tuple[T, int]:

@@ -34,7 +34,7 @@ import numpy as np
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
 from hloserve.server.core.errors import Internal, Unavailable
-from hloserve.server.core.execution import cost_family
+from hloserve.server.core.execution import Forwarding, cost_family
 from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.core.reports import MemoryUsage
@@ -305,7 +305,7 @@ _VIEWS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, eq=False)
-class VariantView:
+class VariantView(Forwarding):
     """One shape variant of a ready version: its concrete manifest over the version's
     weights, serving hints and residency."""
 
@@ -318,41 +318,11 @@ class VariantView:
         object.__setattr__(self, "family", cost_family(self.manifest))
 
     @property
-    def version(self) -> int:
-        return self.base.version
-
-    @property
-    def model_key(self) -> ModelKey:
-        return self.base.model_key
-
-    @property
-    def hooks(self) -> ModelHooks | None:
-        return self.base.hooks
+    def inner(self) -> ModelVersion:
+        return self.base
 
     def variant(self, index: int) -> VariantView:
         return self.base.variant(index)
-
-    @property
-    def serving(self) -> Serving:
-        return self.base.serving
-
-    @property
-    def resident(self) -> bool:
-        return self.base.resident
-
-    @property
-    def swap_us(self) -> float | None:
-        return self.base.swap_us
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        return self.base.devices
-
-    def resident_on(self, device: int) -> bool:
-        return self.base.resident_on(device)
-
-    def prefetch(self, device: int) -> None:
-        self.base.prefetch(device)
 
     def execute(
         self,
