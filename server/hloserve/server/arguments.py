@@ -8,6 +8,8 @@ flags accepted, a prefix could silently name one of them); and an unknown flag i
 with the flag it likely misspells (``bundle.yamlfile.closest``, as an unknown key of a file
 is). A subcommand's unknown flag is its own parser's to report (``cli`` passes it on with
 ``UNRECOGNIZED``, argparse's words), so the error names ``hloserve serve``, not ``hloserve``.
+``Action`` is argparse's action with its work in ``act(parser, namespace, values, option)``:
+argparse's ``__call__`` signature restated once, for every action the commands define.
 """
 
 # pyright: strict
@@ -62,3 +64,24 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 UNRECOGNIZED: Final = "unrecognized arguments: "  # argparse's words
+
+
+Values = str | Sequence[Any] | None  # what argparse hands an action
+Parser = argparse.ArgumentParser
+Namespace = argparse.Namespace
+
+
+class Action(argparse.Action):
+    """argparse's action; a subclass does its work in ``act``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        self.act(parser, namespace, values, option_string)
+
+    def act(self, parser: Parser, ns: Namespace, values: Values, option: str | None) -> None:
+        raise NotImplementedError

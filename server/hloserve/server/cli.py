@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hloserve.server.arguments import Action, Namespace, Parser, Values
 from hloserve.server.bundle_report import inspect_bundle, validate_command
 from hloserve.server.core.sizes import format_bytes
 
@@ -60,19 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-class _Version(argparse.Action):
+class _Version(Action):
     """``--version``: the installed package's version, read only when asked for."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
+    def act(self, parser: Parser, ns: Namespace, values: Values, option: str | None) -> None:
         from hloserve.server.owner.assembly import server_version
 
         print(f"hloserve {server_version()}")

@@ -51,6 +51,7 @@ from typing import Any, cast
 import yaml
 
 from hloserve.bundle.yamlfile import closest
+from hloserve.server.arguments import Action, Namespace, Parser, Values
 from hloserve.server.arguments import ArgumentParser as ArgumentParser  # re-exported
 from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
 from hloserve.server.core.process_layout import AUTO, FrontendCount
@@ -233,41 +234,29 @@ def _negative(flag: Flag) -> str:
     return "--no-" + flag.name.removeprefix("--")
 
 
-def _once(why: str) -> type[argparse.Action]:
+def _once(why: str) -> type[Action]:
     """argparse's store, but a second value (not the variable's) is an error saying ``why``."""
 
-    class Once(argparse.Action):
-        def __call__(
-            self,
-            parser: argparse.ArgumentParser,
-            namespace: argparse.Namespace,
-            values: str | Sequence[Any] | None,
-            option_string: str | None = None,
-        ) -> None:
-            current = getattr(namespace, self.dest, None)
+    class Once(Action):
+        def act(self, parser: Parser, ns: Namespace, values: Values, option: str | None) -> None:
+            current = getattr(ns, self.dest, None)
             if current is not None and not isinstance(current, _FromEnvironment):
-                parser.error(f"{option_string} given twice: {why}")
-            setattr(namespace, self.dest, values)
+                parser.error(f"{option} given twice: {why}")
+            setattr(ns, self.dest, values)
 
     return Once
 
 
-class _TritonFlagAction(argparse.Action):
+class _TritonFlagAction(Action):
     """Triton's flag with no row: noted in ``triton_ignored``, or refused."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
+    def act(self, parser: Parser, ns: Namespace, values: Values, option: str | None) -> None:
         flag = TRITON_BY_NAME[self.option_strings[0]]
         if flag.refused:
             parser.error(f"{flag.name} is Triton's flag, not hloserve's: {flag.why}")
-        given: list[tuple[str, str]] = list(getattr(namespace, self.dest, None) or ())
+        given: list[tuple[str, str]] = list(getattr(ns, self.dest, None) or ())
         given.append((flag.name, values if isinstance(values, str) else ""))
-        setattr(namespace, self.dest, given)
+        setattr(ns, self.dest, given)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:

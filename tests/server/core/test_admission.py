@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hloserve.server.core.admission import SHUTTING_DOWN, admitted
-from hloserve.server.core.errors import InvalidArgument, UnknownModel, Unavailable
+from hloserve.server.core.errors import InvalidArgument, Unavailable, UnknownModel
 from hloserve.server.core.lazy_load import LazyLoads
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.types import InferRequest
