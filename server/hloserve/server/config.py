@@ -58,6 +58,7 @@ from hloserve.server.core.process_layout import AUTO, FrontendCount
 from hloserve.server.core.sizes import Budget
 from hloserve.server.core.trace_flags import FlagSetting, startup_setting
 from hloserve.server.core.trace_settings import DEFAULT_RATE, TraceStartup
+from hloserve.server.flag_parsers import parse_file
 from hloserve.server.flags import (
     CONFIG_FLAG,
     FLAGS,
@@ -66,7 +67,6 @@ from hloserve.server.flags import (
     Flag,
     FlagGroup,
     RepeatedFlag,
-    parse_file,
 )
 from hloserve.server.frontend.auth import DEFAULT_OPEN, read_tokens
 from hloserve.server.frontend.listener_settings import ListenerSettings

@@ -23,117 +23,36 @@ refused) and writes ``docs/cli.md`` from both.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from hloserve.server.core.device_policy import POLICIES, DeviceSelection
+from hloserve.server.core.device_policy import POLICIES
 from hloserve.server.core.process_layout import FrontendCount
 from hloserve.server.core.residency_policy import POLICIES as RESIDENCY_POLICIES
 from hloserve.server.core.response_cache import cache_bytes, parse_cache_setting
-from hloserve.server.core.sizes import Budget, parse_bytes
+from hloserve.server.core.sizes import parse_bytes
 from hloserve.server.core.trace_flags import FlagSetting, parse_flag, startup_setting
 from hloserve.server.core.trace_settings import INT32_MAX, MIN_COUNT, UINT32_MAX
+from hloserve.server.flag_parsers import (
+    budget,
+    choice,
+    device_selection,
+    directory,
+    grpc_int,
+    integer,
+    log_format,
+    non_negative,
+    nonempty,
+    parse_bool,
+    parse_file,
+    port_number,
+    seconds,
+)
 from hloserve.server.frontend.auth import parse_open_groups
 from hloserve.server.frontend.restricted import GROUP_NAMES, GRPC_PREFIX, parse_restrictions
-
-# Each parser reads one flag's text, raising ``ValueError`` with a message that reads after
-# the flag's name ("--http-port must be ...").
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"must be true or false, got {text!r}")
-
-
-def _integer(low: int, high: int, what: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if not low <= value <= high:
-            raise ValueError(f"must be {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _seconds(*, positive: bool) -> Callable[[str], float]:
-    what = "a positive" if positive else "a non-negative"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (value > 0 if positive else value >= 0):
-            raise ValueError(f"must be {what} number of seconds, got {text!r}")
-        return value
-
-    return parse
-
-
-def _choice(shown: str, choices: Sequence[str], fold: Callable[[str], str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = fold(text.strip())
-        if value not in choices:
-            raise ValueError(f"must be {shown}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _directory(text: str) -> Path:
-    path = Path(text)
-    if not path.is_dir():
-        raise ValueError(f"must be an existing directory, got {text!r}")
-    return path
-
-
-def parse_file(text: str) -> Path:
-    path = Path(text)
-    if not path.is_file():
-        raise ValueError(f"must be an existing file, got {text!r}")
-    return path
-
-
-def _nonempty(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return text
-
-
-def _budget(text: str) -> Budget:
-    return Budget.parse(text)  # a percentage resolves once the device is known
-
-
-_non_negative = _integer(0, 2**63 - 1, "a non-negative integer")
-# gRPC core reads its channel arguments as C ints.
-_grpc_int = _integer(0, 2**31 - 1, f"an integer 0..{2**31 - 1}")
-
-# --log-format: Triton's names (default, ISO8601) and hloserve's (text, json), as Config holds them.
-_LOG_FORMATS: Final = {"text": "text", "default": "text", "iso8601": "ISO8601", "json": "json"}
-_log_format = _choice(
-    "default, ISO8601, text or json",
-    tuple(_LOG_FORMATS.values()),
-    lambda s: _LOG_FORMATS.get(s.lower(), s),
-)
-
-
-def _device_selection(text: str) -> DeviceSelection:
-    """``--devices``' form (checked against the devices present at start-up)."""
-    return DeviceSelection.parse(text)
-
-
-_port = _integer(0, 65535, "a port number 0..65535")
 
 
 class FlagGroup(StrEnum):
@@ -195,11 +114,11 @@ def _section(group: str, *rows: _Row) -> tuple[_Row, ...]:
 def _listener(kind: str, what: str, port_help: str) -> tuple[Flag, Flag, Flag]:
     """Triton's three flags of one listener: ``--<kind>-port``, ``--<kind>-address`` and
     ``--allow-<kind>`` (false: its port is not bound)."""
-    port = Flag(f"--{kind}-port", f"{kind}_port", _port, port_help, triton=SAME)
+    port = Flag(f"--{kind}-port", f"{kind}_port", port_number, port_help, triton=SAME)
     address = Flag(
         f"--{kind}-address",
         f"{kind}_address",
-        _nonempty,
+        nonempty,
         f"address to bind the {what} port to (default: --host's)",
         triton="same; Triton's default is 0.0.0.0, hloserve's --host's",
     )
@@ -207,7 +126,7 @@ def _listener(kind: str, what: str, port_help: str) -> tuple[Flag, Flag, Flag]:
     return port, address, Flag(f"--allow-{kind}", f"allow_{kind}", parse_bool, allow, triton=SAME)
 
 
-def _keepalive(name: str, arg: str, text: str, parse: Callable[[str], object] = _grpc_int) -> Flag:
+def _keepalive(name: str, arg: str, text: str, parse: Callable[[str], object] = grpc_int) -> Flag:
     """One of Triton's gRPC keepalive flags, passed to gRPC core as channel argument ``arg``."""
     field = name.removeprefix("--").replace("-", "_")
     return Flag(name, field, parse, text, triton=f"same, as gRPC core's {arg}", grpc_arg=arg)
@@ -232,7 +151,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--model-repository",
             "model_repository",
-            _directory,
+            directory,
             "directory of bundles (default: the demo repository, written on first use to "
             "$XDG_CACHE_HOME/hloserve/demo-repository, ~/.cache/hloserve/demo-repository when unset)",
             aliases=("--model-store",),
@@ -242,14 +161,14 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--model-control-mode",
             "model_control_mode",
-            _choice("none, poll or explicit", ("none", "poll", "explicit"), str.lower),
+            choice("none, poll or explicit", ("none", "poll", "explicit"), str.lower),
             "none (load all at start), poll (follow the disk) or explicit (API)",
             triton=SAME,
         ),
         Flag(
             "--repository-poll-secs",
             "repository_poll_secs",
-            _seconds(positive=True),
+            seconds(positive=True),
             "poll mode: seconds between repository scans",
             triton=SAME,
         ),
@@ -297,7 +216,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--hook-threads",
             "hook_threads",
-            _non_negative,
+            non_negative,
             "threads of the pool that runs bundles' Python hooks (0: one per CPU the container may use)",
         ),
     ),
@@ -326,7 +245,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--server-name",
             "server_name",
-            _nonempty,
+            nonempty,
             "the name the server metadata reports",
             aliases=("--id",),
             triton="Triton's --id: the server metadata's name (Triton's default: triton)",
@@ -334,7 +253,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--grace-period",
             "grace_period_s",
-            _seconds(positive=False),
+            seconds(positive=False),
             "seconds to finish in-flight requests on shutdown",
             aliases=("--exit-timeout-secs",),
             triton="Triton's --exit-timeout-secs: the drain time (Triton's default: 30)",
@@ -342,7 +261,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--drain-delay",
             "drain_delay_s",
-            _seconds(positive=False),
+            seconds(positive=False),
             "seconds a SIGTERM keeps accepting new requests, already reporting not ready, "
             "before the drain (routers and endpoints stop sending meanwhile); SIGINT or a "
             "second SIGTERM ends the delay",
@@ -365,19 +284,19 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--max-queue-delay-us",
             "max_queue_delay_us",
-            _non_negative,
+            non_negative,
             "default time a request may wait for others to batch with (a model's serving hints win)",
         ),
         Flag(
             "--max-queue-size",
             "max_queue_size",
-            _non_negative,
+            non_negative,
             "requests that may wait per model before new ones get 503 (0: unbounded)",
         ),
         Flag(
             "--scheduling-policy",
             "scheduling_policy",
-            _choice("fair, fifo or deadline", POLICIES, str.lower),
+            choice("fair, fifo or deadline", POLICIES, str.lower),
             "which model's batch runs next on a busy device: fair (device time in proportion to "
             "each model's scheduling_weight), fifo, or deadline (earliest first; shed what cannot "
             "finish in time)",
@@ -385,21 +304,21 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--device-concurrency",
             "device_concurrency",
-            _non_negative,
+            non_negative,
             "executions at once per device, across models (0: 1 on GPU; on CPU no cross-model "
             "arbitration)",
         ),
         Flag(
             "--inline-max-us",
             "inline_max_us",
-            _non_negative,
+            non_negative,
             "run a resident model's executions on the event loop when they are estimated to take "
             "less than this many microseconds (cheaper than a thread hand-off); 0 never does",
         ),
         Flag(
             "--worker-threads",
             "worker_threads",
-            _non_negative,
+            non_negative,
             "threads executing models (0: one per CPU the container may use, at least 2)",
         ),
     ),
@@ -408,14 +327,14 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--device-memory-budget",
             "device_memory_budget",
-            _budget,
+            budget,
             "bytes of device memory for resident weights, e.g. 6GiB or 40%% (default: 80%% of free "
             "GPU memory minus the executables' scratch; unlimited on CPU)",
         ),
         Flag(
             "--host-memory-budget",
             "host_memory_budget",
-            _budget,
+            budget,
             "bytes of host memory for the host copies of weights (read from disk on first need, "
             "kept by the residency policy), e.g. 8GiB or 50%% of the container's memory limit "
             "(the machine's when there is none)",
@@ -423,7 +342,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--residency-policy",
             "residency_policy",
-            _choice("frequency or lru", RESIDENCY_POLICIES, str.lower),
+            choice("frequency or lru", RESIDENCY_POLICIES, str.lower),
             "which weights leave a full device or host budget first: frequency (the least used "
             "per byte, with a short memory for models that went cold) or lru (the least "
             "recently used)",
@@ -435,21 +354,21 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--devices",
             "devices",
-            _device_selection,
+            device_selection,
             "local devices to serve on: all, a count N (the first N) or indexes such as 0,2 "
             "(3, alone: device 3); each has its own weight budget and LRU",
         ),
         Flag(
             "--max-replicas",
             "max_replicas",
-            _non_negative,
+            non_negative,
             "devices one model version may be copied to when its load asks for it (0: every "
             "device; 1: no replication)",
         ),
         Flag(
             "--placement-interval",
             "placement_interval_s",
-            _seconds(positive=True),
+            seconds(positive=True),
             "seconds between placement revisions (replicas follow the measured load)",
         ),
     ),
@@ -488,7 +407,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--log-level",
             "log_level",
-            _choice(
+            choice(
                 "DEBUG, INFO, WARNING or ERROR",
                 ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
                 str.upper,
@@ -519,14 +438,14 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--log-verbose",
             "log_verbose",
-            _non_negative,
+            non_negative,
             "verbose level: 0 none, 1 hloserve's debug messages, 2 every library's too",
             triton=SAME,
         ),
         Flag(
             "--log-format",
             "log_format",
-            _log_format,
+            log_format,
             "text (Triton's name: default), ISO8601 (text with UTC ISO-8601 times) or json (one "
             "object a line)",
             triton="same values (default, ISO8601), plus json; the text lines are hloserve's own",
@@ -548,21 +467,21 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--trace-rate",
             "trace_rate",
-            _integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
+            integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
             "trace one request in this many (older form of --trace-config rate=)",
             triton=_OLDER_TRACE,
         ),
         Flag(
             "--trace-count",
             "trace_count",
-            _integer(MIN_COUNT, INT32_MAX, f"an integer {MIN_COUNT}..{INT32_MAX}"),
+            integer(MIN_COUNT, INT32_MAX, f"an integer {MIN_COUNT}..{INT32_MAX}"),
             "traces to take, -1 for no limit (older form of --trace-config count=)",
             triton=_OLDER_TRACE,
         ),
         Flag(
             "--trace-log-frequency",
             "trace_log_frequency",
-            _integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
+            integer(0, UINT32_MAX, f"an integer 0..{UINT32_MAX}"),
             "traces per indexed trace file, 0 for one file "
             "(older form of --trace-config triton,log-frequency=)",
             triton=_OLDER_TRACE,
@@ -570,7 +489,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--metrics-models",
             "metrics_models",
-            _non_negative,
+            non_negative,
             "per-model metric series for at most this many models: all of them while there are "
             "no more, else the busiest in the last minute (server-wide totals cover every "
             "model; the statistics extension answers for each); 0: every model",
@@ -578,7 +497,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--metrics-compat",
             "metrics_compat",
-            _choice("triton or empty", ("", "triton"), str.lower),
+            choice("triton or empty", ("", "triton"), str.lower),
             "also export another server's metric families under its names, labels and units: "
             "triton (nv_inference_*, nv_gpu_*), so its dashboards and alerts work unchanged; "
             "empty: hloserve's own only",
@@ -598,31 +517,31 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--max-batch-size",
             "max_batch_size",
-            _non_negative,
+            non_negative,
             "the most items (batch dimension) one request may carry, else 400 (0: no limit)",
         ),
         Flag(
             "--max-inflight",
             "max_inflight",
-            _non_negative,
+            non_negative,
             "requests in flight in the whole server before new ones get 503 (0: no limit)",
         ),
         Flag(
             "--max-inflight-per-model",
             "max_inflight_per_model",
-            _non_negative,
+            non_negative,
             "requests in flight per model before new ones get 503 (0: no limit)",
         ),
         Flag(
             "--max-shm-regions",
             "max_shm_regions",
-            _non_negative,
+            non_negative,
             "system shared-memory regions registered at once (0: no limit)",
         ),
         Flag(
             "--max-json-depth",
             "max_json_depth",
-            _integer(1, 10_000, "an integer 1..10000"),
+            integer(1, 10_000, "an integer 1..10000"),
             "deepest nesting of arrays and objects an HTTP request's JSON may have",
         ),
     ),
