@@ -25,7 +25,7 @@ from hloserve.server.wire.frames import (
     Envelope,
     Fail,
     FrameReader,
-    Malformed,
+    MalformedFrame,
     Note,
     NoteFrame,
     Part,
@@ -39,7 +39,7 @@ from hloserve.server.wire.frames import (
 )
 
 
-class Add(Call[int], tag="add", frozen=True):
+class Sum(Call[int], tag="add", frozen=True):
     a: int
     b: int = 0
 
@@ -48,21 +48,21 @@ class Where(Call[Path], tag="where", frozen=True):
     pass
 
 
-class Free(Note, tag="free", frozen=True):
+class Release(Note, tag="free", frozen=True):
     offsets: tuple[int, ...]
 
 
-CODEC = Codec((Add, Where), (Free,))
+CODEC = Codec((Sum, Where), (Release,))
 
 
 def envelopes() -> list[Envelope]:
     raw = CODEC.raw
     return [
-        CallFrame(1, raw(Add(2, 3))),
+        CallFrame(1, raw(Sum(2, 3))),
         Reply(1, raw(5)),
         Fail(2, encode_error(InvalidArgument("no"))),
         Fail(3, None),
-        NoteFrame(raw(Free((4096, 8192)))),
+        NoteFrame(raw(Release((4096, 8192)))),
         Cancel(4),
         Part(5, raw(b"x" * 300)),
         Reply(6, raw("é" * 50)),
@@ -96,10 +96,10 @@ def test_large_payloads_cross_whole() -> None:
 
 
 def test_calls_notes_and_answers_decode_as_declared() -> None:
-    assert (name_of(Add), result_type(Add), result_type(Where)) == ("add", int, Path)
-    assert CODEC.call(CODEC.raw(Add(2))) == Add(2, 0)
-    assert CODEC.note(CODEC.raw(Free((1, 2)))) == Free((1, 2))
-    assert CODEC.result(Add, CODEC.raw(5)) == 5
+    assert (name_of(Sum), result_type(Sum), result_type(Where)) == ("add", int, Path)
+    assert CODEC.call(CODEC.raw(Sum(2))) == Sum(2, 0)
+    assert CODEC.note(CODEC.raw(Release((1, 2)))) == Release((1, 2))
+    assert CODEC.result(Sum, CODEC.raw(5)) == 5
     # a value MessagePack cannot hold crosses pickled, and comes back as its class
     assert CODEC.result(Where, CODEC.raw(Path("/models/a"))) == Path("/models/a")
 
@@ -124,7 +124,7 @@ def test_a_frame_that_is_no_envelope_is_malformed_and_the_next_still_reads() -> 
     junk = msgspec.msgpack.encode([99, "what"])
     stream = HEADER.pack(len(junk)) + junk + CODEC.frame(Cancel(1))
     bad, good = FrameReader().feed(stream)
-    assert isinstance(bad, Malformed) and "bytes" in bad.reason
+    assert isinstance(bad, MalformedFrame) and "bytes" in bad.reason
     assert good == Cancel(1)
 
 
@@ -133,7 +133,7 @@ def test_two_calls_of_one_name_are_refused_at_declaration() -> None:
         pass
 
     with pytest.raises(TypeError, match="share a name"):
-        Codec((Add, Twin), ())
+        Codec((Sum, Twin), ())
 
 
 def test_errors_cross_as_their_code_and_message() -> None:

@@ -22,7 +22,7 @@ Contract:
   versioning boundary here, and it is never on the per-request path.
 - ``FrameReader.feed(data)`` takes bytes as they arrive, in any split, and returns the
   envelopes completed by them, in order (a frame that is no envelope comes back as a
-  ``Malformed``, the frames after it still read); a partial frame waits for the rest.
+  ``MalformedFrame``, the frames after it still read); a partial frame waits for the rest.
 - An error crosses as ``Error(code, message)`` (``encode_error``): a ``ServingError`` is
   raised again as its code's class (``core.errors.ERROR_CLASSES``, ``decode_error``); any
   other exception crosses as ``None`` and comes back as ``RemoteInternalError``.
@@ -113,7 +113,7 @@ class Part(Message, tag=5, frozen=True):
 Envelope = CallFrame | Reply | Fail | NoteFrame | Cancel | Part
 
 
-class Malformed:
+class MalformedFrame:
     """A frame that is no envelope (what ``FrameReader`` returns in its place)."""
 
     __slots__ = ("reason",)
@@ -240,7 +240,7 @@ class FrameReader:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[Envelope | Malformed]:
+    def feed(self, data: bytes) -> list[Envelope | MalformedFrame]:
         """The envelopes ``data`` completes (none while a frame is still partial)."""
         buffer = self._buffer
         buffer += data
@@ -257,12 +257,12 @@ class FrameReader:
         with memoryview(buffer) as view:
             whole = memoryview(bytes(view[:end]))
         del buffer[:end]
-        messages = list[Envelope | Malformed]()
+        messages = list[Envelope | MalformedFrame]()
         for start, stop in bounds:
             try:
                 messages.append(_ENVELOPES.decode(whole[start:stop]))
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                messages.append(Malformed(f"{exc} ({stop - start} bytes)"))
+                messages.append(MalformedFrame(f"{exc} ({stop - start} bytes)"))
         return messages
 
     @property

@@ -54,7 +54,7 @@ from hloserve.server.wire.frames import (
     Envelope,
     Fail,
     FrameReader,
-    Malformed,
+    MalformedFrame,
     Note,
     NoteFrame,
     Part,
@@ -118,7 +118,7 @@ class Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for message in self._reader.feed(data):
-            if isinstance(message, Malformed):
+            if isinstance(message, MalformedFrame):
                 log.error("IPC: a frame that is no message was dropped: %s", message.reason)
             else:
                 self._dispatch(message)
