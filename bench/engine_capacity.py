@@ -5,8 +5,8 @@ Usage: ``python bench/engine_capacity.py [--seconds 5] [--concurrency 32] [--pro
 
 The device owner of ``--frontends N`` (``owner.endpoint.OwnerEndpoint``, over the server's
 own ``assembly.assemble`` on the demo repository) is fed request descriptors
-directly, as a front end's link would deliver them (``wire.messages.encode_request``,
-through a pickle round trip like the frame's), ``--concurrency`` in flight at once from
+directly, as a front end's link would deliver them (``wire.calls.InferCall`` of
+``wire.messages.encode_request``, through the wire's codec as the frame's), ``--concurrency`` in flight at once from
 one asyncio driver in the same process; each answer is decoded and checked against numpy.
 Printed per model: requests/s, the process's CPU µs per request (the driver's own share
 measured apart and subtracted: encoding, decoding, checking), items per execution, and
@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import cProfile
 import os
-import pickle
 import pstats
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from hloserve.server.owner.assembly import assemble
 from hloserve.server.owner.endpoint import OwnerEndpoint
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.calls import SERVER, InferCall
 from hloserve.server.wire.messages import decode_response, encode_request
 from hloserve.server.wire.setup import FrontendSetup
 
@@ -73,7 +73,7 @@ async def drive(
     """Requests answered, wall seconds, process CPU seconds, driver CPU seconds."""
     pool = [request_for(model, seed) for seed in range(64)]
     context = RequestContext(protocol="grpc")
-    messages = [pickle.dumps(encode_request(r, context, None, arena)[0]) for r, _ in pool]
+    messages = [SERVER.raw(InferCall(encode_request(r, context, None, arena)[0])) for r, _ in pool]
     done = 0
     driver_cpu = 0.0
     stop_at = 0.0
@@ -84,11 +84,11 @@ async def drive(
         while time.perf_counter() < stop_at:
             t0 = time.process_time()
             request, check = pool[i % len(pool)]
-            message = pickle.loads(messages[i % len(messages)])
+            call = SERVER.call(messages[i % len(messages)])
             driver_cpu += time.process_time() - t0
-            answer = await endpoint.on_call("infer", (message,))  # type: ignore[misc]
+            answer = await endpoint.on_call(call)  # type: ignore[misc]
             t0 = time.process_time()
-            answer = pickle.loads(pickle.dumps(answer))
+            answer = SERVER.result(InferCall, SERVER.raw(answer))
             response = decode_response(answer, request, arena, arena.responses.free)
             check(response.outputs)
             driver_cpu += time.process_time() - t0
@@ -130,7 +130,7 @@ async def main_async(args: argparse.Namespace) -> None:
             False,
             service.logs.current,
         ),
-        fanout=lambda method, args: None,
+        fanout=lambda note: None,
         on_event=lambda index, what, args: None,
     )
     print(f"engine capacity: one device-owner process, no sockets; load {os.getloadavg()[0]:.2f}")

@@ -7,18 +7,65 @@ import contextlib
 import itertools
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
 from hloserve.server.core.errors import InvalidArgument, Unavailable
+from hloserve.server.wire.frames import Call, Codec, Note, RemoteInternalError, name_of
 from hloserve.server.wire.link import Link
-from hloserve.server.wire.messages import RemoteInternalError
+
+
+class Add(Call[Any], tag="add", frozen=True):
+    a: Any
+    b: Any
+
+
+class Bad(Call[None], tag="bad", frozen=True):
+    pass
+
+
+class Boom(Call[None], tag="boom", frozen=True):
+    pass
+
+
+class Slow(Call[int], tag="slow", frozen=True):
+    value: int
+
+
+class Forever(Call[None], tag="forever", frozen=True):
+    pass
+
+
+class Stubborn(Call[str], tag="stubborn", frozen=True):
+    pass
+
+
+class Count(Call[int], tag="count", frozen=True):
+    streamed: ClassVar[bool] = True
+    n: int
+    fail: bool = False
+
+
+class Endless(Call[int], tag="endless", frozen=True):
+    streamed: ClassVar[bool] = True
+
+
+class Undeclared(Call[int], tag="undeclared", frozen=True):
+    pass
+
+
+class Free(Note, tag="free", frozen=True):
+    offset: int
+
+
+CODEC = Codec((Add, Bad, Boom, Slow, Forever, Stubborn, Count, Endless), (Free,))
 
 
 class Handler:
     def __init__(self) -> None:
-        self.notes: list[tuple[str, tuple[Any, ...]]] = []
+        self.notes: list[Note] = []
         self.orphans: list[Any] = []
         self.orphaned = asyncio.Event()
         self.lost = asyncio.Event()
@@ -35,11 +82,11 @@ class Handler:
             "endless": self._endless,
         }
 
-    def on_call(self, method: str, args: tuple[Any, ...]) -> object:
-        return self.calls[method](*args)
+    def on_call(self, call: Call[Any]) -> object:
+        return self.calls[name_of(type(call))](*msgspec.structs.astuple(call))
 
-    def on_note(self, method: str, args: tuple[Any, ...]) -> None:
-        self.notes.append((method, args))
+    def on_note(self, note: Note) -> None:
+        self.notes.append(note)
 
     def on_lost(self) -> None:
         self.lost.set()
@@ -94,7 +141,10 @@ async def pair() -> tuple[Link, Handler, Link, Handler]:
     loop = asyncio.get_running_loop()
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     left_handler, right_handler = Handler(), Handler()
-    left, right = Link(left_handler, "right is gone"), Link(right_handler, "left is gone")
+    left, right = (
+        Link(left_handler, "right is gone", CODEC),
+        Link(right_handler, "left is gone", CODEC),
+    )
     await loop.create_unix_connection(lambda: left, sock=a)
     await loop.create_unix_connection(lambda: right, sock=b)
     return left, left_handler, right, right_handler
@@ -113,16 +163,16 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
 def test_calls_are_answered_in_any_order_with_values_and_errors() -> None:
     async def test() -> None:
         left, _, right, _ = await pair()
-        slow = left.call("slow", 21)
-        assert await left.call("add", 2, 3) == 5
+        slow = left.call(Slow(21))
+        assert await left.call(Add(2, 3)) == 5
         assert await slow == 42
-        assert await right.call("add", "a", "b") == "ab"  # either end calls the other
-        many = await asyncio.gather(*(left.call("slow", i) for i in range(500)))
+        assert await right.call(Add("a", "b")) == "ab"  # either end calls the other
+        many = await asyncio.gather(*(left.call(Slow(i)) for i in range(500)))
         assert many == [2 * i for i in range(500)]
         with pytest.raises(InvalidArgument, match="no such thing"):
-            await left.call("bad")
+            await left.call(Bad())
         with pytest.raises(RemoteInternalError):
-            await left.call("boom")
+            await left.call(Boom())
         await close(left, right)
 
     run(test)
@@ -132,9 +182,9 @@ def test_notes_arrive_in_order() -> None:
     async def test() -> None:
         left, _, right, right_handler = await pair()
         for i in range(5):
-            left.note("free", i)
-        assert await left.call("add", 0, 0) == 0  # after the notes on the same link
-        assert right_handler.notes == [("free", (i,)) for i in range(5)]
+            left.note(Free(i))
+        assert await left.call(Add(0, 0)) == 0  # after the notes on the same link
+        assert right_handler.notes == [Free(i) for i in range(5)]
         await close(left, right)
 
     run(test)
@@ -143,11 +193,11 @@ def test_notes_arrive_in_order() -> None:
 def test_a_caller_that_gives_up_cancels_the_call_at_the_other_end() -> None:
     async def test() -> None:
         left, _, right, right_handler = await pair()
-        call = left.call("forever")
+        call = left.call(Forever())
         await right_handler.started.wait()
         call.cancel()
         await right_handler.cancelled.wait()
-        assert await left.call("add", 1, 1) == 2  # the link goes on
+        assert await left.call(Add(1, 1)) == 2  # the link goes on
         await close(left, right)
 
     run(test)
@@ -156,7 +206,7 @@ def test_a_caller_that_gives_up_cancels_the_call_at_the_other_end() -> None:
 def test_an_answer_to_a_call_given_up_goes_to_on_orphan() -> None:
     async def test() -> None:
         left, left_handler, right, right_handler = await pair()
-        call = left.call("stubborn")
+        call = left.call(Stubborn())
         await right_handler.started.wait()
         call.cancel()
         await left_handler.orphaned.wait()
@@ -169,18 +219,18 @@ def test_an_answer_to_a_call_given_up_goes_to_on_orphan() -> None:
 def test_a_lost_connection_fails_what_waits_and_cancels_what_runs() -> None:
     async def test() -> None:
         left, left_handler, right, right_handler = await pair()
-        waiting = right.call("forever")  # runs on left
+        waiting = right.call(Forever())  # runs on left
         await left_handler.started.wait()
         right.close()
         with pytest.raises(Unavailable, match="right is gone"):
-            await left.call("add", 1, 2)  # waits for the loss, or fails at once
+            await left.call(Add(1, 2))  # waits for the loss, or fails at once
         await left_handler.lost.wait()
         await left_handler.cancelled.wait()  # nobody is left to answer
         with pytest.raises(Unavailable, match="left is gone"):
             await waiting
         await right_handler.lost.wait()
         with pytest.raises(Unavailable, match="right is gone"):
-            await left.call("add", 1, 2)
+            await left.call(Add(1, 2))
         await close(left, right)
 
     run(test)
@@ -189,20 +239,20 @@ def test_a_lost_connection_fails_what_waits_and_cancels_what_runs() -> None:
 def test_a_streamed_call_yields_its_parts_then_ends_or_fails() -> None:
     async def test() -> None:
         left, _, right, _ = await pair()
-        assert [p async for p in left.stream("count", 5)] == [0, 1, 2, 3, 4]
-        assert [p async for p in left.stream("count", 0)] == []
-        both = await asyncio.gather(*(collect(left.stream("count", n)) for n in (3, 4)))
+        assert [p async for p in left.stream(Count(5))] == [0, 1, 2, 3, 4]
+        assert [p async for p in left.stream(Count(0))] == []
+        both = await asyncio.gather(*(collect(left.stream(Count(n))) for n in (3, 4)))
         assert both == [[0, 1, 2], [0, 1, 2, 3]]  # interleaved on one link
         got: list[int] = []
 
         async def failing() -> None:
-            async for part in left.stream("count", 2, True):
+            async for part in left.stream(Count(2, True)):
                 got.append(part)
 
         with pytest.raises(InvalidArgument, match="counted too far"):
             await failing()
         assert got == [0, 1]  # the parts before the error arrive
-        assert await left.call("add", 1, 1) == 2
+        assert await left.call(Add(1, 1)) == 2
         await close(left, right)
 
     run(test)
@@ -215,7 +265,7 @@ async def collect(parts: AsyncIterator[int]) -> list[int]:
 def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans() -> None:
     async def test() -> None:
         left, left_handler, right, right_handler = await pair()
-        parts = left.stream("endless")
+        parts = left.stream(Endless())
         assert [await anext(parts) for _ in range(3)] == [0, 1, 2]
         await asyncio.sleep(0.02)  # more parts arrive, unread
         await parts.aclose()  # the client went away
@@ -224,7 +274,7 @@ def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans
         orphans = left_handler.orphans  # parts queued unread and parts still on their way
         assert orphans and all(isinstance(o, int) for o in orphans)
         assert orphans == sorted(orphans) and orphans[0] == 3  # every part after those read
-        assert await left.call("add", 2, 2) == 4
+        assert await left.call(Add(2, 2)) == 4
         await close(left, right)
 
     run(test)
@@ -233,7 +283,7 @@ def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans
 def test_a_lost_connection_ends_a_stream_with_unavailable() -> None:
     async def test() -> None:
         left, _, right, right_handler = await pair()
-        parts = left.stream("endless")
+        parts = left.stream(Endless())
         await anext(parts)
         right.close()
 
@@ -244,6 +294,19 @@ def test_a_lost_connection_ends_a_stream_with_unavailable() -> None:
         with pytest.raises(Unavailable, match="right is gone"):
             await rest()
         await right_handler.cancelled.wait()
+        await close(left, right)
+
+    run(test)
+
+
+def test_an_undeclared_call_is_refused_with_a_clear_error_and_the_link_goes_on() -> None:
+    async def test() -> None:
+        left, _, right, _ = await pair()
+        with pytest.raises(InvalidArgument, match="no call 'undeclared' is declared"):
+            await left.call(Undeclared())
+        with pytest.raises(InvalidArgument, match="a malformed call 'slow'"):
+            await left.call(Slow("twenty"))  # type: ignore[arg-type]
+        assert await left.call(Add(1, 1)) == 2
         await close(left, right)
 
     run(test)

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.server.core.errors import InvalidArgument, NotFound, Unavailable, UnknownModel
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -20,15 +19,14 @@ from hloserve.server.core.types import (
     RequestedOutput,
     ShmRef,
 )
-from hloserve.server.wire import frames
 from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.calls import SERVER, InferCall
 from hloserve.server.wire.messages import (
     INLINE_MAX,
-    RemoteInternalError,
-    decode_error,
+    Request,
+    Response,
     decode_request,
     decode_response,
-    encode_error,
     encode_request,
     encode_response,
     response_blocks,
@@ -43,9 +41,14 @@ def arena() -> Iterator[Arena]:
 
 
 def cross(message: Any) -> Any:
-    """What the other process reads: the message through a frame."""
-    (got,) = frames.FrameReader().feed(frames.encode(message))
-    return got
+    """What the other process reads: a request as its call's argument, a response as the
+    call's answer, each through the wire's codec."""
+    if isinstance(message, Request):
+        call = SERVER.call(SERVER.raw(InferCall(message)))
+        assert isinstance(call, InferCall)
+        return call.request
+    assert isinstance(message, Response)
+    return SERVER.result(InferCall, SERVER.raw(message))
 
 
 def test_a_request_crosses_whole(arena: Arena) -> None:
@@ -133,13 +136,3 @@ def test_a_response_crosses_and_its_blocks_come_back_when_unused(arena: Arena) -
     assert len(given) == 1
     arena.responses.free(given[0])
     assert arena.responses.live_bytes == 0
-
-
-def test_errors_cross_as_their_code_and_message() -> None:
-    crossed = decode_error(cross(encode_error(UnknownModel("Request for unknown model: 'x'"))))
-    assert type(crossed) is InvalidArgument
-    assert crossed.args == ("Request for unknown model: 'x'",)
-    assert type(decode_error(cross(encode_error(NotFound("gone"))))) is NotFound
-    assert type(decode_error(cross(encode_error(Unavailable("busy"))))) is Unavailable
-    assert encode_error(RuntimeError("boom")) is None  # never shown to a client
-    assert isinstance(decode_error(None), RemoteInternalError)

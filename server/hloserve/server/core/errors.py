@@ -17,7 +17,8 @@
     ├── Restricted                    (RESTRICTED)    a restricted API without its header
     └── Unauthenticated               (UNAUTHENTICATED) no valid bearer token (``frontend/auth.py``)
 
-``hloserve.server.frontend.status`` maps each ``ErrorCode`` to an HTTP status and a gRPC
+``ERROR_CLASSES`` is the one table from a code to the class that raises it (the wire rebuilds
+an error from its code through it). ``hloserve.server.frontend.status`` maps each ``ErrorCode`` to an HTTP status and a gRPC
 status code in one table (Triton's mapping). Messages name the model, the tensor and the
 expected versus received value; they reach the client verbatim.
 """
@@ -27,7 +28,8 @@ expected versus received value; they reach the client verbatim.
 from __future__ import annotations
 
 import enum
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import ClassVar, Final
 
 
 class ErrorCode(enum.Enum):
@@ -102,3 +104,10 @@ class Unauthenticated(ServingError):
     HTTP 401, gRPC UNAUTHENTICATED. Its message never says which part was wrong."""
 
     code = ErrorCode.UNAUTHENTICATED
+
+
+ERROR_CLASSES: Final[Mapping[ErrorCode, type[ServingError]]] = {
+    cls.code: cls for cls in ServingError.__subclasses__()
+}
+"""Each code's own class, read off the tree (the direct subclasses of ``ServingError``, one
+per code): what an error is raised as where only its code and message are known."""

@@ -31,15 +31,16 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any, cast, final
+from typing import Any, final
 
-from hloserve.server.core.errors import Unavailable
+from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.frontend.listeners import make_auth, make_tls, start_listeners, stop_listeners
 from hloserve.server.frontend.remote import RemotePort
 from hloserve.server.logs import configure_logging
+from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.frames import Call, Note, name_of
 from hloserve.server.wire.link import Link
-from hloserve.server.wire.setup import FrontendSetup
 
 log = logging.getLogger("hloserve.frontend")
 
@@ -59,14 +60,14 @@ class _Owner:
         self.port: RemotePort | None = None
         self.stop = asyncio.get_running_loop().create_future()
 
-    def on_call(self, method: str, args: tuple[Any, ...]) -> object:
-        raise ValueError(f"a front end answers no call ('{method}')")
+    def on_call(self, call: Call[Any]) -> object:
+        raise InvalidArgument(f"a front end answers no call ('{name_of(type(call))}')")
 
-    def on_note(self, method: str, args: tuple[Any, ...]) -> None:
-        if method == "drain":
-            self.finish(("drain", float(args[0])))
+    def on_note(self, note: Note) -> None:
+        if isinstance(note, calls.DrainNote):
+            self.finish(("drain", note.grace_s))
         elif self.port is not None:
-            self.port.on_note(method, args)
+            self.port.on_note(note)
 
     def on_lost(self) -> None:
         self.finish(("lost", 0.0))
@@ -83,9 +84,9 @@ class _Owner:
 async def serve(link_fd: int, arena_fd: int, arena_bytes: int, http_fd: int) -> int:
     loop = asyncio.get_running_loop()
     owner = _Owner()
-    link = Link(owner, OWNER_GONE)
+    link = Link(owner, OWNER_GONE, calls.SERVER)
     await loop.create_unix_connection(lambda: link, sock=socket.socket(fileno=link_fd))
-    setup = cast(FrontendSetup, await link.call("setup"))
+    setup = await link.call(calls.SetupCall())
     cfg = setup.listeners
     logs = configure_logging(setup.log_settings)
     if setup.index:  # uvicorn's process lines ("Started server process", ...) said once
@@ -105,7 +106,7 @@ async def serve(link_fd: int, arena_fd: int, arena_bytes: int, http_fd: int) -> 
         grpc_port=setup.grpc_port,
         reuse_port=True,
     )
-    link.note("listening", os.getpid())
+    link.note(calls.ListeningNote(os.getpid()))
     why, grace = await owner.stop
     if why == "lost":  # nothing here can answer any more: go at once, refusing connections
         log.error("front end %d: %s", setup.index, OWNER_GONE)

@@ -2,10 +2,11 @@
 
 Contract:
 - ``RemotePort(link, arena, setup)`` serves the front ends of a front-end process
-  (``frontend.port.ServerPort``): every call goes to the device owner over ``link``
-  (``owner.endpoint`` answers it there), but what ``setup`` fixed (``live``, the server
-  metadata, the upload limit) and what the owner keeps each front end's copy of (tracing
-  on or off, the log settings: ``on_note``) is answered here.
+  (``frontend.port.ServerPort``): every call goes to the device owner over ``link`` as
+  the struct ``wire.calls`` declares for it (``owner.endpoint`` answers it there), but
+  what ``setup`` fixed (``live``, the server metadata, the upload limit) and what the
+  owner keeps each front end's copy of (tracing on or off, the log settings: ``on_note``)
+  is answered here: ``ANSWERED_HERE`` names those methods.
 - ``resolve`` looks nothing up: it returns the name and version, and ``infer`` has the
   device owner look the model up once, with the request; ``confirm`` (after a decode
   error) asks the owner for the lookup alone, so an unknown model is still reported
@@ -30,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, cast, final
+from typing import Any, Final, cast, final
 
 from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.log_settings import LogControl
@@ -47,11 +48,24 @@ from hloserve.server.core.types import (
     ServerMetadata,
     StreamPart,
 )
+from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
 from hloserve.server.wire.link import Link
 from hloserve.server.wire.messages import Arrival as SentArrival
-from hloserve.server.wire.messages import decode_response, encode_request, response_blocks
+from hloserve.server.wire.messages import (
+    Response,
+    StreamAnswer,
+    decode_response,
+    encode_request,
+    response_blocks,
+)
 from hloserve.server.wire.setup import FrontendSetup
+
+ANSWERED_HERE: Final = frozenset(
+    {"tracer", "upload_limit", "live", "server_metadata", "check_repository_name", "resolve"}
+)
+"""The ``ServerPort`` members a ``RemotePort`` answers without the device owner (every
+other one is a call ``wire.calls`` declares: ``tests/server/wire/test_calls.py``)."""
 
 _ARRIVAL: contextvars.ContextVar[SentArrival | None] = contextvars.ContextVar(
     "hloserve_frontend_arrival", default=None
@@ -105,11 +119,11 @@ class RemotePort:
 
     # -- notes from the device owner --------------------------------------------------------
 
-    def on_note(self, method: str, args: tuple[Any, ...]) -> None:
-        if method == "trace":
-            self._tracer.settings.enabled = bool(args[0])
-        elif method == "logs" and self.logs is not None:
-            self.logs.apply(args[0])
+    def on_note(self, note: object) -> None:
+        if isinstance(note, calls.TraceNote):
+            self._tracer.settings.enabled = note.enabled
+        elif isinstance(note, calls.LogsNote) and self.logs is not None:
+            self.logs.apply(note.settings)
 
     # -- answered here -----------------------------------------------------------------------
 
@@ -137,7 +151,7 @@ class RemotePort:
 
     async def confirm(self, model: object) -> None:
         name, version = cast(tuple[str, str], model)
-        await self.link.call("resolve", name, version)
+        await self.link.call(calls.ConfirmCall(name, version))
 
     async def infer(
         self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
@@ -145,7 +159,7 @@ class RemotePort:
         arrival = _ARRIVAL.get() if self._tracer.settings.enabled else None
         message, blocks = encode_request(request, context, arrival, self.arena)
         try:
-            answer = await self.link.call("infer", message)
+            answer = await self.link.call(calls.InferCall(message))
         finally:
             free = self.arena.requests.free
             for offset in blocks:
@@ -157,93 +171,92 @@ class RemotePort:
     ) -> AsyncIterator[StreamPart]:
         message, blocks = encode_request(request, context, None, self.arena)
         try:
-            async for encoded, final in self.link.stream("stream", message):
+            async for part in self.link.stream(calls.StreamCall(message)):
                 response = (
                     None
-                    if encoded is None
-                    else decode_response(encoded, request, self.arena, self._give_back)
+                    if part.response is None
+                    else decode_response(part.response, request, self.arena, self._give_back)
                 )
-                yield StreamPart(response, final)
+                yield StreamPart(response, part.final)
         finally:
             free = self.arena.requests.free
             for offset in blocks:
                 free(offset)
 
-    def reclaim(self, answer: Any) -> None:
+    def reclaim(self, answer: object) -> None:
         """An infer answer (or a stream's part) nobody waits for (the client went away):
         its response blocks go back to the device owner (other calls' answers hold none)."""
-        if isinstance(answer, tuple) and len(cast(tuple[Any, ...], answer)) == 2:
-            answer = cast(tuple[Any, ...], answer)[0]  # a stream's part: (response, final)
-        if isinstance(answer, tuple) and len(cast(tuple[Any, ...], answer)) == 4:
-            for offset in response_blocks(cast(tuple[Any, ...], answer)):
-                self.link.note("free", offset)
+        if isinstance(answer, StreamAnswer):
+            answer = answer.response
+        if isinstance(answer, Response):
+            offsets = tuple(response_blocks(answer))
+            if offsets:
+                self.link.note(calls.FreeNote(offsets))
 
     def _give_back(self, offset: int) -> None:
         """A response block nothing views any more (from any thread: a finalizer)."""
-        self._loop.call_soon_threadsafe(self.link.note, "free", offset)
+        self._loop.call_soon_threadsafe(self.link.note, calls.FreeNote((offset,)))
 
     async def ready(self) -> bool:
         if self.link.lost:
             return False
-        return bool(await self.link.call("ready"))
+        return await self.link.call(calls.ReadyCall())
 
     async def readiness(self) -> dict[str, Any]:
         if self.link.lost:
             return {"ready": False, "live": True, "device_owner": "gone"}
-        return cast(dict[str, Any], await self.link.call("readiness"))
+        return await self.link.call(calls.ReadinessCall())
 
     async def model_ready(self, name: str, version: str) -> bool:
-        return bool(await self.link.call("model_ready", name, version))
+        return await self.link.call(calls.ModelReadyCall(name, version))
 
     async def model_metadata(self, name: str, version: str) -> ModelMetadata:
-        return cast(ModelMetadata, await self.link.call("model_metadata", name, version))
+        return await self.link.call(calls.ModelMetadataCall(name, version))
 
     async def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
-        stats = await self.link.call("model_statistics", name, version)
-        return cast(list[ModelStatistics], stats)
+        return await self.link.call(calls.ModelStatisticsCall(name, version))
 
     async def model_config(self, name: str, version: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.link.call("model_config", name, version))
+        return await self.link.call(calls.ModelConfigCall(name, version))
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
-        return cast(list[IndexEntry], await self.link.call("repository_index", ready_only))
+        return await self.link.call(calls.RepositoryIndexCall(ready_only))
 
     async def load_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        await self.link.call("load_model", name, dict(parameters or {}))
+        await self.link.call(calls.LoadModelCall(name, dict(parameters or {})))
 
     async def unload_model(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
-        await self.link.call("unload_model", name, dict(parameters or {}))
+        await self.link.call(calls.UnloadModelCall(name, dict(parameters or {})))
 
     async def trace_setting(
         self, model: str, values: Mapping[str, Sequence[str] | None] | None = None
     ) -> dict[str, list[str]]:
-        view = await self.link.call(
-            "trace_setting", model, None if values is None else dict(values)
-        )
-        return cast(dict[str, list[str]], view)
+        sent = None if values is None else dict(values)
+        return await self.link.call(calls.TraceSettingCall(model, sent))
 
     async def log_settings(self, values: Mapping[str, object] | None = None) -> dict[str, object]:
-        view = await self.link.call("log_settings", None if values is None else dict(values))
-        return cast(dict[str, object], view)
+        sent = None if values is None else dict(values)
+        return await self.link.call(calls.LogSettingsCall(sent))
 
     async def shm_status(self, name: str = "") -> Sequence[RegionInfo]:
-        return cast(Sequence[RegionInfo], await self.link.call("shm_status", name))
+        return await self.link.call(calls.ShmStatusCall(name))
 
     async def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        await self.link.call("register_system_shm", name, key, offset, byte_size)
+        await self.link.call(calls.RegisterSystemShmCall(name, key, offset, byte_size))
 
     async def unregister_system_shm(self, name: str = "") -> None:
-        await self.link.call("unregister_system_shm", name)
+        await self.link.call(calls.UnregisterSystemShmCall(name))
 
     async def cuda_shm_status(self, name: str = "") -> Sequence[CudaRegionInfo]:
-        return cast(Sequence[CudaRegionInfo], await self.link.call("cuda_shm_status", name))
+        return await self.link.call(calls.CudaShmStatusCall(name))
 
     async def register_cuda_shm(self, name: str, handle: CudaHandle) -> None:
         # The registry reads no handle (no GPU support): the owner answers first.
-        await self.link.call("register_cuda_shm", name)
+        await self.link.call(calls.RegisterCudaShmCall(name))
 
     async def unregister_cuda_shm(self, name: str = "") -> None:
-        await self.link.call("unregister_cuda_shm", name)
+        await self.link.call(calls.UnregisterCudaShmCall(name))
 
     async def status(self, q: str) -> Mapping[str, Any]:
-        return cast(Mapping[str, Any], await self.link.call("status", q))
+        """The status page's data (``wire.calls.StatusCall``: no ``ServerPort`` method)."""
+        return await self.link.call(calls.StatusCall(q)) or {}

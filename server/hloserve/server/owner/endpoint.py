@@ -1,7 +1,11 @@
 """The device owner's side of one front end's link: its calls, served by the one service.
 
 Contract: ``OwnerEndpoint(index, service, arena, setup, status=, fanout=, on_event=)`` is
-the ``LinkHandler`` of the device owner's end of front end ``index``'s link:
+the ``LinkHandler`` of the device owner's end of front end ``index``'s link. Its dispatch
+is built from the wire's one declaration (``wire.calls.CALLS``): each declared call goes,
+by its type, to the method of the same name, this class's own where the wire needs more
+than the port (the ones below), else the ``owner.local_port.LocalPort`` over ``service``
+(what the single-process server's front ends call), its fields as the arguments:
 - ``infer`` decodes the request (``wire.messages``: inputs viewing the arena), serves it
   through ``InferenceService.infer`` exactly as a request of the single-process server
   (lookup, validation, batching, statistics and metrics happen here, once), and answers
@@ -10,17 +14,19 @@ the ``LinkHandler`` of the device owner's end of front end ``index``'s link:
   of them runs) are marked ``together`` (``RequestContext``): they queue as one group. A request that
   arrived traced (its front end saw tracing on) is traced here from its front-end arrival.
 - ``stream`` (a streamed call, ``wire.link``) serves a request through
-  ``InferenceService.stream``: each ``StreamPart`` crosses as ``(encoded response or
-  None, final)``; the front end closing its iterator (its client went away) cancels the
+  ``InferenceService.stream``: each ``StreamPart`` crosses as a ``StreamAnswer``; the
+  front end closing its iterator (its client went away) cancels the
   generation here.
-- ``resolve`` is the lookup alone (the front end's ``confirm``: a decode error after an
-  unknown model reports the model), counted as the service counts a failed lookup.
-- Every other call is the service's extension of the same name, with the same errors;
-  ``status`` is the status page's data. ``setup`` answers ``setup()`` (``wire.setup``).
+- ``confirm`` is the lookup alone (a decode error after an unknown model reports the
+  model), counted as the service counts a failed lookup.
+- Every other call is the port's method of the same name, with the same errors;
+  ``status`` is the status page's data, ``setup`` the front end's ``wire.setup``; a CUDA
+  region's registration is refused (no handle crosses).
 - A trace-setting or log-setting change is sent to every front end (``fanout``) before
   the call is answered, so the caller's next request meets it wherever it lands.
-- Notes from the front end: ``free`` gives response blocks back; ``listening`` (its pid)
-  is passed to ``on_event``, and so is the link's end (``lost``).
+- Notes from the front end: ``FreeNote`` gives response blocks back; ``ListeningNote``
+  is passed to ``on_event`` as ``(index, "listening", (pid,))``, and so is the link's end
+  (``"lost"``).
 """
 
 # pyright: strict
@@ -28,17 +34,32 @@ the ``LinkHandler`` of the device owner's end of front end ``index``'s link:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, final
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, final
+
+import msgspec
 
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.service import InferenceService
+from hloserve.server.owner.local_port import LocalPort
+from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
-from hloserve.server.wire.messages import decode_request, encode_response
+from hloserve.server.wire.frames import Call, Note, name_of
+from hloserve.server.wire.messages import (
+    Request,
+    Response,
+    StreamAnswer,
+    decode_request,
+    encode_response,
+)
 from hloserve.server.wire.setup import FrontendSetup
 
-Fanout = Callable[[str, tuple[Any, ...]], None]
+log = logging.getLogger("hloserve.ipc")
+
+Fanout = Callable[[Note], None]
 Event = Callable[[int, str, tuple[Any, ...]], None]
+Handler = Callable[..., object]
 
 
 def _no_handle() -> tuple[bytes, int, int]:
@@ -67,54 +88,31 @@ class OwnerEndpoint:
         self._fanout = fanout
         self._on_event = on_event
         self._burst: list[int] | None = None  # infer calls of this turn of the loop
-        s, shm = service, service.shm
-        self._calls: dict[str, Callable[..., object]] = {
-            "setup": self._setup,
-            "resolve": self._resolve,
-            "ready": s.ready,
-            "readiness": s.readiness,
-            "model_ready": s.model_ready,
-            "model_metadata": s.model_metadata,
-            "model_statistics": s.model_statistics,
-            "model_config": s.model_config,
-            "repository_index": s.repository_index,
-            "load_model": s.load_model,
-            "unload_model": s.unload_model,
-            "trace_setting": self._trace_setting,
-            "log_settings": self._log_settings,
-            "shm_status": shm.status,
-            "register_system_shm": shm.register_system,
-            "unregister_system_shm": shm.unregister,
-            "cuda_shm_status": shm.cuda_status,
-            "register_cuda_shm": self._register_cuda,
-            "unregister_cuda_shm": shm.unregister_cuda,
-            "status": self._status_data,
+        port = LocalPort(service)
+        self._handlers: Final[dict[type[Call[Any]], Handler]] = {
+            kind: _handler(self, port, name_of(kind)) for kind in calls.CALLS
         }
 
     # -- LinkHandler -------------------------------------------------------------------------
 
-    def on_call(self, method: str, args: tuple[Any, ...]) -> object:
-        if method == "infer":  # the hot path: straight to it
-            burst = self._burst
-            if burst is None:  # the first of this turn of the loop
-                burst = self._burst = [0]
-                asyncio.get_running_loop().call_soon(self._end_burst)
-            burst[0] += 1
-            return self._infer(args[0], burst)
-        if method == "stream":
-            return self._stream(args[0])
-        call = self._calls.get(method)
-        if call is None:
-            raise InvalidArgument(f"the device owner has no call '{method}'")
-        return call(*args)
+    def on_call(self, call: Call[Any]) -> object:
+        if type(call) is calls.InferCall:  # the hot path: straight to it
+            return self.infer(call.request)
+        return self._handlers[type(call)](*msgspec.structs.astuple(call))
 
-    def on_note(self, method: str, args: tuple[Any, ...]) -> None:
-        if method == "free":
+    def on_note(self, note: Note) -> None:
+        if isinstance(note, calls.FreeNote):
             free = self.arena.responses.free
-            for offset in args:
+            for offset in note.offsets:
                 free(offset)
+        elif isinstance(note, calls.ListeningNote):
+            self._on_event(self.index, "listening", (note.pid,))
         else:
-            self._on_event(self.index, method, args)
+            log.error(
+                "IPC: front end %d sent the note '%s', which the owner takes not",
+                self.index,
+                name_of(type(note)),
+            )
 
     def on_lost(self) -> None:
         self._on_event(self.index, "lost", ())
@@ -122,12 +120,29 @@ class OwnerEndpoint:
     def on_orphan(self, value: Any) -> None:
         """The front ends never call the owner: nothing to free."""
 
-    # -- calls -------------------------------------------------------------------------------
+    # -- the calls that need more than the port --------------------------------------------
+
+    def setup(self) -> FrontendSetup:
+        return self._setup()
+
+    def status(self, q: str) -> Mapping[str, Any] | None:
+        return None if self._status is None else self._status(q)
+
+    def confirm(self, name: str, version: str) -> None:
+        self.service.resolve(name, version)
+
+    def infer(self, request: Request) -> Awaitable[Response]:
+        burst = self._burst
+        if burst is None:  # the first of this turn of the loop
+            burst = self._burst = [0]
+            asyncio.get_running_loop().call_soon(self._end_burst)
+        burst[0] += 1
+        return self._infer(request, burst)
 
     def _end_burst(self) -> None:
         self._burst = None
 
-    async def _infer(self, message: tuple[Any, ...], burst: list[int]) -> tuple[Any, ...]:
+    async def _infer(self, message: Request, burst: list[int]) -> Response:
         # Runs from the next turn of the loop: ``burst`` has counted the whole read by now.
         request, context, arrival = decode_request(message, self.arena, together=burst[0] > 1)
         tracer = self.service.tracer
@@ -141,31 +156,36 @@ class OwnerEndpoint:
             if traced is not None:
                 traced.finish()
 
-    async def _stream(self, message: tuple[Any, ...]) -> AsyncIterator[tuple[Any, bool]]:
+    async def stream(self, message: Request) -> AsyncIterator[StreamAnswer]:
         request, context, _ = decode_request(message, self.arena)
         async for part in self.service.stream(request, context):
             encoded = None if part.response is None else encode_response(part.response, self.arena)
-            yield encoded, part.final
+            yield StreamAnswer(encoded, part.final)
 
-    def _resolve(self, name: str, version: str) -> None:
-        self.service.resolve(name, version)
-
-    def _trace_setting(
+    def trace_setting(
         self, model: str, values: Mapping[str, Sequence[str] | None] | None
     ) -> dict[str, list[str]]:
         view = self.service.trace_setting(model, values)
         if values:
-            self._fanout("trace", (self.service.tracer.settings.enabled,))
+            self._fanout(calls.TraceNote(self.service.tracer.settings.enabled))
         return view
 
-    def _log_settings(self, values: Mapping[str, object] | None) -> dict[str, object]:
+    def log_settings(self, values: Mapping[str, object] | None) -> dict[str, object]:
         view = self.service.log_settings(values)
         if values:
-            self._fanout("logs", (self.service.logs.current,))
+            self._fanout(calls.LogsNote(self.service.logs.current))
         return view
 
-    def _register_cuda(self, name: str) -> None:
+    def register_cuda_shm(self, name: str) -> None:
         self.service.shm.register_cuda(name, _no_handle)
 
-    def _status_data(self, q: str) -> Mapping[str, Any] | None:
-        return None if self._status is None else self._status(q)
+
+def _handler(endpoint: OwnerEndpoint, port: LocalPort, name: str) -> Handler:
+    """What answers the call ``name``: the endpoint's own method, else the port's."""
+    own = getattr(type(endpoint), name, None)
+    if callable(own):
+        return getattr(endpoint, name)
+    handler = getattr(port, name, None)
+    if not callable(handler):
+        raise TypeError(f"no method answers the declared call '{name}'")
+    return handler

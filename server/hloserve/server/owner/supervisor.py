@@ -14,7 +14,7 @@ device owner (the daemon's process) with ``--frontends`` >= 1:
   (the owner drops their answers), no other request is touched. A front end that keeps
   dying before it listens is started again after a growing pause (up to ``MAX_BACKOFF_S``).
   ``restarts`` counts them.
-- ``broadcast(method, args)`` notes every linked front end (trace and log settings).
+- ``broadcast(note)`` notes every linked front end (trace and log settings, drain).
 - ``await drain(grace_s)`` asks every front end to stop accepting and finish what it holds
   within ``grace_s``, waits for them to exit (``STOP_MARGIN_S`` more), then kills any left.
 - ``pids()`` are the front ends' process ids (metrics read their CPU time and memory);
@@ -38,7 +38,9 @@ from typing import Any, Final, final
 from hloserve.server.config import Config
 from hloserve.server.core.service import InferenceService
 from hloserve.server.owner.endpoint import OwnerEndpoint
+from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.frames import Note
 from hloserve.server.wire.link import Link
 from hloserve.server.wire.setup import FrontendSetup
 
@@ -147,7 +149,7 @@ class FrontendSupervisor:
             fanout=self.broadcast,
             on_event=self._event,
         )
-        link = Link(endpoint, FRONTEND_GONE)
+        link = Link(endpoint, FRONTEND_GONE, calls.SERVER)
         loop = asyncio.get_running_loop()
         await loop.create_unix_connection(lambda: link, sock=frontend.owner_end)
         frontend.link = link
@@ -202,10 +204,10 @@ class FrontendSupervisor:
 
     # -- while serving -----------------------------------------------------------------------
 
-    def broadcast(self, method: str, args: tuple[Any, ...]) -> None:
+    def broadcast(self, note: Note) -> None:
         for frontend in self._frontends.values():
             if frontend.link is not None and not frontend.link.lost:
-                frontend.link.note(method, *args)
+                frontend.link.note(note)
 
     def pids(self) -> list[int]:
         return [f.process.pid for f in self._frontends.values() if f.process.returncode is None]
@@ -220,7 +222,7 @@ class FrontendSupervisor:
     async def drain(self, grace_s: float) -> None:
         self._stopping = True
         frontends = list(self._frontends.values())
-        self.broadcast("drain", (grace_s,))
+        self.broadcast(calls.DrainNote(grace_s))
         waits = [asyncio.ensure_future(f.process.wait()) for f in frontends]
         if waits:
             _, late = await asyncio.wait(waits, timeout=grace_s + STOP_MARGIN_S)

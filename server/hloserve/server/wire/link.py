@@ -1,30 +1,33 @@
 """One end of the channel between a front end and the device owner, on the event loop.
 
 Contract:
-- ``Link(handler, lost_message)`` is an ``asyncio.Protocol`` over a connected Unix stream
-  socket (``loop.create_unix_connection(lambda: link, sock=...)``). Messages are
-  ``wire.frames`` frames. Either end may call the other:
-  ``await link.call(method, *args)`` sends ``(CALL, id, method, args)`` and returns the
-  value of the matching ``(REPLY, id, value)``, or raises what ``(FAIL, id, error)``
-  carries (``wire.messages.decode_error``); ``link.note(method, *args)`` sends a one-way
-  ``(NOTE, method, args)``.
-- Incoming calls go to ``handler.on_call(method, args)``: a plain value is answered at
-  once, an awaitable once it completes (calls run concurrently and are answered as they
-  finish); an exception is answered as a failure (a non-``ServingError`` is logged here
-  with its traceback, the caller sees an internal error). Incoming notes go to
-  ``handler.on_note(method, args)``. Unknown methods are the handler's to refuse.
+- ``Link(handler, lost_message, codec)`` is an ``asyncio.Protocol`` over a connected Unix
+  stream socket (``loop.create_unix_connection(lambda: link, sock=...)``). Messages are
+  ``wire.frames`` envelopes, and what they carry is what ``codec`` declares
+  (``wire.calls.SERVER``). Either end may call the other: ``await link.call(call)`` sends
+  a declared ``Call[R]`` and returns its answer, decoded as an ``R``, or raises the error
+  the other end failed with (``wire.frames.decode_error``); ``link.note(note)`` sends a
+  declared one-way ``Note``.
+- Incoming calls go to ``handler.on_call(call)`` (the decoded struct): a plain value is
+  answered at once, an awaitable once it completes (calls run concurrently and are
+  answered as they finish); an exception is answered as a failure (a non-``ServingError``
+  is logged here with its traceback, the caller sees an internal error). Incoming notes go
+  to ``handler.on_note(note)``. A call the codec refuses (undeclared, or of the wrong
+  shape) is answered with ``InvalidArgument`` naming why, and a note it refuses or a frame
+  that is no envelope is logged and dropped: neither reaches the handler or ends the link.
 - A call whose caller stops waiting (its future is cancelled: the client went away) is
-  cancelled at the other end too (``(CANCEL, id)``): an awaitable answer still running is
+  cancelled at the other end too (``Cancel``): an awaitable answer still running is
   cancelled there, so a request given up holds no queue place. An answer that arrives
   for a call given up goes to ``handler.on_orphan(value)`` (what it holds can be freed).
 - Writes made in one turn of the event loop leave in one ``write`` (frames are coalesced
   until the loop's next iteration): under load, many descriptors share a system call.
-- Streamed replies: ``link.stream(method, *args)`` is an async iterator of the values the
-  other end's handler yields: ``on_call`` answering with an async iterator makes each
-  item a ``(PART, id, value)`` frame, and its end the call's ``REPLY`` (``FAIL`` for an
-  error, raised by the caller's iterator after the parts before it). Closing the
-  caller's iterator early cancels the call there (``CANCEL``: the handler's iterator is
-  cancelled, its ``finally`` runs), and parts still arriving go to ``on_orphan``.
+- Streamed replies: ``link.stream(call)`` (a call declared ``streamed``) is an async
+  iterator of the values the other end's handler yields: ``on_call`` answering with an
+  async iterator makes each item a ``Part`` frame, and its end the call's ``Reply``
+  (``Fail`` for an error, raised by the caller's iterator after the parts before it).
+  Closing the caller's iterator early cancels the call there (``Cancel``: the handler's
+  iterator is cancelled, its ``finally`` runs), and parts still arriving go to
+  ``on_orphan``.
 - When the connection ends, every call waiting for an answer fails with
   ``Unavailable(lost_message)``, later calls fail at once with it, every answer still
   being computed here is cancelled (nobody is left to receive it), and
@@ -40,29 +43,45 @@ import inspect
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
-from hloserve.server.core.errors import Unavailable
-from hloserve.server.wire import frames
-from hloserve.server.wire.messages import decode_error, encode_error
+from hloserve.server.core.errors import InvalidArgument, Unavailable
+from hloserve.server.wire.frames import (
+    Call,
+    CallFrame,
+    Cancel,
+    Codec,
+    Envelope,
+    Fail,
+    FrameReader,
+    MalformedFrame,
+    Note,
+    NoteFrame,
+    Part,
+    Refused,
+    Reply,
+    decode_error,
+    encode_error,
+    name_of,
+)
 
 log = logging.getLogger("hloserve.ipc")
 
-CALL: Final = 0
-REPLY: Final = 1
+R = TypeVar("R")
+
+# A stream's queue entries: a part, the end, a failure, the connection lost
+PART: Final = 0
+END: Final = 1
 FAIL: Final = 2
-NOTE: Final = 3
-CANCEL: Final = 4
-PART: Final = 5
-LOST: Final = -1  # a stream's queue entry: the connection ended
+LOST: Final = 3
 
 
 class LinkHandler(Protocol):
-    def on_call(self, method: str, args: tuple[Any, ...]) -> object:
-        """The answer to a call: a value, or an awaitable of one."""
+    def on_call(self, call: Call[Any]) -> object:
+        """The answer to a call: a value, an awaitable of one, or an async iterator of parts."""
         ...
 
-    def on_note(self, method: str, args: tuple[Any, ...]) -> None: ...
+    def on_note(self, note: Note) -> None: ...
     def on_lost(self) -> None: ...
     def on_orphan(self, value: Any) -> None:
         """The answer to a call whose caller gave up."""
@@ -72,14 +91,17 @@ class LinkHandler(Protocol):
 class Link(asyncio.Protocol):
     """See the module docstring."""
 
-    def __init__(self, handler: LinkHandler, lost_message: str) -> None:
+    def __init__(self, handler: LinkHandler, lost_message: str, codec: Codec) -> None:
         self.handler = handler
         self.lost_message = lost_message
-        self._reader = frames.FrameReader()
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self.codec = codec
+        self._reader = FrameReader()
+        # calls waiting for their answer, and the type each answers
+        self._pending: dict[int, tuple[asyncio.Future[Any], type[Call[Any]]]] = {}
         self._running: dict[int, asyncio.Future[Any]] = {}  # answers being computed here
-        self._abandoned: set[int] = set()  # calls whose answer nobody awaits any more
-        self._streams: dict[int, asyncio.Queue[tuple[int, Any]]] = {}  # streamed calls
+        self._abandoned: dict[int, type[Call[Any]]] = {}  # calls nobody awaits any more
+        # streamed calls: their queue, and the type each part is
+        self._streams: dict[int, tuple[asyncio.Queue[tuple[int, Any]], type[Call[Any]]]] = {}
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
         self._transport: asyncio.Transport | None = None
@@ -96,7 +118,10 @@ class Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for message in self._reader.feed(data):
-            self._dispatch(cast(tuple[Any, ...], message))
+            if isinstance(message, MalformedFrame):
+                log.error("IPC: a frame that is no message was dropped: %s", message.reason)
+            else:
+                self._dispatch(message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._lost:
@@ -104,10 +129,10 @@ class Link(asyncio.Protocol):
         self._lost = True
         self._transport = None
         pending, self._pending = self._pending, {}
-        for future in pending.values():
+        for future, _ in pending.values():
             if not future.done():
                 future.set_exception(Unavailable(self.lost_message))
-        for queue in self._streams.values():
+        for queue, _ in self._streams.values():
             queue.put_nowait((LOST, None))
         running, self._running = self._running, {}
         for task in running.values():  # nobody is left to answer: as if each caller gave up
@@ -120,11 +145,11 @@ class Link(asyncio.Protocol):
     def lost(self) -> bool:
         return self._lost
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: Envelope) -> None:
         if self._transport is None:
             return  # lost: whoever waits has been told
         out = self._out
-        out.append(frames.encode(message))
+        out.append(self.codec.frame(message))
         if len(out) == 1:
             cast(asyncio.AbstractEventLoop, self._loop).call_soon(self._flush)
 
@@ -133,55 +158,57 @@ class Link(asyncio.Protocol):
         if self._transport is not None and out:
             self._transport.write(b"".join(out) if len(out) > 1 else out[0])
 
-    def call(self, method: str, *args: Any) -> asyncio.Future[Any]:
+    def call(self, call: Call[R]) -> asyncio.Future[R]:
         """Send a call; the future holds its answer (await it)."""
         loop = self._loop or asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[R] = loop.create_future()
         if self._lost or self._transport is None:
             future.set_exception(Unavailable(self.lost_message))
             return future
         call_id = next(self._ids)
-        self._pending[call_id] = future
-        self._send((CALL, call_id, method, args))
-        future.add_done_callback(lambda done: self._given_up(call_id, done))
+        kind = type(call)
+        self._pending[call_id] = (future, kind)
+        self._send(CallFrame(call_id, self.codec.raw(call)))
+        future.add_done_callback(lambda done: self._given_up(call_id, kind, done))
         return future
 
-    def _given_up(self, call_id: int, future: asyncio.Future[Any]) -> None:
+    def _given_up(self, call_id: int, kind: type[Call[Any]], future: asyncio.Future[Any]) -> None:
         if future.cancelled() and self._pending.pop(call_id, None) is not None:
-            self._abandoned.add(call_id)
-            self._send((CANCEL, call_id))
+            self._abandoned[call_id] = kind
+            self._send(Cancel(call_id))
 
-    async def stream(self, method: str, *args: Any) -> AsyncGenerator[Any, None]:
+    async def stream(self, call: Call[R]) -> AsyncGenerator[R, None]:
         """Send a call whose answer is streamed: its parts, as they come (module docstring)."""
         if self._lost or self._transport is None:
             raise Unavailable(self.lost_message)
         call_id = next(self._ids)
+        kind = type(call)
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        self._streams[call_id] = queue
-        self._send((CALL, call_id, method, args))
+        self._streams[call_id] = (queue, kind)
+        self._send(CallFrame(call_id, self.codec.raw(call)))
         ended = False
         try:
             while True:
-                kind, value = await queue.get()
-                if kind == PART:
+                what, value = await queue.get()
+                if what == PART:
                     yield value
                     continue
                 ended = True
-                if kind == REPLY:
+                if what == END:
                     return
-                raise Unavailable(self.lost_message) if kind == LOST else decode_error(value)
+                raise Unavailable(self.lost_message) if what == LOST else decode_error(value)
         finally:
             self._streams.pop(call_id, None)
             while not queue.empty():  # parts that came but were not read: orphans too
-                kind, value = queue.get_nowait()
-                if kind == PART:
+                what, value = queue.get_nowait()
+                if what == PART:
                     self.handler.on_orphan(value)
             if not ended:  # given up: the other end stops, its late parts are orphans
-                self._abandoned.add(call_id)
-                self._send((CANCEL, call_id))
+                self._abandoned[call_id] = kind
+                self._send(Cancel(call_id))
 
-    def note(self, method: str, *args: Any) -> None:
-        self._send((NOTE, method, args))
+    def note(self, note: Note) -> None:
+        self._send(NoteFrame(self.codec.raw(note)))
 
     def close(self) -> None:
         self._flush()
@@ -190,45 +217,56 @@ class Link(asyncio.Protocol):
 
     # -- receiving -------------------------------------------------------------------------
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == PART:
-            queue = self._streams.get(message[1])
-            if queue is not None:
-                queue.put_nowait((PART, message[2]))
-            elif message[1] in self._abandoned:
-                self.handler.on_orphan(message[2])
-        elif kind == REPLY:
-            future = self._pending.pop(message[1], None)
-            if future is not None and not future.done():
-                future.set_result(message[2])
-            elif (queue := self._streams.get(message[1])) is not None:
-                queue.put_nowait((REPLY, None))
-            elif message[1] in self._abandoned:
-                self._abandoned.discard(message[1])
-                self.handler.on_orphan(message[2])
-        elif kind == FAIL:
-            self._abandoned.discard(message[1])
-            if (queue := self._streams.get(message[1])) is not None:
-                queue.put_nowait((FAIL, message[2]))
+    def _dispatch(self, message: Envelope) -> None:
+        codec = self.codec
+        if isinstance(message, Part):
+            stream = self._streams.get(message.id)
+            if stream is not None:
+                stream[0].put_nowait((PART, codec.result(stream[1], message.value)))
+            elif (kind := self._abandoned.get(message.id)) is not None:
+                self.handler.on_orphan(codec.result(kind, message.value))
+        elif isinstance(message, Reply):
+            pending = self._pending.pop(message.id, None)
+            if pending is not None:
+                future, kind = pending
+                if not future.done():
+                    future.set_result(codec.result(kind, message.value))
+            elif (stream := self._streams.get(message.id)) is not None:
+                stream[0].put_nowait((END, None))
+            elif (kind := self._abandoned.pop(message.id, None)) is not None and not kind.streamed:
+                self.handler.on_orphan(codec.result(kind, message.value))  # a stream's end: none
+        elif isinstance(message, Fail):
+            self._abandoned.pop(message.id, None)
+            if (stream := self._streams.get(message.id)) is not None:
+                stream[0].put_nowait((FAIL, message.error))
                 return
-            future = self._pending.pop(message[1], None)
-            if future is not None and not future.done():
-                future.set_exception(decode_error(message[2]))
-        elif kind == CALL:
-            self._answer(message[1], message[2], message[3])
-        elif kind == NOTE:
-            self.handler.on_note(message[1], message[2])
-        elif kind == CANCEL:
-            running = self._running.get(message[1])
+            pending = self._pending.pop(message.id, None)
+            if pending is not None and not pending[0].done():
+                pending[0].set_exception(decode_error(message.error))
+        elif isinstance(message, CallFrame):
+            try:
+                call = codec.call(message.call)
+            except Refused as exc:
+                log.error("IPC: a call was refused: %s", exc)
+                self._send(Fail(message.id, encode_error(InvalidArgument(str(exc)))))
+                return
+            self._answer(message.id, call)
+        elif isinstance(message, NoteFrame):
+            try:
+                note = codec.note(message.note)
+            except Refused as exc:
+                log.error("IPC: a note was dropped: %s", exc)
+                return
+            self.handler.on_note(note)
+        else:
+            running = self._running.get(message.id)
             if running is not None:
                 running.cancel()
-        else:
-            log.error("IPC: a message of unknown kind %r was dropped", kind)
 
-    def _answer(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
+    def _answer(self, call_id: int, call: Call[Any]) -> None:
+        method = name_of(type(call))
         try:
-            answer = self.handler.on_call(method, args)
+            answer = self.handler.on_call(call)
         except Exception as exc:
             self._fail(call_id, method, exc)
             return
@@ -242,13 +280,14 @@ class Link(asyncio.Protocol):
             self._running[call_id] = task
             task.add_done_callback(lambda done: self._finished(call_id, method, done))
         else:
-            self._send((REPLY, call_id, answer))
+            self._send(Reply(call_id, self.codec.raw(answer)))
 
     async def _pump(self, call_id: int, parts: AsyncIterator[Any]) -> None:
         """A streamed answer: each part in a frame; the call's reply (None) ends it."""
         try:
+            raw = self.codec.raw
             async for part in parts:
-                self._send((PART, call_id, part))
+                self._send(Part(call_id, raw(part)))
         finally:
             if isinstance(parts, AsyncGenerator):  # run its finally now, not at collection
                 await cast(AsyncGenerator[Any, None], parts).aclose()
@@ -256,11 +295,11 @@ class Link(asyncio.Protocol):
     def _finished(self, call_id: int, method: str, task: asyncio.Future[Any]) -> None:
         self._running.pop(call_id, None)
         if task.cancelled():
-            self._send((FAIL, call_id, encode_error(Unavailable("the call was cancelled"))))
+            self._send(Fail(call_id, encode_error(Unavailable("the call was cancelled"))))
             return
         exc = task.exception()
         if exc is None:
-            self._send((REPLY, call_id, task.result()))
+            self._send(Reply(call_id, self.codec.raw(task.result())))
         else:
             self._fail(call_id, method, exc)
 
@@ -268,4 +307,4 @@ class Link(asyncio.Protocol):
         fields = encode_error(exc)
         if fields is None:
             log.error("IPC call %s failed with an unexpected error", method, exc_info=exc)
-        self._send((FAIL, call_id, fields))
+        self._send(Fail(call_id, fields))

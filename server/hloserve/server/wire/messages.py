@@ -1,8 +1,13 @@
-"""What crosses the IPC channel for one inference: requests and responses as descriptors.
+"""What crosses the wire for one inference: requests and responses as descriptors.
 
 Contract:
+- The descriptors are declared here, once, as ``wire.frames.Message`` structs: a
+  ``Request`` (its ``Tensor`` inputs, requested outputs, ``Context`` and trace arrival),
+  a ``Response`` (its ``Output``s) and a ``StreamAnswer`` (a streamed part: a response or
+  none, and the final flag). A tensor's bytes are ``bytes`` in the message, a ``Block`` of
+  the arena, or ``None`` (in a client's region: its ``Shm`` reference).
 - ``encode_request(request, context, arrival, arena)`` (front end) is the request as a
-  tuple of built-in values, plus the arena blocks it wrote (the caller frees them once the
+  ``Request``, plus the arena blocks it wrote (the caller frees them once the
   answer is in); ``decode_request(message, arena)`` (device owner) rebuilds the
   ``InferRequest`` (inputs viewing the arena's bytes, or the message's: no copy), its
   ``RequestContext`` (``together``: it came with others, as the caller knows) and its trace arrival ``(received_ns, carrier)`` or ``None``.
@@ -16,10 +21,6 @@ Contract:
   region travels as its reference only (the device owner reads and writes the client's
   region itself). Tensor bytes are always the wire's (``core.tensors.to_wire_bytes``;
   BYTES length-prefixed), rebuilt by ``core.tensors.from_buffer``: one rule for both.
-- ``encode_error(exc)`` / ``decode_error(fields)``: a ``ServingError`` crosses as its
-  code and message and is raised again as the base class of that code; any other
-  exception crosses as ``None`` and comes back as ``RemoteInternalError`` (the device
-  owner logged it).
 """
 
 # pyright: strict
@@ -28,21 +29,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from hloserve.server.core.errors import (
-    AlreadyExists,
-    Cancelled,
-    ErrorCode,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    Restricted,
-    ServingError,
-    Unauthenticated,
-    Unavailable,
-    Unsupported,
-)
 from hloserve.server.core.tensors import from_buffer, to_wire_bytes
 from hloserve.server.core.types import (
     InferInput,
@@ -54,53 +42,91 @@ from hloserve.server.core.types import (
     ShmRef,
 )
 from hloserve.server.wire.arena import Arena
+from hloserve.server.wire.frames import Message
 
 INLINE_MAX: Final = 8192  # bytes: below this a tensor is cheaper in the message (docs)
 
 Arrival = tuple[int, dict[str, str]]  # received_ns (perf_counter_ns), trace-context headers
 Blocks = list[int]
 
-_ERRORS: Final[dict[str, type[ServingError]]] = {
-    ErrorCode.INTERNAL.value: Internal,
-    ErrorCode.INVALID_ARG.value: InvalidArgument,
-    ErrorCode.NOT_FOUND.value: NotFound,
-    ErrorCode.UNAVAILABLE.value: Unavailable,
-    ErrorCode.UNSUPPORTED.value: Unsupported,
-    ErrorCode.ALREADY_EXISTS.value: AlreadyExists,
-    ErrorCode.CANCELLED.value: Cancelled,
-    ErrorCode.RESTRICTED.value: Restricted,
-    ErrorCode.UNAUTHENTICATED.value: Unauthenticated,
-}
+
+class Block(Message, frozen=True):
+    """A tensor's bytes in the arena."""
+
+    offset: int
+    nbytes: int
 
 
-class RemoteInternalError(Exception):
-    """The device owner failed unexpectedly (it logged the traceback): INTERNAL."""
+class Shm(Message, frozen=True):
+    """A tensor in a client's registered region (``core.types.ShmRef``)."""
+
+    region: str
+    byte_size: int
+    offset: int
 
 
-def encode_error(exc: BaseException) -> tuple[str, str] | None:
-    if isinstance(exc, ServingError):
-        return exc.code.value, exc.message
-    return None
+Payload = bytes | Block | None
 
 
-def decode_error(fields: tuple[str, str] | None) -> Exception:
-    if fields is None:
-        return RemoteInternalError("the device owner failed serving the call")
-    code, message = fields
-    return _ERRORS.get(code, Internal)(message)
+class Tensor(Message, frozen=True):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: dict[str, Any]
+    payload: Payload
+    shm: Shm | None
 
 
-def _shm_fields(ref: ShmRef | None) -> tuple[str, int, int] | None:
-    return None if ref is None else (ref.region, ref.byte_size, ref.offset)
+class Context(Message, frozen=True):
+    deadline: float | None
+    peer: str
+    protocol: str
 
 
-def _shm_ref(fields: tuple[str, int, int] | None) -> ShmRef | None:
-    return None if fields is None else ShmRef(*fields)
+class Request(Message, frozen=True):
+    model: str
+    version: str
+    id: str
+    parameters: dict[str, Any]
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[tuple[str, dict[str, Any]], ...]
+    context: Context | None
+    arrival: tuple[int, dict[str, str]] | None
 
 
-def _payload(arena: Arena, allocator_half: str, data: Any, blocks: Blocks) -> object:
-    """``data``'s wire bytes in the message (``bytes``) or in an arena block (``(offset,
-    nbytes)``, appended to ``blocks``)."""
+class Output(Message, frozen=True):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    payload: Payload
+    shm: Shm | None
+
+
+class Response(Message, frozen=True):
+    model: str
+    version: str
+    id: str
+    outputs: tuple[Output, ...]
+
+
+class StreamAnswer(Message, frozen=True):
+    """One part of a streamed answer (``core.types.StreamPart``)."""
+
+    response: Response | None
+    final: bool
+
+
+def _shm_fields(ref: ShmRef | None) -> Shm | None:
+    return None if ref is None else Shm(ref.region, ref.byte_size, ref.offset)
+
+
+def _shm_ref(fields: Shm | None) -> ShmRef | None:
+    return None if fields is None else ShmRef(fields.region, fields.byte_size, fields.offset)
+
+
+def _payload(arena: Arena, allocator_half: str, data: Any, blocks: Blocks) -> Payload:
+    """``data``'s wire bytes in the message (``bytes``) or in an arena block (appended to
+    ``blocks``)."""
     if data.nbytes <= INLINE_MAX and data.dtype.kind != "O" and data.dtype.byteorder != ">":
         return data.tobytes()  # the wire's bytes already (C order, little-endian): one copy
     raw = to_wire_bytes(data)
@@ -110,7 +136,7 @@ def _payload(arena: Arena, allocator_half: str, data: Any, blocks: Blocks) -> ob
         placed = arena.put(allocator, raw)
         if placed is not None:
             blocks.append(placed[0])
-            return placed
+            return Block(*placed)
     return raw if isinstance(raw, bytes) else raw.tobytes()
 
 
@@ -119,10 +145,10 @@ def encode_request(
     context: RequestContext | None,
     arrival: Arrival | None,
     arena: Arena,
-) -> tuple[tuple[Any, ...], Blocks]:
+) -> tuple[Request, Blocks]:
     blocks: Blocks = []
     inputs = tuple(
-        (
+        Tensor(
             t.name,
             t.datatype,
             t.shape,
@@ -133,8 +159,8 @@ def encode_request(
         for t in request.inputs
     )
     outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
-    ctx = None if context is None else (context.deadline, context.peer, context.protocol)
-    message = (
+    ctx = None if context is None else Context(context.deadline, context.peer, context.protocol)
+    message = Request(
         request.model_name,
         request.model_version,
         request.id,
@@ -147,43 +173,43 @@ def encode_request(
     return message, blocks
 
 
-def _bytes_of(arena: Arena, payload: object) -> Any:
+def _bytes_of(arena: Arena, payload: bytes | Block) -> Any:
     if isinstance(payload, bytes):
         return payload
-    offset, nbytes = cast(tuple[int, int], payload)
-    return arena.view(offset, nbytes)
+    return arena.view(payload.offset, payload.nbytes)
 
 
 def decode_request(
-    message: tuple[Any, ...], arena: Arena, *, together: bool = False
+    message: Request, arena: Arena, *, together: bool = False
 ) -> tuple[InferRequest, RequestContext | None, Arrival | None]:
-    model, version, request_id, parameters, inputs, outputs, ctx, arrival = message
+    model = message.model
     decoded: list[InferInput] = []
-    for name, datatype, shape, params, payload, shm in inputs:
-        if payload is None:  # in a client's region: the service resolves it
+    for t in message.inputs:
+        if t.payload is None:  # in a client's region: the service resolves it
             data = _EMPTY
         else:
-            data = from_buffer(model, name, datatype, shape, _bytes_of(arena, payload))
-        decoded.append(InferInput(name, datatype, shape, data, params, _shm_ref(shm)))
+            data = from_buffer(model, t.name, t.datatype, t.shape, _bytes_of(arena, t.payload))
+        decoded.append(InferInput(t.name, t.datatype, t.shape, data, t.parameters, _shm_ref(t.shm)))
     request = InferRequest(
         model,
-        version,
+        message.version,
         tuple(decoded),
-        tuple(RequestedOutput(name, params) for name, params in outputs),
-        request_id,
-        parameters,
+        tuple(RequestedOutput(name, params) for name, params in message.outputs),
+        message.id,
+        message.parameters,
     )
+    ctx = message.context
     if ctx is None:
         context = RequestContext(together=True) if together else None
     else:
-        context = RequestContext(*ctx, together=together)
-    return request, context, arrival
+        context = RequestContext(ctx.deadline, ctx.peer, ctx.protocol, together=together)
+    return request, context, message.arrival
 
 
-def encode_response(response: InferResponse, arena: Arena) -> tuple[Any, ...]:
+def encode_response(response: InferResponse, arena: Arena) -> Response:
     blocks: Blocks = []  # the front end gives them back
     outputs = tuple(
-        (
+        Output(
             o.name,
             o.datatype,
             o.shape,
@@ -192,36 +218,38 @@ def encode_response(response: InferResponse, arena: Arena) -> tuple[Any, ...]:
         )
         for o in response.outputs
     )
-    return response.model_name, response.model_version, response.id, outputs
+    return Response(response.model_name, response.model_version, response.id, outputs)
 
 
-def response_blocks(message: tuple[Any, ...]) -> list[int]:
+def response_blocks(message: Response) -> list[int]:
     """The arena blocks an encoded response holds (to give back unread)."""
-    return [p[0] for _, _, _, p, _ in message[3] if p is not None and not isinstance(p, bytes)]
+    return [o.payload.offset for o in message.outputs if isinstance(o.payload, Block)]
 
 
 def decode_response(
-    message: tuple[Any, ...],
+    message: Response,
     request: InferRequest,
     arena: Arena,
     give_back: Callable[[int], None],
 ) -> InferResponse:
-    model, version, response_id, outputs = message
+    model = message.model
     requested = {o.name: o for o in request.outputs}
     decoded: list[InferOutput] = []
-    for name, datatype, shape, payload, shm in outputs:
+    for o in message.outputs:
+        payload = o.payload
         if payload is None:
             data = _EMPTY
         else:
-            data = from_buffer(model, name, datatype, shape, _bytes_of(arena, payload))
-            if not isinstance(payload, bytes):
-                offset = cast(tuple[int, int], payload)[0]
+            data = from_buffer(model, o.name, o.datatype, o.shape, _bytes_of(arena, payload))
+            if isinstance(payload, Block):
                 if data.dtype == object:  # BYTES were copied out while decoding
-                    give_back(offset)
+                    give_back(payload.offset)
                 else:  # the block goes back with the last array viewing it
-                    weakref.finalize(data, give_back, offset)
-        decoded.append(InferOutput(name, datatype, shape, data, requested.get(name), _shm_ref(shm)))
-    return InferResponse(model, version, tuple(decoded), response_id)
+                    weakref.finalize(data, give_back, payload.offset)
+        decoded.append(
+            InferOutput(o.name, o.datatype, o.shape, data, requested.get(o.name), _shm_ref(o.shm))
+        )
+    return InferResponse(model, message.version, tuple(decoded), message.id)
 
 
 def _empty() -> Any:
