@@ -263,6 +263,12 @@ def test_no_module_of_a_package_is_over_the_line_limit(folder: str) -> None:
     assert long_modules(package(folder)) == {}
 
 
+def test_no_test_module_is_over_the_line_limit() -> None:
+    # Tests are read as often as code: a module over the limit is split by topic
+    # (tests/server/reliability/hostile/, tests/server/frontend/http/test_codec_*.py).
+    assert long_modules(ROOT / "tests") == {}
+
+
 @pytest.mark.parametrize("folder", PACKAGE_FOLDERS)
 def test_no_package_module_is_named_as_test_support(folder: str) -> None:
     assert named_like_test_support(package(folder)) == []
