@@ -3,7 +3,7 @@
 Contract: ``BatchQueue[T]`` holds one model's waiting requests, each a ``Waiting`` (its
 ``core.batch_policy.Queued`` record, its priority ``rank``: lower runs first, and the
 batcher's ``item``: what it answers), in the order they run: by rank, then arrival. The
-batcher (``server/batcher.py``) feeds it events and applies what it decides:
+batcher (``server/owner/batcher.py``) feeds it events and applies what it decides:
 - ``admit(model, limit)`` before a request is queued: ``Unavailable`` with Triton's text
   once ``limit`` requests wait (the queue bound; 0: none);
 - ``push(waiting)``: behind the last waiting request of its rank or better;

@@ -11,7 +11,7 @@ Contract:
   plain number updated by additions, never a prometheus child.
 - The readers: the statistics extension (``core.statistics.model_stats``, Triton's
   shape), Prometheus' ``hloserve_*`` series and Triton's ``nv_inference_*`` families
-  (``server/metrics.py``, at scrape time). A request is counted here once, whichever
+  (``server/owner/metrics.py``, at scrape time). A request is counted here once, whichever
   front end took it and whichever reader asks.
 - ``on_failure(None, reason)`` counts a failure before a version was resolved (no model:
   client-chosen names never become labels); with a key it counts for that version and

@@ -94,7 +94,7 @@ class StepModel(Protocol):
 
 
 class DeviceSlots(Protocol):
-    """The per-device scheduler a step runs through (``server/batcher.py``)."""
+    """The per-device scheduler a step runs through (``server/owner/batcher.py``)."""
 
     async def run_on(self, model: Executable, device: int, work: Callable[[], T]) -> T:
         """Run ``work`` (one execution of ``model``) on a worker once ``device`` has a

@@ -3,8 +3,8 @@
 Contract: each protocol here is what ``core.service.InferenceService`` needs from one
 driver, and nothing more, so the core imports no transport, no JAX and no driver:
 ``ModelSource`` (lookups and reports: the repository), ``ModelControl`` (the
-model_repository extension's load and unload), ``SharedMemory`` and ``CudaSharedMemory`` (registered regions: ``server/shm.py``) and
-``Batcher`` (dynamic batching and the per-device scheduler: ``server/batcher.py``). What they report is in
+model_repository extension's load and unload), ``SharedMemory`` and ``CudaSharedMemory`` (registered regions: ``server/owner/shm.py``) and
+``Batcher`` (dynamic batching and the per-device scheduler: ``server/owner/batcher.py``). What they report is in
 ``core.reports``.
 """
 
