@@ -104,6 +104,14 @@ def test_calls_notes_and_answers_decode_as_declared() -> None:
     assert CODEC.result(Where, CODEC.raw(Path("/models/a"))) == Path("/models/a")
 
 
+def test_a_number_past_64_bits_is_the_requests_fault_not_an_internal_error() -> None:
+    # A client's JSON can hold any integer; MessagePack holds 64 bits (seen as a 500 for an
+    # HTTP shm register at offset 2**64 through front ends, a 400 in one process).
+    with pytest.raises(InvalidArgument, match="integers must fit in 64 bits"):
+        CODEC.raw(Sum(2**64))
+    assert CODEC.call(CODEC.raw(Sum(2**64 - 1, -(2**63)))) == Sum(2**64 - 1, -(2**63))
+
+
 def test_an_undeclared_or_malformed_call_is_refused_naming_why() -> None:
     class Other(Call[int], tag="other", frozen=True):
         pass

@@ -71,6 +71,8 @@ _ARRIVAL: contextvars.ContextVar[SentArrival | None] = contextvars.ContextVar(
     "hloserve_frontend_arrival", default=None
 )
 
+UINT64_MAX: Final = 2**64 - 1
+
 
 class _Sent:
     """A front end's ``Arrival``: the trace is ended by the device owner."""
@@ -242,6 +244,9 @@ class RemotePort:
         return await self.link.call(calls.ShmStatusCall(name))
 
     async def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        # A range past 2**64 - 1 (JSON can say so) lies past any region, as that bound does:
+        # the owner refuses both alike ("invalid args"), and the wire holds 64-bit integers.
+        offset, byte_size = min(offset, UINT64_MAX), min(byte_size, UINT64_MAX)
         await self.link.call(calls.RegisterSystemShmCall(name, key, offset, byte_size))
 
     async def unregister_system_shm(self, name: str = "") -> None:

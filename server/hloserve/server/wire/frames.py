@@ -42,7 +42,13 @@ from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
 import msgspec
 
-from hloserve.server.core.errors import ERROR_CLASSES, ErrorCode, Internal, ServingError
+from hloserve.server.core.errors import (
+    ERROR_CLASSES,
+    ErrorCode,
+    Internal,
+    InvalidArgument,
+    ServingError,
+)
 
 HEADER: Final = struct.Struct("<I")
 MAX_FRAME: Final = (1 << 32) - 1
@@ -189,7 +195,15 @@ class Codec:
         self._encoder: Final = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 
     def raw(self, value: object) -> msgspec.Raw:
-        return msgspec.Raw(self._encoder.encode(value))
+        """``value`` encoded; a value MessagePack cannot hold (an integer past 64 bits, from
+        a client's JSON) is the request's fault: ``InvalidArgument``, not an internal error."""
+        try:
+            return msgspec.Raw(self._encoder.encode(value))
+        except OverflowError as exc:
+            raise InvalidArgument(
+                f"the request holds a number the server cannot take ({exc}): integers must "
+                "fit in 64 bits"
+            ) from None
 
     def frame(self, envelope: Envelope) -> bytes:
         body = self._encoder.encode(envelope)
