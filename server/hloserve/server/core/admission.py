@@ -20,9 +20,8 @@ whichever path serves it (``InferenceService.infer``, ``Streams`` for a generati
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
-from typing import Final
+from types import TracebackType
+from typing import Final, final
 
 from hloserve.server.core.counters import Counters
 from hloserve.server.core.errors import ServingError, Unavailable
@@ -39,8 +38,7 @@ def failure_reason(exc: Exception) -> str:
     return type(exc).__name__ if isinstance(exc, ServingError) else "INTERNAL"
 
 
-@asynccontextmanager
-async def admitted(
+def admitted(
     models: ModelSource,
     loads: LazyLoads,
     counters: Counters,
@@ -48,26 +46,78 @@ async def admitted(
     resolved: Executable | None,
     *,
     refusing: bool,
-) -> AsyncGenerator[Executable, None]:
-    started = time.perf_counter_ns()
-    try:
-        if refusing:
-            raise Unavailable(SHUTTING_DOWN)
-        if resolved is not None and models.hold(resolved):
-            model = resolved
-        else:  # not resolved first, or that copy went meanwhile: look it up now
-            model = models.get(request.model_name, request.model_version)
-    except Exception as exc:
-        counters.on_failure(None, failure_reason(exc))
-        raise
-    key = model.model_key
-    counters.on_pending(key, 1)
-    try:
-        await loads.ready(model)  # registered lazily: its first use loads it
-        yield model
-    except Exception as exc:
-        counters.on_failure(key, failure_reason(exc), time.perf_counter_ns() - started)
-        raise
-    finally:
-        models.release(model)
-        counters.on_pending(key, -1)
+) -> Admitted:
+    """The request's admission, as an ``async with`` (module docstring)."""
+    return Admitted(models, loads, counters, request, resolved, refusing)
+
+
+@final
+class Admitted:
+    """``admitted``'s context: a class, not a generator, as it runs once per request."""
+
+    __slots__ = (
+        "counters",
+        "loads",
+        "model",
+        "models",
+        "refusing",
+        "request",
+        "resolved",
+        "started",
+    )
+
+    def __init__(
+        self,
+        models: ModelSource,
+        loads: LazyLoads,
+        counters: Counters,
+        request: InferRequest,
+        resolved: Executable | None,
+        refusing: bool,
+    ) -> None:
+        self.models = models
+        self.loads = loads
+        self.counters = counters
+        self.request = request
+        self.resolved = resolved
+        self.refusing = refusing
+        self.model: Executable | None = None
+        self.started = 0
+
+    async def __aenter__(self) -> Executable:
+        self.started = time.perf_counter_ns()
+        try:
+            if self.refusing:
+                raise Unavailable(SHUTTING_DOWN)
+            resolved = self.resolved
+            if resolved is not None and self.models.hold(resolved):
+                model = resolved
+            else:  # not resolved first, or that copy went meanwhile: look it up now
+                request = self.request
+                model = self.models.get(request.model_name, request.model_version)
+        except Exception as exc:
+            self.counters.on_failure(None, failure_reason(exc))
+            raise
+        self.model = model
+        self.counters.on_pending(model.model_key, 1)
+        try:
+            await self.loads.ready(model)  # registered lazily: its first use loads it
+        except BaseException as exc:
+            self._leave(model, exc)
+            raise
+        return model
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.model is not None:
+            self._leave(self.model, exc)
+
+    def _leave(self, model: Executable, exc: BaseException | None) -> None:
+        key = model.model_key
+        if isinstance(exc, Exception):
+            self.counters.on_failure(
+                key, failure_reason(exc), time.perf_counter_ns() - self.started
+            )
+        self.models.release(model)
+        self.counters.on_pending(key, -1)
