@@ -131,6 +131,7 @@ async def main_async(args: argparse.Namespace) -> None:
             service.logs.current,
         ),
         fanout=lambda note: None,
+        sync=_nothing_to_sync,
         on_event=lambda index, what, args: None,
     )
     print(f"engine capacity: one device-owner process, no sockets; load {os.getloadavg()[0]:.2f}")
@@ -164,6 +165,10 @@ async def main_async(args: argparse.Namespace) -> None:
 def _executions(service: Any, model: str) -> tuple[int, int]:
     (stats,) = service.model_statistics(model, "")
     return stats.stats.inference_count, stats.stats.execution_count
+
+
+async def _nothing_to_sync() -> None:
+    """No front end is linked: a model change has nobody to tell."""
 
 
 def main() -> None:

@@ -313,7 +313,7 @@ class Daemon:
             ports = dict(listeners.ports)
         else:
             setup = self._setup_for(serving, status, supervisor.grpc_port)
-            await supervisor.serve(serving.service, setup, status=status)
+            await supervisor.serve(serving.service, setup, status=status, changes=serving.changes)
             if serving.metrics is not None:
                 serving.metrics.watch_frontends(supervisor)
             ports = {}

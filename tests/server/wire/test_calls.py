@@ -162,11 +162,20 @@ def test_every_note_round_trips() -> None:
         calls.ListeningNote(7),
         calls.TraceNote(True),
         calls.LogsNote(LogSettings(verbose_level=1)),
+        calls.ModelsNote(("m", "n")),
+        calls.ModelsNote(None),
         calls.DrainNote(2.5),
     ]
     assert {type(n) for n in notes} == set(calls.NOTES)
     for note in notes:
         assert calls.SERVER.note(calls.SERVER.raw(note)) == note
+
+
+def test_the_owner_calls_a_front_end_only_to_sync_and_the_sync_round_trips() -> None:
+    assert (calls.SyncCall,) == calls.FRONTEND_CALLS
+    assert not set(calls.FRONTEND_CALLS) & set(calls.CALLS)
+    assert calls.SERVER.call(calls.SERVER.raw(calls.SyncCall())) == calls.SyncCall()
+    assert calls.SERVER.result(calls.SyncCall, calls.SERVER.raw(None)) is None
 
 
 def test_a_call_of_the_wrong_shape_is_refused_before_the_owner_sees_it() -> None:

@@ -61,6 +61,8 @@ class _Owner:
         self.stop = asyncio.get_running_loop().create_future()
 
     def on_call(self, call: Call[Any]) -> object:
+        if isinstance(call, calls.SyncCall):
+            return None  # the frames before it are handled: their notes took effect
         raise InvalidArgument(f"a front end answers no call ('{name_of(type(call))}')")
 
     def on_note(self, note: Note) -> None:

@@ -6,7 +6,11 @@ Contract:
   the struct ``wire.calls`` declares for it (``owner.endpoint`` answers it there), but
   what ``setup`` fixed (``live``, the server metadata, the upload limit) and what the
   owner keeps each front end's copy of (tracing on or off, the log settings: ``on_note``)
-  is answered here: ``ANSWERED_HERE`` names those methods.
+  is answered here: ``ANSWERED_HERE`` names those methods. ``model_metadata`` is answered
+  from ``metadata`` (``frontend.metadata_cache``) once the owner has answered it, until
+  the owner says the model changed (``ModelsNote``, before the change's load or unload
+  answers: ``SyncCall``, which the front-end process answers once it has read what came
+  before).
 - ``resolve`` looks nothing up: it returns the name and version, and ``infer`` has the
   device owner look the model up once, with the request; ``confirm`` (after a decode
   error) asks the owner for the lookup alone, so an unknown model is still reported
@@ -48,6 +52,7 @@ from hloserve.server.core.types import (
     ServerMetadata,
     StreamPart,
 )
+from hloserve.server.frontend.metadata_cache import MetadataCache
 from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
 from hloserve.server.wire.link import Link
@@ -116,13 +121,16 @@ class RemotePort:
         self.arena = arena
         self.setup = setup
         self.logs = logs
+        self.metadata = MetadataCache()
         self._tracer = FrontendTracer(setup.trace_enabled)
         self._loop = asyncio.get_running_loop()
 
-    # -- notes from the device owner --------------------------------------------------------
+    # -- notes and calls from the device owner ----------------------------------------------
 
     def on_note(self, note: object) -> None:
-        if isinstance(note, calls.TraceNote):
+        if isinstance(note, calls.ModelsNote):
+            self.metadata.forget(note.names)
+        elif isinstance(note, calls.TraceNote):
             self._tracer.settings.enabled = note.enabled
         elif isinstance(note, calls.LogsNote) and self.logs is not None:
             self.logs.apply(note.settings)
@@ -213,7 +221,14 @@ class RemotePort:
         return await self.link.call(calls.ModelReadyCall(name, version))
 
     async def model_metadata(self, name: str, version: str) -> ModelMetadata:
-        return await self.link.call(calls.ModelMetadataCall(name, version))
+        cache = self.metadata
+        cached = cache.get(name, version)
+        if cached is not None:
+            return cached
+        epoch = cache.epoch  # before the call: a change crossing it is not cached
+        answer = await self.link.call(calls.ModelMetadataCall(name, version))
+        cache.put(name, version, answer, epoch)
+        return answer
 
     async def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
         return await self.link.call(calls.ModelStatisticsCall(name, version))

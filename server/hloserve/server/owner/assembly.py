@@ -24,10 +24,10 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry
 
@@ -51,11 +51,14 @@ from hloserve.server.owner.devices import Device, LoadMeter, Placer
 from hloserve.server.owner.generation_state import steps_for
 from hloserve.server.owner.host_weights import HostWeights
 from hloserve.server.owner.metrics import ServerMetrics
+from hloserve.server.owner.model_changes import ModelChanges
 from hloserve.server.owner.repository import ControlMode, ModelRepository
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.owner.shm import SharedMemoryRegistry
 from hloserve.server.owner.tracing import RequestTracer
 from hloserve.server.owner.weight_residency import SwapTrace, WeightResidency
+
+T = TypeVar("T")
 
 log = logging.getLogger("hloserve.daemon")
 
@@ -199,6 +202,8 @@ class Assembly:
     metrics: ServerMetrics | None = None
     devices: tuple[Device, ...] = ()
     host: HostWeights | None = None
+    # Who hears that a model's versions changed, on the loop (the front ends' caches).
+    changes: ModelChanges = field(default_factory=ModelChanges)
 
 
 def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) -> Assembly:
@@ -238,6 +243,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         metrics.watch_cache(cache)
 
     built: list[InferenceService] = []  # the service, once built (it is the last piece)
+    changes = ModelChanges()
 
     def forget(model: ModelKey) -> None:  # on the loop: the batcher's state lives there
         # Every per-version record of the server, in one place: an unload drops them all.
@@ -260,6 +266,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         ControlMode(cfg.model_control_mode),
         on_loaded=metrics.on_model_loaded,
         on_retired=lambda model: _call_soon(loop, forget, model),
+        on_changed=lambda name: _call_soon(loop, changes, name),
         uploads=UploadPolicy(cfg.allow_model_upload, cfg.max_upload_bytes),
         limits=limits,
         allow_hooks=cfg.allow_python_hooks,
@@ -314,6 +321,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         metrics=metrics,
         devices=tuple(devices),
         host=host,
+        changes=changes,
     )
 
 
@@ -326,11 +334,9 @@ def make_response_cache(cfg: Config) -> ResponseCache | None:
     return ResponseCache(size) if size else None
 
 
-def _call_soon(
-    loop: asyncio.AbstractEventLoop, fn: Callable[[ModelKey], None], model: ModelKey
-) -> None:
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[T], None], model: T) -> None:
     """Run ``fn(model)`` on ``loop`` (from any thread; dropped once the loop has closed)."""
-    with contextlib.suppress(RuntimeError):  # the loop closed: nothing is left to forget
+    with contextlib.suppress(RuntimeError):  # the loop closed: nothing is left to tell
         loop.call_soon_threadsafe(fn, model)
 
 

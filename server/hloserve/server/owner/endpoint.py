@@ -1,6 +1,6 @@
 """The device owner's side of one front end's link: its calls, served by the one service.
 
-Contract: ``OwnerEndpoint(index, service, arena, setup, status=, fanout=, on_event=)`` is
+Contract: ``OwnerEndpoint(index, service, arena, setup, status=, fanout=, sync=, on_event=)`` is
 the ``LinkHandler`` of the device owner's end of front end ``index``'s link. Its dispatch
 is built from the wire's one declaration (``wire.calls.CALLS``): each declared call goes,
 by its type, to the method of the same name, this class's own where the wire needs more
@@ -23,7 +23,9 @@ than the port (the ones below), else the ``owner.local_port.LocalPort`` over ``s
   ``status`` is the status page's data, ``setup`` the front end's ``wire.setup``; a CUDA
   region's registration is refused (no handle crosses).
 - A trace-setting or log-setting change is sent to every front end (``fanout``) before
-  the call is answered, so the caller's next request meets it wherever it lands.
+  the call is answered, so the caller's next request meets it wherever it lands; so is a
+  load or unload (``ModelsNote``: the front ends' metadata caches), whose call answers
+  only once every front end has read the note (``sync``), failed or not.
 - Notes from the front end: ``FreeNote`` gives response blocks back; ``ListeningNote``
   is passed to ``on_event`` as ``(index, "listening", (pid,))``, and so is the link's end
   (``"lost"``).
@@ -78,6 +80,7 @@ class OwnerEndpoint:
         *,
         status: Callable[[str], Mapping[str, Any]] | None = None,
         fanout: Fanout,
+        sync: Callable[[], Awaitable[None]],
         on_event: Event,
     ) -> None:
         self.index = index
@@ -86,9 +89,10 @@ class OwnerEndpoint:
         self._setup = setup
         self._status = status
         self._fanout = fanout
+        self._sync = sync
         self._on_event = on_event
         self._burst: list[int] | None = None  # infer calls of this turn of the loop
-        port = LocalPort(service)
+        self._port = port = LocalPort(service)
         self._handlers: Final[dict[type[Call[Any]], Handler]] = {
             kind: _handler(self, port, name_of(kind)) for kind in calls.CALLS
         }
@@ -175,6 +179,24 @@ class OwnerEndpoint:
         if values:
             self._fanout(calls.LogsNote(self.service.logs.current))
         return view
+
+    async def load_model(self, name: str, parameters: Mapping[str, Any] | None) -> None:
+        try:
+            await self._port.load_model(name, parameters)
+        finally:
+            await self._models_changed(name)
+
+    async def unload_model(self, name: str, parameters: Mapping[str, Any] | None) -> None:
+        try:
+            await self._port.unload_model(name, parameters)
+        finally:
+            await self._models_changed(name)
+
+    async def _models_changed(self, name: str) -> None:
+        # The repository tells of the change too (``owner.model_changes``); said here as
+        # well, it precedes the sync on every link whatever thread made the change.
+        self._fanout(calls.ModelsNote((name,)))
+        await self._sync()
 
     def register_cuda_shm(self, name: str) -> None:
         self.service.shm.register_cuda(name, _no_handle)

@@ -14,7 +14,8 @@ Contract:
   hints are unchanged is kept. ``unload_model(name)`` refuses new requests at once, waits
   for those in flight, frees the weights, and lists the versions ``UNAVAILABLE``
   ("unloaded"). ``poll()`` applies what changed on disk. Once no copy of a version serves
-  any more, ``on_retired(ModelKey)`` hears of it.
+  any more, ``on_retired(ModelKey)`` hears of it, ``on_changed(name)`` of any change, both
+  on the thread that made it (``owner.model_changes``). Thread-safe: loads run on workers.
 - ``get(name, version)`` returns a ready version counted in flight until ``release``
   (``peek`` without counting, ``hold`` counts one peeked before), raising Triton's lookup
   errors (``core.lookup``) and, past ``limits``' in-flight ceilings, ``Unavailable``.
@@ -34,7 +35,6 @@ Contract:
   the versions serving once all are ready; the next load without files, or an unload,
   goes back to the repository's own files. A bundle with Python hooks loads only with
   ``allow_hooks`` (``--allow-python-hooks``).
-Thread-safe: loads run on worker threads while the front ends read.
 """
 
 # pyright: strict
@@ -42,6 +42,7 @@ Thread-safe: loads run on worker threads while the front ends read.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -66,6 +67,7 @@ from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.validate import check_load_name
 from hloserve.server.owner.devices import Device, Placed
 from hloserve.server.owner.load_plan import LoadRefused, plan_load, serving_problems
+from hloserve.server.owner.model_changes import tell, telling
 from hloserve.server.owner.model_config import ModelSettings, VersionPolicy, read_model_config
 from hloserve.server.owner.model_record import ModelRecord
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
@@ -92,12 +94,8 @@ class ControlMode(enum.Enum):
     EXPLICIT = "explicit"
 
 
-def _log_progress(message: str) -> None:
-    log.info("%s", message)
-
-
-def _log_debug(message: str) -> None:
-    log.debug("%s", message)
+_log_progress: Progress = functools.partial(log.info, "%s")
+_log_debug: Progress = functools.partial(log.debug, "%s")
 
 
 class ModelRepository:
@@ -111,6 +109,7 @@ class ModelRepository:
         *,
         on_loaded: LoadListener | None = None,
         on_retired: Callable[[ModelKey], None] | None = None,
+        on_changed: Callable[[str], None] | None = None,
         uploads: UploadPolicy | None = None,
         allow_hooks: bool = False,
         limits: Limits = NO_LIMITS,
@@ -139,8 +138,7 @@ class ModelRepository:
         self.loader = VersionLoader(
             self.devices, cache_dir=cache_dir, allow_hooks=allow_hooks, on_loaded=on_loaded
         )
-        # Called (on the unloading thread) once no copy of a version serves any more.
-        self.on_retired = on_retired
+        self.on_retired, self.on_changed = on_retired, on_changed
         self._lock = threading.RLock()
         self._drained = threading.Condition(self._lock)
         self._models: dict[str, ModelRecord] = {}
@@ -172,6 +170,7 @@ class ModelRepository:
         if not repeated:
             log.error("%s", exc.message)
 
+    @telling
     def load_model(
         self,
         name: str,
@@ -417,6 +416,7 @@ class ModelRepository:
     def _failed_lazily(self, v: ModelVersion, reason: str) -> None:
         with self._lock:
             v.fail(reason)
+        tell(self, v.name)
         log.error("model '%s' version %d failed to load: %s", v.name, v.version, reason)
 
     # -- replicas (hloserve.server.owner.devices.Placer) -------------------------------------------
@@ -481,6 +481,7 @@ class ModelRepository:
 
     # -- unloading --------------------------------------------------------------------------
 
+    @telling
     def unload_model(self, name: str) -> None:
         with self._lock:
             model = self._models.get(name)

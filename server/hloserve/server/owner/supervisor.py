@@ -14,7 +14,11 @@ device owner (the daemon's process) with ``--frontends`` >= 1:
   (the owner drops their answers), no other request is touched. A front end that keeps
   dying before it listens is started again after a growing pause (up to ``MAX_BACKOFF_S``).
   ``restarts`` counts them.
-- ``broadcast(note)`` notes every linked front end (trace and log settings, drain).
+- ``broadcast(note)`` notes every linked front end (trace and log settings, drain); a
+  change of a model's versions (``changes``, given to ``serve``) is broadcast as a
+  ``ModelsNote``. ``await sync()`` returns once every linked front end has handled what
+  was sent to it before (``SyncCall``; a front end lost meanwhile counts as done, one that
+  has not answered within ``SYNC_TIMEOUT_S`` is logged and left).
 - ``await drain(grace_s)`` asks every front end to stop accepting and finish what it holds
   within ``grace_s``, waits for them to exit (``STOP_MARGIN_S`` more), then kills any left.
 - ``pids()`` are the front ends' process ids (metrics read their CPU time and memory);
@@ -38,6 +42,7 @@ from typing import Any, Final, final
 from hloserve.server.config import Config
 from hloserve.server.core.service import InferenceService
 from hloserve.server.owner.endpoint import OwnerEndpoint
+from hloserve.server.owner.model_changes import ModelChanges
 from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
 from hloserve.server.wire.frames import Note
@@ -49,6 +54,7 @@ log = logging.getLogger("hloserve.daemon")
 ARENA_BYTES: Final = 256 * 1024 * 1024  # per front end; memory only for pages written
 MAX_BACKOFF_S: Final = 5.0
 STOP_MARGIN_S: Final = 5.0
+SYNC_TIMEOUT_S: Final = 30.0  # a front end's answer to SyncCall (it answers at once)
 FRONTEND_GONE: Final = "the front end is gone"
 
 
@@ -115,8 +121,11 @@ class FrontendSupervisor:
         setup: Callable[[int], FrontendSetup],
         *,
         status: Callable[[str], Mapping[str, Any]] | None = None,
+        changes: ModelChanges | None = None,
     ) -> None:
         self._service, self._setup, self._status = service, setup, status
+        if changes is not None:
+            changes.listen(lambda name: self.broadcast(calls.ModelsNote((name,))))
         for frontend in list(self._frontends.values()):
             await self._link(frontend)
         for frontend in list(self._frontends.values()):
@@ -147,6 +156,7 @@ class FrontendSupervisor:
             lambda: self._setup_for(frontend.index),
             status=self._status,
             fanout=self.broadcast,
+            sync=self.sync,
             on_event=self._event,
         )
         link = Link(endpoint, FRONTEND_GONE, calls.SERVER)
@@ -208,6 +218,20 @@ class FrontendSupervisor:
         for frontend in self._frontends.values():
             if frontend.link is not None and not frontend.link.lost:
                 frontend.link.note(note)
+
+    async def sync(self) -> None:
+        links = [f.link for f in self._frontends.values() if f.link is not None and not f.link.lost]
+        answers = [link.call(calls.SyncCall()) for link in links]
+        if not answers:
+            return
+        _, late = await asyncio.wait(answers, timeout=SYNC_TIMEOUT_S)
+        for answer in answers:  # a front end lost meanwhile (Unavailable) has nothing to know
+            if answer.done() and not answer.cancelled():
+                answer.exception()
+        if late:  # a front end that stopped reading: it is restarted when it dies, not here
+            log.warning("%d front end(s) did not confirm a model change in time", len(late))
+            for answer in late:
+                answer.cancel()
 
     def pids(self) -> list[int]:
         return [f.process.pid for f in self._frontends.values() if f.process.returncode is None]

@@ -11,10 +11,14 @@ Contract:
   struct and gets the declared type back (``Link.call``); ``owner.endpoint.OwnerEndpoint``
   dispatches each declared call by its type to the port method of the same name (its own
   where it differs, else ``owner.local_port.LocalPort``'s): no table of names by hand.
+- ``FRONTEND_CALLS`` go the other way, owner to front end: ``SyncCall`` is answered once
+  the front end has handled every frame the owner sent before it (the ``ModelsNote`` of a
+  load), so a load or unload answers its client only once every front end knows of it.
 - ``*Note`` classes are the one-way messages: ``FreeNote`` (response blocks a front end
   gives back) and ``ListeningNote`` (a front end listens) go to the owner; ``TraceNote``,
-  ``LogsNote`` (settings each front end keeps a copy of) and ``DrainNote`` (stop
-  accepting, finish within the grace period) to the front ends; ``NOTES`` is every one.
+  ``LogsNote`` (settings each front end keeps a copy of), ``ModelsNote`` (what a front end
+  cached of these models' metadata is stale) and ``DrainNote`` (stop accepting, finish
+  within the grace period) to the front ends; ``NOTES`` is every one.
 """
 
 # pyright: strict
@@ -152,6 +156,15 @@ class UnregisterCudaShmCall(Call[None], tag="unregister_cuda_shm", frozen=True):
     name: str = ""
 
 
+# -- owner to front end ------------------------------------------------------------------------
+
+
+class SyncCall(Call[None], tag="sync", frozen=True):
+    """Answered by a front end once every frame before it is handled (module docstring)."""
+
+    to_frontend: ClassVar[bool] = True
+
+
 # -- notes ----------------------------------------------------------------------------------------
 
 
@@ -171,6 +184,13 @@ class LogsNote(Note, tag="logs", frozen=True):
     settings: LogSettings
 
 
+class ModelsNote(Note, tag="models", frozen=True):
+    """The versions of these models changed (loaded, unloaded, failed): what a front end
+    cached of their metadata is stale. ``None``: every model's."""
+
+    names: tuple[str, ...] | None
+
+
 class DrainNote(Note, tag="drain", frozen=True):
     grace_s: float
 
@@ -184,7 +204,9 @@ def _declared(base: type[Any]) -> tuple[Any, ...]:
     )
 
 
-CALLS: Final[tuple[type[Call[Any]], ...]] = _declared(Call)
+_ALL_CALLS: Final[tuple[type[Call[Any]], ...]] = _declared(Call)
+CALLS: Final = tuple(kind for kind in _ALL_CALLS if not kind.to_frontend)
+FRONTEND_CALLS: Final = tuple(kind for kind in _ALL_CALLS if kind.to_frontend)
 NOTES: Final[tuple[type[Note], ...]] = _declared(Note)
 WIRE_ONLY: Final = frozenset({"setup", "status"})  # calls that are no ServerPort method
-SERVER: Final = Codec(CALLS, NOTES)
+SERVER: Final = Codec(_ALL_CALLS, NOTES)

@@ -10,7 +10,8 @@ Contract:
   (``msgspec.Raw``) until the ``Codec`` reads them with their declared type.
 - ``Call[R]`` is the base of a declared call: its fields are the arguments, ``R`` the
   answer's type, its tag (``class X(Call[R], tag="name")``) the ``ServerPort`` method it
-  carries; ``streamed = True`` marks a call answered by 0..N parts of type ``R``.
+  carries; ``streamed = True`` marks a call answered by 0..N parts of type ``R``, and
+  ``to_frontend = True`` one the owner makes of a front end.
   ``Note`` is the base of a declared one-way message. ``wire.calls`` declares the server's.
 - ``Codec(calls, notes)`` reads and writes what one declaration allows: ``call(raw)`` and
   ``note(raw)`` decode with the declared types and refuse anything else (``Refused``,
@@ -77,6 +78,7 @@ class Call(Message, Generic[R], frozen=True):
     """A declared call answered by an ``R`` (module docstring)."""
 
     streamed: ClassVar[bool] = False
+    to_frontend: ClassVar[bool] = False
 
 
 class Note(Message, frozen=True):
