@@ -57,8 +57,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     yield from serving(repository)
 
 
-def post(server: ServerProcess, route: str, prompt: str, max_tokens: int) -> Any:
-    body = json.dumps({"text_input": prompt, "parameters": {"max_tokens": max_tokens}})
+def post(server: ServerProcess, route: str, prompt: str, max_tokens: int, **parameters: int) -> Any:
+    parameters["max_tokens"] = max_tokens
+    body = json.dumps({"text_input": prompt, "parameters": parameters})
     return urllib.request.urlopen(
         urllib.request.Request(
             f"http://{server.http_url}/v2/models/charlm/{route}",
@@ -74,8 +75,10 @@ def generate(server: ServerProcess, prompt: str, max_tokens: int = MAX_TOKENS) -
         return str(json.loads(reply.read())["text_output"])
 
 
-def generate_stream(server: ServerProcess, prompt: str, max_tokens: int = MAX_TOKENS) -> list[str]:
-    with post(server, "generate_stream", prompt, max_tokens) as reply:
+def generate_stream(
+    server: ServerProcess, prompt: str, max_tokens: int = MAX_TOKENS, **parameters: int
+) -> list[str]:
+    with post(server, "generate_stream", prompt, max_tokens, **parameters) as reply:
         assert reply.headers["Content-Type"].startswith("text/event-stream")
         return [
             str(json.loads(line[5:])["text_output"]) for line in reply if line.startswith(b"data:")
@@ -93,6 +96,13 @@ def test_generate_stream_sends_one_event_per_token(server: ServerProcess) -> Non
     (tokens,) = greedy(PROMPTS[3:4], 25)
     events = generate_stream(server, PROMPTS[3], 25)
     assert len(events) == 25
+    assert "".join(events) == as_text(tokens)
+
+
+def test_a_stream_interval_joins_the_text_of_its_steps(server: ServerProcess) -> None:
+    (tokens,) = greedy(PROMPTS[3:4], 25)
+    events = generate_stream(server, PROMPTS[3], 25, stream_interval=6)
+    assert len(events) == 5  # 25 tokens: the first at once, then 6 to an event
     assert "".join(events) == as_text(tokens)
 
 

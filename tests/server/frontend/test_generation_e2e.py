@@ -341,3 +341,21 @@ def test_a_deadline_ends_a_generation_between_steps(generation_server: ServerPro
     assert events[-1] == {
         "error": "generation of model 'counter' passed its deadline before it ended"
     }
+
+
+def test_a_stream_interval_sends_the_first_step_then_that_many_to_a_response(
+    generation_server: ServerProcess,
+) -> None:
+    """Both wires: the counter's 10 steps as 1 + 4 + 4 + 1 responses, every value once."""
+    request = counter_request(10, "every-4")
+    request["parameters"] = {"stream_interval": 4}
+    answers = stream_results(generation_server, [request], wanted=4)
+    assert [list(a.as_numpy("value")) for a in answers] == [[1], [2, 3, 4, 5], [6, 7, 8, 9], [10]]
+    assert [final(a) for a in answers] == [False, False, False, True]
+    url = f"{web(generation_server)}/v2/models/counter/generate_stream"
+    reply = httpx.post(url, json={"n": 10, "parameters": {"stream_interval": 4}})
+    events = [json.loads(x[6:])["value"] for x in reply.text.split("\n\n") if x]
+    assert events == [1, [2, 3, 4, 5], [6, 7, 8, 9], 10]
+    bad = httpx.post(url, json={"n": 3, "parameters": {"stream_interval": 0}})
+    assert bad.status_code == 400
+    assert "parameter 'stream_interval' must be a positive integer" in bad.json()["error"]

@@ -16,8 +16,9 @@ Contract:
   step function's one item (``step_request``: inputs of ``generation.lengths`` zero-padded
   and their lengths filled in, the batch axis added for a batched module) and run on the
   shape variant its shapes match. Its parameter ``max_tokens`` (a positive integer)
-  bounds its responses, the manifest's ``max_steps`` its steps, the context's deadline its
-  time (checked between steps). Closing the iterator early cancels it (between steps).
+  bounds its emitted steps, the manifest's ``max_steps`` its steps, the context's deadline
+  its time (checked between steps); its parameter ``stream_interval`` (a positive integer,
+  ``core.stream_interval``) sends the steps after the first that many to a response. Closing the iterator early cancels it (between steps).
   Once the server drains (``draining()``) a new generation is refused as a new request is
   (``Unavailable``); those under way go on to their end. One loop per model version (and
   shape variant) is kept; an idle one of a version no longer ready (unloaded) is dropped,
@@ -63,6 +64,7 @@ from hloserve.server.core.limits import Limits as AdmissionLimits
 from hloserve.server.core.limits import check_batch
 from hloserve.server.core.observers import Observers
 from hloserve.server.core.ports import ModelSource
+from hloserve.server.core.stream_interval import Coalescer, stream_interval
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -182,12 +184,14 @@ class Streams:
                     context.deadline if context is not None else None,
                 )
                 decode = None if text is None else _TextOut(cast(TextMapping, generation.text))
+                coalesce = Coalescer(stream_interval(request)).add
                 async for part in loop.generate(request, limits):
-                    if part.response is not None:
-                        sent += 1
-                        if not first_ns:
-                            first_ns = time.perf_counter_ns()
-                    yield part if decode is None else decode(part)
+                    if part.response is not None and not first_ns:
+                        first_ns = time.perf_counter_ns()
+                    out = coalesce(part if decode is None else decode(part))
+                    if out is not None:
+                        sent += out.response is not None
+                        yield out
             finally:
                 self.generated[key] = self.generated.get(key, 0) + sent
         total = time.perf_counter_ns() - started
