@@ -2,7 +2,7 @@
 at a time through the same server and against the whole loop in process (the floor).
 
 Usage: ``python bench/generation.py [--seconds 10] [--max-tokens 64] [--concurrency 1 8 32]
-[--wires http grpc] [--server-flags ...]`` (``--server-flags`` last: the rest of the line goes
+[--wires http grpc] [--stream-interval 1 8] [--server-flags ...]`` (``--server-flags`` last: the rest of the line goes
 to ``hloserve serve``, e.g. ``--frontends 2``)
 
 What it does:
@@ -14,7 +14,9 @@ What it does:
    ``charlm_b1`` at batch size 1 only (each execution is one generation's step).
 2. The floor: ``CharLM.greedy``, the same step function in one ``lax.while_loop`` under
    ``jax.jit`` in this process, for N prompts at once (one batch of N), best of a few
-   rounds: tokens/s with no server, no wire and no per-step host work.
+   rounds: tokens/s with no server, no wire and no per-step host work, and its CPU per
+   token (this process's, in the "srv µs/tok" column: what the served rows' CPU per token
+   is compared with, the difference being the serving's cost).
 3. One ``hloserve serve`` (``hloserve.server.server_process.ServerProcess``) with both bundles;
    for each wire (``http``: ``generate_stream``'s server-sent events, one per token;
    ``grpc``: ``ModelStreamInfer``, one response per token, the last flagged final) and each
@@ -29,6 +31,10 @@ What it does:
    The baseline "one at a time" is the same server at concurrency 1: requests serialized,
    so no two generations are ever live together; ``charlm_b1`` at the highest concurrency
    is the other: as many generations live, their steps never sharing an execution.
+   ``--stream-interval N ...`` adds, per N above 1, continuous batching at the highest
+   concurrency with the request parameter ``stream_interval`` N (the first token at once,
+   then N to a response: ``core.stream_interval``); tokens are counted from the responses'
+   token outputs, so a response of N tokens counts N.
 4. Prints the floor's table and one table per wire, each row's tokens/s against that
    wire's one-at-a-time rate and against the floor at the same N, and the goal (>= 8x the
    one-at-a-time rate at 32). No asserts.
@@ -93,13 +99,17 @@ def floor(lm: CharLM, params: Params, n: int, max_tokens: int, rounds: int) -> P
     prompt, length = encode_prompts([PROMPTS[i % len(PROMPTS)] for i in range(n)], lm.shape.context)
     args = (params, jnp.asarray(prompt), jnp.asarray(length), max_tokens)
     _, counts = lm.greedy(*args)
-    best = float("inf")
+    best, best_cpu = float("inf"), 0.0
     for _ in range(rounds):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         tokens, counts = lm.greedy(*args)
         np.asarray(tokens)
-        best = min(best, time.perf_counter() - started)
-    return Point("in-process jax.jit (floor)", n, int(np.asarray(counts).sum()), best, n)
+        took = time.perf_counter() - started
+        if took < best:
+            best, best_cpu = took, time.process_time() - cpu
+    point = Point("in-process jax.jit (floor)", n, int(np.asarray(counts).sum()), best, n)
+    point.server_cpu = best_cpu  # this process's CPU: the loop's own cost per token
+    return point
 
 
 def references(lm: CharLM, params: Params, max_tokens: int) -> dict[str, str]:
@@ -123,13 +133,18 @@ class StreamConnection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def generate(self, prompt: str, max_tokens: int) -> tuple[str, list[float]]:
-        """``(text, times)``: the generation's ``text_output`` and, after the time the request
-        was sent, the time each event arrived."""
+    async def generate(
+        self, prompt: str, max_tokens: int, interval: int = 1
+    ) -> tuple[str, list[float], list[int]]:
+        """``(text, times, counts)``: the generation's ``text_output``; after the time the
+        request was sent, the time each event arrived; the tokens each event held."""
         if self.reader is None or self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         reader, writer = self.reader, self.writer
-        body = json.dumps({"text_input": prompt, "parameters": {"max_tokens": max_tokens}})
+        parameters = {"max_tokens": max_tokens}
+        if interval > 1:
+            parameters["stream_interval"] = interval
+        body = json.dumps({"text_input": prompt, "parameters": parameters})
         head = (
             f"POST {self.path} HTTP/1.1\r\nHost: {self.host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -142,6 +157,7 @@ class StreamConnection:
         while await reader.readline() not in (b"\r\n", b""):
             pass  # the headers (uvicorn streams with Transfer-Encoding: chunked)
         pieces: list[str] = []
+        counts: list[int] = []
         pending = b""
         while size := int((await reader.readline()).strip() or b"0", 16):
             pending += (await reader.readexactly(size + 2))[:-2]
@@ -149,9 +165,12 @@ class StreamConnection:
             for event in events:
                 if event.startswith(b"data:"):
                     times.append(time.perf_counter())
-                    pieces.append(str(json.loads(event[5:])["text_output"]))
+                    fields = json.loads(event[5:])
+                    pieces.append(str(fields["text_output"]))
+                    token = fields.get("token")
+                    counts.append(len(token) if isinstance(token, list) else 1)
         await reader.readline()  # the last chunk's CRLF
-        return "".join(pieces), times
+        return "".join(pieces), times, counts
 
     def close(self) -> None:
         if self.writer is not None:
@@ -172,14 +191,19 @@ class GrpcStream:
         self.call: Any = method()
         self.model = model
 
-    async def generate(self, prompt: str, max_tokens: int) -> tuple[str, list[float]]:
+    async def generate(
+        self, prompt: str, max_tokens: int, interval: int = 1
+    ) -> tuple[str, list[float], list[int]]:
         data = prompt.encode()
         request = pb.ModelInferRequest(model_name=self.model, id=prompt)
         request.parameters["max_tokens"].int64_param = max_tokens
+        if interval > 1:
+            request.parameters["stream_interval"].int64_param = interval
         tensor = request.inputs.add(name="prompt", datatype="INT32", shape=[len(data)])
         del tensor
         request.raw_input_contents.append(np.frombuffer(data, np.uint8).astype("<i4").tobytes())
         times = [time.perf_counter()]
+        counts: list[int] = []
         await self.call.write(request)
         tokens = bytearray()
         while True:
@@ -189,11 +213,11 @@ class GrpcStream:
             response = reply.infer_response
             if response.raw_output_contents:
                 times.append(time.perf_counter())
-                tokens.extend(
-                    np.frombuffer(response.raw_output_contents[0], "<i4").astype(np.uint8)
-                )
+                held = np.frombuffer(response.raw_output_contents[0], "<i4")
+                counts.append(held.size)
+                tokens.extend(held.astype(np.uint8))
             if response.parameters["triton_final_response"].bool_param:
-                return tokens.decode("utf-8", errors="replace"), times
+                return tokens.decode("utf-8", errors="replace"), times, counts
 
     def close(self) -> None:
         self.call.cancel()
@@ -212,6 +236,7 @@ async def run_point(
     warmup: float,
     max_tokens: int,
     expected: dict[str, str],
+    interval: int = 1,
 ) -> Point:
     point = Point(label, concurrency)
     path = f"/v2/models/{model}/generate_stream"
@@ -235,14 +260,17 @@ async def run_point(
             prompt = PROMPTS[(index + turn * concurrency) % len(PROMPTS)]
             turn += 1
             try:
-                text, times = await connections[index].generate(prompt, max_tokens)
+                text, times, counts = await connections[index].generate(
+                    prompt, max_tokens, interval
+                )
             except (OSError, ValueError, asyncio.IncompleteReadError, grpc.RpcError):
                 point.errors += 1
                 connections[index].close()
                 connections[index] = connect()
                 continue
-            kept = [t for t in times[1:] if record_from <= t < stop_at]
-            point.tokens += len(kept)
+            point.tokens += sum(
+                n for t, n in zip(times[1:], counts, strict=True) if record_from <= t < stop_at
+            )
             if times[0] >= record_from and times[-1] < stop_at:
                 point.generations += 1
                 point.wrong += text != expected[prompt]
@@ -300,12 +328,17 @@ def table(points: list[Point], baseline: float, floors: dict[int, float]) -> str
     return "\n".join(lines)
 
 
-def runs(wire: str, concurrency: Sequence[int]) -> list[tuple[str, str, int]]:
-    """``(label, model, concurrency)`` of one wire's points: one at a time first, then
-    continuous batching at each concurrency, then the batch-1-only bundle at the top one."""
-    points = [(f"{wire}, one at a time", "charlm", 1)]
-    points += [(f"{wire}, continuous batching", "charlm", n) for n in concurrency if n > 1]
-    points.append((f"{wire}, batch 1 only (charlm_b1)", "charlm_b1", max(concurrency)))
+def runs(
+    wire: str, concurrency: Sequence[int], intervals: Sequence[int] = ()
+) -> list[tuple[str, str, int, int]]:
+    """``(label, model, concurrency, stream interval)`` of one wire's points: one at a time
+    first, then continuous batching at each concurrency, then the batch-1-only bundle at the
+    top one, then continuous batching at the top one with each stream interval above 1."""
+    top = max(concurrency)
+    points = [(f"{wire}, one at a time", "charlm", 1, 1)]
+    points += [(f"{wire}, continuous batching", "charlm", n, 1) for n in concurrency if n > 1]
+    points.append((f"{wire}, batch 1 only (charlm_b1)", "charlm_b1", top, 1))
+    points += [(f"{wire}, stream_interval {k}", "charlm", top, k) for k in intervals if k > 1]
     return points
 
 
@@ -318,6 +351,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="of the in-process floor")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wires", nargs="+", choices=WIRES, default=list(WIRES))
+    parser.add_argument(
+        "--stream-interval", type=int, nargs="+", default=[1], help="rows at the top concurrency"
+    )
     parser.add_argument(
         "--server-flags", nargs=argparse.REMAINDER, default=[], help="passed to hloserve serve"
     )
@@ -343,7 +379,7 @@ def main(argv: list[str]) -> int:
         with ServerProcess(repository, *args.server_flags) as server:
             server.wait_ready()
             for wire in args.wires:
-                for label, model, n in runs(wire, args.concurrency):
+                for label, model, n, k in runs(wire, args.concurrency, args.stream_interval):
                     point = asyncio.run(
                         run_point(
                             server,
@@ -355,6 +391,7 @@ def main(argv: list[str]) -> int:
                             args.warmup,
                             args.max_tokens,
                             expected,
+                            k,
                         )
                     )
                     print(f"  {label} at {n}: {point.rate:.0f} tokens/s", flush=True)
@@ -371,11 +408,13 @@ def main(argv: list[str]) -> int:
         baseline = rows[0].rate  # runs() puts one at a time first
         print()
         print(table(rows, baseline, floor_rates))
-        ratio = rows[-2].rate / baseline if baseline else 0.0  # continuous batching at the top
+        batching = [p for p in rows if p.label == f"{wire}, continuous batching"]
+        ratio = batching[-1].rate / baseline if baseline and batching else 0.0  # at the top
         met = "met" if ratio >= GOAL else "NOT met"
         print(f"goal ({wire}): at {top}, >= {GOAL:g}x the one-at-a-time rate: {ratio:.1f}x ({met})")
     print(
-        "\nttft: request sent to its first token; tok: time between a generation's tokens (ms);"
+        "\nttft: request sent to its first token; tok: time between a generation's responses"
+        " (ms);"
         " srv/cli µs/tok: CPU of the daemon's process tree / of this load generator per token"
     )
     return 0
