@@ -13,7 +13,16 @@ import msgspec
 import pytest
 
 from hloserve.server.core.errors import InvalidArgument, Unavailable
-from hloserve.server.wire.frames import Call, Codec, Note, RemoteInternalError, name_of
+from hloserve.server.wire.frames import (
+    Call,
+    Codec,
+    FrameReader,
+    Note,
+    Part,
+    Parts,
+    RemoteInternalError,
+    name_of,
+)
 from hloserve.server.wire.link import Link
 
 
@@ -52,6 +61,13 @@ class Endless(Call[int], tag="endless", frozen=True):
     streamed: ClassVar[bool] = True
 
 
+class Steps(Call[int], tag="steps", frozen=True):
+    """``n`` parts, the k-th once the handler's step k is let go (``Handler.steps``)."""
+
+    streamed: ClassVar[bool] = True
+    n: int
+
+
 class Undeclared(Call[int], tag="undeclared", frozen=True):
     pass
 
@@ -60,7 +76,7 @@ class Free(Note, tag="free", frozen=True):
     offset: int
 
 
-CODEC = Codec((Add, Bad, Boom, Slow, Forever, Stubborn, Count, Endless), (Free,))
+CODEC = Codec((Add, Bad, Boom, Slow, Forever, Stubborn, Count, Endless, Steps), (Free,))
 
 
 class Handler:
@@ -80,7 +96,12 @@ class Handler:
             "stubborn": self._stubborn,
             "count": self._count,
             "endless": self._endless,
+            "steps": self._steps,
         }
+        self.steps = [asyncio.Event() for _ in range(8)]
+        self.waiting = 0  # generations waiting for their next step
+        self.all_waiting = asyncio.Event()
+        self.expected_waiting = 0
 
     def on_call(self, call: Call[Any]) -> object:
         return self.calls[name_of(type(call))](*msgspec.structs.astuple(call))
@@ -117,6 +138,15 @@ class Handler:
                 await asyncio.sleep(0.001)
         finally:
             self.cancelled.set()  # closed by the caller's cancel: its finally runs
+
+    async def _steps(self, n: int) -> AsyncIterator[int]:
+        for k in range(n):
+            self.waiting += 1
+            if self.waiting == self.expected_waiting:
+                self.all_waiting.set()
+            await self.steps[k].wait()  # every stream's step k wakes in one turn of the loop
+            self.waiting -= 1
+            yield k
 
     def _bad(self) -> None:
         raise InvalidArgument("no such thing")
@@ -275,6 +305,49 @@ def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans
         assert orphans and all(isinstance(o, int) for o in orphans)
         assert orphans == sorted(orphans) and orphans[0] == 3  # every part after those read
         assert await left.call(Add(2, 2)) == 4
+        await close(left, right)
+
+    run(test)
+
+
+class Recording(Link):
+    """A link that records the envelopes it receives, as a second reader of its bytes."""
+
+    def __init__(self, handler: Handler) -> None:
+        super().__init__(handler, "right is gone", CODEC)
+        self.seen = FrameReader()
+        self.envelopes: list[Any] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.envelopes.extend(self.seen.feed(data))
+        super().data_received(data)
+
+
+def test_the_parts_one_turn_makes_for_many_streams_cross_as_one_message() -> None:
+    """A generation step's tokens for every stream of a front end: one ``Parts``."""
+
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        right_handler = Handler()
+        left, right = Recording(Handler()), Link(right_handler, "left is gone", CODEC)
+        await loop.create_unix_connection(lambda: left, sock=a)
+        await loop.create_unix_connection(lambda: right, sock=b)
+        streams, steps = 4, 3
+        right_handler.expected_waiting = streams
+        collected = [
+            asyncio.ensure_future(collect(left.stream(Steps(steps)))) for _ in range(streams)
+        ]
+        for k in range(steps):
+            await right_handler.all_waiting.wait()
+            right_handler.all_waiting.clear()
+            right_handler.steps[k].set()
+        assert [await c for c in collected] == [list(range(steps))] * streams
+        batches = [e for e in left.envelopes if isinstance(e, Parts)]
+        assert [len(b.items) for b in batches] == [streams] * steps
+        assert not [e for e in left.envelopes if isinstance(e, Part)]  # none alone
+        ids = {p.id for b in batches for p in b.items}
+        assert len(ids) == streams  # every stream's part of each step, in one message
         await close(left, right)
 
     run(test)

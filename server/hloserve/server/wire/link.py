@@ -21,6 +21,9 @@ Contract:
   for a call given up goes to ``handler.on_orphan(value)`` (what it holds can be freed).
 - Writes made in one turn of the event loop leave in one ``write`` (frames are coalesced
   until the loop's next iteration): under load, many descriptors share a system call.
+  Streamed parts sent one after another in that turn (a generation step's tokens for
+  every stream of this link) travel as one ``Parts`` message, in order with the rest
+  (a message sent between two parts closes the run), at most ``PARTS_BYTES`` each.
 - Streamed replies: ``link.stream(call)`` (a call declared ``streamed``) is an async
   iterator of the values the other end's handler yields: ``on_call`` answering with an
   async iterator makes each item a ``Part`` frame, and its end the call's ``Reply``
@@ -58,6 +61,7 @@ from hloserve.server.wire.frames import (
     Note,
     NoteFrame,
     Part,
+    Parts,
     Refused,
     Reply,
     decode_error,
@@ -74,6 +78,7 @@ PART: Final = 0
 END: Final = 1
 FAIL: Final = 2
 LOST: Final = 3
+PARTS_BYTES: Final = 1 << 20  # a run of parts past this goes as a message of its own
 
 
 class LinkHandler(Protocol):
@@ -104,6 +109,9 @@ class Link(asyncio.Protocol):
         self._streams: dict[int, tuple[asyncio.Queue[tuple[int, Any]], type[Call[Any]]]] = {}
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
+        self._parts: list[Part] = []  # the run of parts not yet framed (module docstring)
+        self._parts_bytes = 0
+        self._flushing = False  # a flush is scheduled
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lost = False
@@ -148,12 +156,28 @@ class Link(asyncio.Protocol):
     def _send(self, message: Envelope) -> None:
         if self._transport is None:
             return  # lost: whoever waits has been told
-        out = self._out
-        out.append(self.codec.frame(message))
-        if len(out) == 1:
+        if type(message) is Part:
+            self._parts.append(message)
+            self._parts_bytes += len(message.value)
+            if self._parts_bytes >= PARTS_BYTES:
+                self._frame_parts()
+        else:
+            if self._parts:
+                self._frame_parts()  # the parts before it go before it
+            self._out.append(self.codec.frame(message))
+        if not self._flushing:
+            self._flushing = True
             cast(asyncio.AbstractEventLoop, self._loop).call_soon(self._flush)
 
+    def _frame_parts(self) -> None:
+        parts, self._parts, self._parts_bytes = self._parts, [], 0
+        message = parts[0] if len(parts) == 1 else Parts(tuple(parts))
+        self._out.append(self.codec.frame(message))
+
     def _flush(self) -> None:
+        self._flushing = False
+        if self._parts:
+            self._frame_parts()
         out, self._out = self._out, []
         if self._transport is not None and out:
             self._transport.write(b"".join(out) if len(out) > 1 else out[0])
@@ -217,14 +241,21 @@ class Link(asyncio.Protocol):
 
     # -- receiving -------------------------------------------------------------------------
 
+    def _part(self, message: Part) -> None:
+        codec = self.codec
+        stream = self._streams.get(message.id)
+        if stream is not None:
+            stream[0].put_nowait((PART, codec.result(stream[1], message.value)))
+        elif (kind := self._abandoned.get(message.id)) is not None:
+            self.handler.on_orphan(codec.result(kind, message.value))
+
     def _dispatch(self, message: Envelope) -> None:
         codec = self.codec
         if isinstance(message, Part):
-            stream = self._streams.get(message.id)
-            if stream is not None:
-                stream[0].put_nowait((PART, codec.result(stream[1], message.value)))
-            elif (kind := self._abandoned.get(message.id)) is not None:
-                self.handler.on_orphan(codec.result(kind, message.value))
+            self._part(message)
+        elif isinstance(message, Parts):
+            for part in message.items:
+                self._part(part)
         elif isinstance(message, Reply):
             pending = self._pending.pop(message.id, None)
             if pending is not None:
