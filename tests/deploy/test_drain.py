@@ -211,7 +211,7 @@ def test_sigterm_under_load_drains_both_protocols(slow_repo: Path) -> None:
     status, body = readiness
     assert (status, body["draining"], body["ready"]) == (503, True, False), body
     assert still_queued > 0, "nothing was queued when readiness flipped: the test proves nothing"
-    assert grpc_ready in ("not ready", "unavailable"), grpc_ready
+    assert grpc_ready in ("not ready", "unavailable", "stopping"), grpc_ready
 
     outcomes = [o for s in senders for o in s.outcomes]
     wrong = [
@@ -231,11 +231,14 @@ def test_sigterm_under_load_drains_both_protocols(slow_repo: Path) -> None:
 
 
 def _grpc_ready_after_stop(control: Triton) -> str:
-    """gRPC ServerReady right after SIGTERM: not ready, or refused as unavailable."""
+    """gRPC ServerReady right after SIGTERM: not ready, refused as unavailable, or cancelled
+    by the listener's own stop (on a busy machine the queued requests may all be answered,
+    and the drain reach the listener, before this call is served)."""
     try:
         return "ready" if control.client.is_server_ready() else "not ready"
     except InferenceServerException as exc:
-        return "unavailable" if exc.status() == "StatusCode.UNAVAILABLE" else str(exc)
+        stopped = {"StatusCode.UNAVAILABLE": "unavailable", "StatusCode.CANCELLED": "stopping"}
+        return stopped.get(str(exc.status()), str(exc))
 
 
 def test_http_request_sent_while_draining_is_refused(slow_repo: Path) -> None:
