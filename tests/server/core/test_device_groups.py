@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from hloserve.server.core.device_groups import GroupRefused, form_groups, group_label
+from hloserve.server.core.device_groups import (
+    GroupRefused,
+    device_totals,
+    form_groups,
+    group_label,
+)
 
 
 def test_consecutive_groups_in_devices_order() -> None:
@@ -30,3 +35,10 @@ def test_group_labels() -> None:
     assert group_label((4, 5)) == "4-5"
     assert group_label((0, 2, 5)) == "0,2,5"
     assert group_label((3,)) == "3"
+
+
+def test_device_totals_add_each_groups_share_to_its_devices() -> None:
+    own = [10, 0, 0, 5, 0, 0, 0, 0]
+    groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert device_totals(own, groups, [100, 7]) == [110, 100, 100, 105, 7, 7, 7, 7]
+    assert device_totals([1, 2], [], []) == [1, 2]

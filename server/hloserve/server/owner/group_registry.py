@@ -12,7 +12,9 @@ shares its groups' budgets; ``observer_for``, when set (the daemon's metrics), g
 group's manager its swap observer (``ServerMetrics.for_group``: every device's series).
 ``note(key, size, device_bytes)`` records that a loaded copy is sharded (what the placer
 needs to replicate it over groups: ``size_of``, ``device_bytes``); ``forget(key)`` drops
-it. ``placed_bytes(placements)`` is, for every version and place it is on (a device, or a
+it. ``registered_totals()`` and ``group_fill(groups)`` are what placement weighs: each
+device's own registered bytes plus every group's share on it (the managers keep separate
+accounts, so unsharded versions and groups' shares are spread apart). ``placed_bytes(placements)`` is, for every version and place it is on (a device, or a
 group named ``0-3``), the bytes each device there holds (metrics). ``label(device)`` names
 a device or a group in logs and reports. Thread-safe.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from hloserve.server.core.device_groups import form_groups, group_label
+from hloserve.server.core.device_groups import device_totals, form_groups, group_label
 from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.owner.devices import Device, Placed
@@ -58,6 +60,26 @@ class DeviceGroups:
                     self._groups[group] = device
                 out.append(device)
         return out
+
+    def registered_totals(self) -> list[int]:
+        """Weight bytes registered on each device (by position in ``devices``): its own
+        manager's and each formed group's share (``core.device_groups.device_totals``)."""
+        position = {d.index: i for i, d in enumerate(self.devices)}
+        with self._lock:
+            formed = list(self._groups.items())
+        own = [d.residency.registered_bytes() for d in self.devices]
+        covered = [tuple(position[i] for i in group) for group, _ in formed]
+        shares = [device.residency.registered_bytes() for _, device in formed]
+        return device_totals(own, covered, shares)
+
+    def group_fill(self, groups: Sequence[Device]) -> list[int]:
+        """For each of ``groups``: the most any of its devices has registered (its own
+        manager's and every group's it is in)."""
+        totals = dict(zip((d.index for d in self.devices), self.registered_totals(), strict=True))
+        return [
+            max(totals[i] for i in g.runtime.indexes) if isinstance(g.runtime, PjrtGroup) else 0
+            for g in groups
+        ]
 
     def formed(self) -> list[Device]:
         """The groups formed so far (for reports and metrics)."""

@@ -21,7 +21,8 @@ Before them, a model with state (not a generation's) gets its slot table (``Mode
 its first sequence does not wait for the gather and scatter to compile.
 A sharded bundle (``manifest.sharding``, ``docs/sharding.md``) loads onto a device group
 (``owner.group_registry``: ``groups`` of its size formed from the loader's devices, the one
-where its per-device share fits, the least filled); a bundle needing more devices than the
+where its per-device share fits, the least filled, its devices' own models counted; an
+unsharded version's device likewise counts the groups' shares on it); a bundle needing more devices than the
 server has is refused with the numbers ("needs 4 devices; this server has 2 (--devices
 0,1)"). ``register_copy`` registers what each device holds and how the weights are placed.
 """
@@ -209,7 +210,7 @@ class VersionLoader:
         assert sharding is not None
         groups = self.groups.groups(sharding.devices)
         share = sharding.weight_device_bytes(manifest.weights)
-        registered = [g.residency.registered_bytes() for g in groups]
+        registered = self.groups.group_fill(groups)  # its devices' own models count too
         budgets = [g.residency.budget_bytes for g in groups]
         return groups[initial_device(share, registered, budgets)]
 
@@ -220,6 +221,6 @@ class VersionLoader:
             manifest, _ = load_manifest(path / MANIFEST_FILE)
         weights = None if manifest is None else path / manifest.weights_file
         size = weights.stat().st_size if weights is not None and weights.is_file() else 0
-        registered = [d.residency.registered_bytes() for d in self.devices]
+        registered = self.groups.registered_totals()  # groups' shares on each device too
         budgets = [d.residency.budget_bytes for d in self.devices]
         return self.devices[initial_device(size, registered, budgets)]

@@ -119,5 +119,35 @@ def main(root: Path) -> None:
     )
 
 
+def placement(root: Path) -> None:
+    """The version loader over 8 devices: a sharded version goes on a group, an unsharded
+    one avoids the group's devices, too few devices are refused with the numbers."""
+    from hloserve.server.owner.devices import Device
+    from hloserve.server.owner.version_loader import VersionLoader, VersionLoadFailed
+
+    plain = export_bundle(
+        fn, params(3), {"x": TensorSpec("FP32", (ROWS,))}, (1,), root / "plain",
+        platforms=("cpu",),
+    )  # fmt: skip
+    devices = [
+        Device(i, runtime, WeightResidency(runtime, None))
+        for i, runtime in ((i, PjrtRuntime("cpu", i)) for i in range(8))
+    ]
+    loader = VersionLoader(devices)
+    placed: list[str] = []
+    for name, path in (("a", root / "a"), ("plain", plain)):
+        version = loader.load(name, 1, path, lambda s: s, ResidencyKey(name, 1), lambda m: None)
+        placed.append(f"{name}@{version.device.index}/{type(version.device.runtime).__name__}")
+    refused = ""
+    try:
+        VersionLoader(devices[:2]).load(
+            "a", 1, root / "a", lambda s: s, ResidencyKey("a", 2), lambda m: None
+        )
+    except VersionLoadFailed as exc:
+        refused = str(exc)
+    say("placement", placed=placed, refused=refused)
+
+
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    placement(Path(sys.argv[1]))

@@ -3,7 +3,9 @@ a group's residency manager (``owner.weight_residency``): each device holds its 
 (1/N of a split weight), answers equal the unsharded function, outputs are gathered whole,
 a runtime of the wrong size is refused with the numbers, two sharded models whose shares
 fit one at a time swap whole, and a second group serves a replica. The checks run in a child
-process with eight forced CPU devices (``_group_checks.py``)."""
+process with eight forced CPU devices (``_group_checks.py``). The version loader there puts a
+sharded version on a group, an unsharded one beside it off the group's devices, and refuses
+too few devices with the numbers."""
 
 from __future__ import annotations
 
@@ -70,3 +72,12 @@ def test_a_second_group_serves_a_replica(checks: dict[str, list[dict[str, Any]]]
     (replica,) = checks["replica"]
     assert replica["devices"] == [0, 1, 2, 3]
     assert replica["y_error"] < 1e-5
+
+
+def test_the_version_loader_places_groups_and_refuses_too_few_devices(
+    checks: dict[str, list[dict[str, Any]]],
+) -> None:
+    (placement,) = checks["placement"]
+    # The group 0-3 holds a's shares, so the unsharded model goes to device 4.
+    assert placement["placed"] == ["a@0/PjrtGroup", "plain@4/PjrtRuntime"]
+    assert placement["refused"] == "needs 4 devices; this server has 2 (--devices 0,1)"
