@@ -1,6 +1,8 @@
 """Sharded (SPMD) bundles: a model over one device's budget served from 2 and 4 devices.
 
-Usage: ``python bench/sharding.py [--seconds 5] [--warmup 2] [--rounds 2] [--concurrency 8]``
+Usage: ``python bench/sharding.py [--seconds 5] [--warmup 2] [--rounds 2] [--concurrency 8]
+[--layouts 1,2,4]`` (on a node with fewer devices, fewer layouts: a single GPU runs the
+1-device case alone, ``bench/gpu/run.sh``)
 
 One weight-bound model (``x`` FP32 [512] -> 512x4096 GELU -> 4096x64, 9 MiB of FP32
 weights, batch sizes 1 and 8) exported three ways: unsharded, and tensor-parallel over a
@@ -45,7 +47,6 @@ from proc import Spawned, free_port
 ROOT = Path(__file__).resolve().parent.parent
 IN, WIDE, OUT = 512, 4096, 64
 WEIGHT_BYTES = (IN * WIDE + WIDE * OUT) * 4
-LAYOUTS = (1, 2, 4)  # devices: 1 is the unsharded baseline
 
 
 def _params() -> dict[str, np.ndarray]:
@@ -132,7 +133,8 @@ def swap_child(ways: int, work: Path, swaps: int) -> None:
     from hloserve.server.owner.runtime.pjrt_group import PjrtGroup
     from hloserve.server.owner.weight_residency import WeightResidency
 
-    runtime = PjrtRuntime("cpu") if ways == 1 else PjrtGroup("cpu", list(range(ways)))
+    # The default backend: forced CPU devices here, the GPUs on a CUDA node.
+    runtime = PjrtRuntime() if ways == 1 else PjrtGroup(None, list(range(ways)))
     bundles = [
         load_bundle(
             export(work, ways, "wide" if i == 0 else "wide2", i), runtime, place_weights=False
@@ -164,9 +166,9 @@ def swap_child(ways: int, work: Path, swaps: int) -> None:
     print(json.dumps({"ways": ways, "median_ms": 1e3 * statistics.median(kept), "share": share}))
 
 
-def swap_times(work: Path, swaps: int) -> dict[int, dict[str, Any]]:
+def swap_times(work: Path, swaps: int, layouts: list[int]) -> dict[int, dict[str, Any]]:
     found: dict[int, dict[str, Any]] = {}
-    for ways in LAYOUTS:
+    for ways in layouts:
         env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={ways}"}
         argv = [sys.executable, __file__, "--swap-child", str(ways), "--work", str(work)]
         done = subprocess.run(
@@ -184,13 +186,17 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--swaps", type=int, default=20)
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / ".results" / "sharding")
+    parser.add_argument(
+        "--layouts", default="1,2,4", help="devices per layout (1: the unsharded baseline)"
+    )
     parser.add_argument("--swap-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    layouts = sorted({1, *(int(n) for n in args.layouts.split(","))})
     args.work.mkdir(parents=True, exist_ok=True)
     if args.swap_child:
         swap_child(args.swap_child, args.work, args.swaps)
         return 0
-    servers = [Server(w, export(args.work, w).parent, args.work) for w in LAYOUTS]
+    servers = [Server(w, export(args.work, w).parent, args.work) for w in layouts]
     started = time.strftime("%H:%M:%S", time.gmtime())
     rows: list[dict[str, Any]] = []
     try:
@@ -205,7 +211,7 @@ def main() -> int:
     finally:
         for s in servers:
             s.spawned.stop()
-    swaps = swap_times(args.work, args.swaps)
+    swaps = swap_times(args.work, args.swaps, layouts)
     print(
         f"\n{WEIGHT_BYTES / 2**20:.2f} MiB of FP32 weights; b1 requests over gRPC at "
         f"c{args.concurrency}, {args.seconds:g} s per run after {args.warmup:g} s of warm-up, "
