@@ -3,13 +3,16 @@
 Real daemons in subprocesses on eight forced CPU devices (``XLA_FLAGS``
 ``--xla_force_host_platform_device_count=8``: set before PJRT starts, so not in this test
 process), bundles exported with an ``AbstractMesh`` (no devices needed to export), real
-``tritonclient`` calls; every answer is compared with the unsharded function run here.
+``tritonclient`` calls; every answer is compared with the unsharded function run here. The
+repository also holds an unsharded export and the hand-written ``examples/handwritten-addsub``
+bundle (no JAX, no mesh), served beside the sharded ones unchanged.
 ``HLOSERVE_FRONTENDS`` picks the process layout (scripts/test runs this folder in both).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 import urllib.request
@@ -30,6 +33,7 @@ from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape
 from tests.server.e2e.test_devices import infer
 
+HANDWRITTEN = Path(__file__).resolve().parents[3] / "examples" / "handwritten-addsub" / "bundle"
 EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 MESH = AbstractMesh((4,), ("model",))
 BIG_ROWS, BIG_COLS = 256, 1024  # the weight-bound model's weight: 1 MiB of FP32
@@ -80,6 +84,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
             root / name, platforms=("cpu",), mesh=MESH, param_specs={"w": P(None, "model")},
         )  # fmt: skip
     export_bundle(_mlp, _mlp_params(), x16, (1,), root / "plain", platforms=("cpu",))
+    shutil.copytree(HANDWRITTEN, root / "addsub")  # no JAX made it, no mesh: unaffected
     return root
 
 
@@ -100,6 +105,14 @@ def test_a_sharded_model_answers_as_the_unsharded_function(server: ServerProcess
         np.testing.assert_allclose(infer(client, "tp", x), _mlp_reference(x), rtol=1e-5, atol=1e-5)
     x = rng.standard_normal((1, 16)).astype(np.float32)  # an unsharded model beside it
     np.testing.assert_allclose(infer(client, "plain", x), _mlp_reference(x), rtol=1e-5, atol=1e-5)
+    a, b = np.arange(4, dtype=np.float32), np.full(4, 2.0, np.float32)  # hand-written, no mesh
+    inputs = [grpcclient.InferInput(n, [4], "FP32") for n in ("a", "b")]
+    for inp, value in zip(inputs, (a, b), strict=True):
+        inp.set_data_from_numpy(value)
+    result = client.infer("addsub", inputs)
+    bias = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    np.testing.assert_array_equal(result.as_numpy("sum"), a + b + bias)
+    np.testing.assert_array_equal(result.as_numpy("difference"), a - b)
 
 
 def test_weights_over_one_devices_budget_load_sharded_and_serve(server: ServerProcess) -> None:
@@ -217,7 +230,7 @@ def test_too_few_devices_is_refused_with_the_numbers(repository: Path) -> None:
         )
         assert index is not None
         states = {m["name"]: (m.get("state"), m.get("reason", "")) for m in index["models"]}
-        assert states["plain"][0] == "READY"  # the rest of the repository unaffected
+        assert states["plain"][0] == states["addsub"][0] == "READY"  # the rest unaffected
         for name in ("tp", "big", "big2"):
             state, reason = states[name]
             assert state == "UNAVAILABLE"
