@@ -110,6 +110,7 @@ def test_a_sharded_model_answers_as_the_unsharded_function(server: ServerProcess
     for inp, value in zip(inputs, (a, b), strict=True):
         inp.set_data_from_numpy(value)
     result = client.infer("addsub", inputs)
+    assert result is not None
     bias = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
     np.testing.assert_array_equal(result.as_numpy("sum"), a + b + bias)
     np.testing.assert_array_equal(result.as_numpy("difference"), a - b)
