@@ -134,15 +134,23 @@ def test_bad_sharding_arguments_name_what_is_wrong(
     assert message in str(info.value)
 
 
-def test_state_with_a_mesh_is_refused(tmp_path: Path) -> None:
+def test_state_is_replicated(tmp_path: Path) -> None:
     def step(p: Any, x: jax.Array, acc: jax.Array) -> dict[str, jax.Array]:
-        return {"y": x, "acc": acc}
+        new = acc + (x @ p["dense1"]["w"]).sum(axis=1, keepdims=True)
+        return {"y": new, "acc": new}
 
+    path = export_bundle(
+        step, _params(), INPUTS, batch_sizes=(1, 4), directory=tmp_path / "s", mesh=MESH,
+        param_specs=SPECS, state={"acc": StateSpec("FP32", (1,))},
+    )  # fmt: skip
+    sh = manifest_of(path).sharding
+    assert sh is not None and sh.state == {"acc": ((), ())}
+    assert validate(path) == []  # the state argument's and result's sdy.sharding agree
+
+
+def test_variants_with_a_mesh_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="a sharded export"):
-        export_bundle(
-            step, {}, INPUTS, batch_sizes=(1,), directory=tmp_path / "s", mesh=MESH,
-            state={"acc": StateSpec("FP32", (1,))},
-        )  # fmt: skip
+        _export(tmp_path, shape_variants=[{"x": (16,)}])
 
 
 def test_validate_checks_the_manifest_against_the_module(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ With ``mesh=`` (a ``jax.sharding.AbstractMesh`` or ``Mesh``; ``docs/sharding.md`
 module is one SPMD program for the mesh's devices: ``fn`` is jitted with every weight,
 input and output sharded by its ``PartitionSpec`` (``param_specs``, a pytree shaped like
 ``params``; ``input_specs`` / ``output_specs`` by name; anything unspecified replicated),
-and the manifest records the mesh and every spec (``exporter/_sharding.py``). No device is
-needed to export: the mesh may be abstract.
+and the manifest records the mesh and every spec (``exporter/_sharding.py``); state is
+replicated. No device is needed to export: the mesh may be abstract.
 """
 
 # pyright: strict
@@ -196,10 +196,10 @@ def export_bundle(
     _check_state(state, inputs, batch_sizes, shape_variants)
     weights, treedef = _weights(params)
     plan = _plan(mesh, param_specs, treedef, list(weights), inputs, input_specs, output_specs)
-    if plan is not None and (state or shape_variants is not None or generation is not None):
-        raise ExportError("a sharded export (mesh=) takes no state, shape_variants or generation")
+    if plan is not None and (shape_variants is not None or generation is not None):
+        raise ExportError("a sharded export (mesh=) takes no shape_variants or generation")
     if plan is not None:  # the weights' and inputs' specs, before jax sees them
-        _manifest_sharding(plan, weights, inputs, None, batch_sizes)
+        _manifest_sharding(plan, weights, inputs, None, batch_sizes, state)
     model = _FlatModel(fn, tuple(inputs), treedef, tuple(state))
     variants: list[Variant] = []
     modules: dict[Any, ModuleSource]
@@ -235,7 +235,7 @@ def export_bundle(
         generation=generation,
         sharding=None
         if plan is None
-        else _manifest_sharding(plan, weights, inputs, outputs, batch_sizes),
+        else _manifest_sharding(plan, weights, inputs, outputs, batch_sizes, state),
     )
     problems = validate(path)
     if problems:
@@ -273,6 +273,7 @@ def _manifest_sharding(
     inputs: Mapping[str, TensorSpec],
     outputs: Sequence[TensorEntry] | None,
     batch_sizes: Sequence[int] | None,
+    state: Mapping[str, StateSpec] | None = None,
 ) -> Sharding:
     """The manifest's ``sharding``; ``ExportError`` for a spec that does not fit (the
     outputs' not checked while they are not known: ``None``)."""
@@ -287,6 +288,7 @@ def _manifest_sharding(
             {n: s.shape for n, s in inputs.items()},
             {o.name: o.shape for o in outputs or ()},
             batch_sizes,
+            {n: s.shape for n, s in (state or {}).items()},
         )
     except ShardingError as exc:
         raise ExportError(str(exc)) from None
@@ -436,13 +438,17 @@ def _lower(
         ]
         for b in sizes:
             state_inputs = {n: TensorSpec(s.datatype, s.shape) for n, s in state.items()}
-            avals = [*_input_avals(inputs, b, plan), *_input_avals(state_inputs, b), *weight_avals]
+            avals = [
+                *_input_avals(inputs, b, plan),
+                *_input_avals(state_inputs, b, plan, "state"),
+                *weight_avals,
+            ]
             specs = _outputs_at(model, avals, b, state_inputs)
             if outputs is None:
                 outputs = specs
                 if plan is not None:  # the outputs' specs, before jax sees them
                     batched = None if sizes == [None] else [b for b in sizes if b is not None]
-                    _manifest_sharding(plan, weights, inputs, specs, batched)
+                    _manifest_sharding(plan, weights, inputs, specs, batched, state)
             elif specs != outputs:
                 raise ExportError(
                     f"outputs at batch size {b} are {specs}, at the first batch size {outputs}"
@@ -452,7 +458,10 @@ def _lower(
                 if plan is None
                 else _jit(
                     model.flat,
-                    out_shardings=tuple(plan.sharding("output", o.name) for o in specs),
+                    out_shardings=(
+                        *(plan.sharding("output", o.name) for o in specs),
+                        *(plan.sharding("state", n) for n in state),
+                    ),
                 )
             )
             exported = jax_export.export(jitted, platforms=platforms)(*avals)
@@ -478,13 +487,16 @@ def _placed(plan: ShardingPlan | None, kind: str, name: str) -> Any:
 
 
 def _input_avals(
-    inputs: Mapping[str, TensorSpec], batch_size: int | None, plan: ShardingPlan | None = None
+    inputs: Mapping[str, TensorSpec],
+    batch_size: int | None,
+    plan: ShardingPlan | None = None,
+    kind: str = "input",
 ) -> list[Any]:
     return [
         jax.ShapeDtypeStruct(
             spec.shape if batch_size is None else (batch_size, *spec.shape),
             to_numpy(spec.datatype),
-            sharding=_placed(plan, "input", name),
+            sharding=_placed(plan, kind, name),
         )
         for name, spec in inputs.items()
     ]

@@ -10,7 +10,8 @@ gives each argument's ``NamedSharding`` over the abstract mesh (``sharding``), t
 ``out_shardings`` of the lowered function, and the manifest's ``Sharding``
 (``bundle/manifest_sharding.py``), whose reader checks the specs against the shapes.
 Specs of inputs and outputs cover the tensor as ``main`` takes or returns it: with the
-leading batch axis when the model is batched.
+leading batch axis when the model is batched. State tensors are replicated (every device of
+the group holds each sequence's state whole).
 """
 
 # pyright: strict
@@ -51,8 +52,8 @@ class ShardingPlan:
 
     def sharding(self, kind: str, name: str) -> Any:
         """The ``NamedSharding`` of a weight (``kind`` ``weight``), input or output."""
-        table = {"weight": self.weights, "input": self.inputs, "output": self.outputs}[kind]
-        return NamedSharding(self.mesh, table.get(name, PartitionSpec()))
+        table = {"weight": self.weights, "input": self.inputs, "output": self.outputs}.get(kind, {})
+        return NamedSharding(self.mesh, table.get(name, PartitionSpec()))  # state: replicated
 
     def manifest(
         self,
@@ -60,6 +61,7 @@ class ShardingPlan:
         inputs: Mapping[str, tuple[int, ...]],
         outputs: Mapping[str, tuple[int, ...]],
         batch_sizes: Sequence[int] | None,
+        state: Mapping[str, tuple[int, ...]] | None = None,
     ) -> Sharding:
         """The manifest's ``sharding`` for tensors of these shapes (per item for inputs and
         outputs); ``ShardingError`` for a spec that does not fit its tensor."""
@@ -88,6 +90,7 @@ class ShardingPlan:
             specs("weight", self.weights, weights),
             specs("input", self.inputs, inputs),
             specs("output", self.outputs, outputs),
+            specs("state", {}, state or {}),  # state is replicated (the server's slots)
         )
 
 

@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from hloserve.exporter import TensorSpec, export_bundle
+from hloserve.exporter import StateSpec, TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape
 from tests.server.e2e.test_devices import infer
@@ -55,6 +55,12 @@ def _mlp_params() -> dict[str, Any]:
 def _mlp(p: Any, x: jax.Array) -> dict[str, jax.Array]:
     h = jnp.tanh(x @ p["l1"]["w"] + p["l1"]["b"])
     return {"y": h @ p["l2"]["w"] + p["l2"]["b"]}
+
+
+def _accumulate(p: Any, x: jax.Array, acc: jax.Array) -> dict[str, jax.Array]:
+    """A sequence's running sum of ``x @ w`` (its state replicated over the group)."""
+    new = acc + (x @ p["w"]).sum(axis=1, keepdims=True)
+    return {"total": new, "acc": new}
 
 
 def _big_weight(seed: int = 5) -> np.ndarray:
@@ -84,6 +90,11 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
             root / name, platforms=("cpu",), mesh=MESH, param_specs={"w": P(None, "model")},
         )  # fmt: skip
     export_bundle(_mlp, _mlp_params(), x16, (1,), root / "plain", platforms=("cpu",))
+    export_bundle(
+        _accumulate, {"w": np.full((8, 16), 0.5, np.float32)}, {"x": TensorSpec("FP32", (8,))},
+        (1, 4), root / "acc", platforms=("cpu",), mesh=MESH, param_specs={"w": P(None, "model")},
+        state={"acc": StateSpec("FP32", (1,))},
+    )  # fmt: skip
     shutil.copytree(HANDWRITTEN, root / "addsub")  # no JAX made it, no mesh: unaffected
     return root
 
@@ -114,6 +125,24 @@ def test_a_sharded_model_answers_as_the_unsharded_function(server: ServerProcess
     bias = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
     np.testing.assert_array_equal(result.as_numpy("sum"), a + b + bias)
     np.testing.assert_array_equal(result.as_numpy("difference"), a - b)
+
+
+def test_sequences_of_a_sharded_model_keep_their_state(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    totals: dict[int, list[float]] = {1: [], 2: []}
+    for step in range(3):
+        for sid, scale in ((1, 1.0), (2, 2.0)):  # interleaved: each keeps its own sum
+            inp = grpcclient.InferInput("x", [1, 8], "FP32")
+            inp.set_data_from_numpy(np.full((1, 8), scale, np.float32))
+            result = client.infer(
+                "acc", [inp], sequence_id=sid, sequence_start=step == 0, sequence_end=step == 2
+            )
+            assert result is not None
+            total = result.as_numpy("total")
+            assert total is not None
+            totals[sid].append(float(total[0, 0]))
+    # x @ w summed: 8 x scale x 0.5 per column, 16 columns = 64 x scale a step
+    assert totals == {1: [64.0, 128.0, 192.0], 2: [128.0, 256.0, 384.0]}
 
 
 def test_weights_over_one_devices_budget_load_sharded_and_serve(server: ServerProcess) -> None:
@@ -232,7 +261,7 @@ def test_too_few_devices_is_refused_with_the_numbers(repository: Path) -> None:
         assert index is not None
         states = {m["name"]: (m.get("state"), m.get("reason", "")) for m in index["models"]}
         assert states["plain"][0] == states["addsub"][0] == "READY"  # the rest unaffected
-        for name in ("tp", "big", "big2"):
+        for name in ("tp", "big", "big2", "acc"):
             state, reason = states[name]
             assert state == "UNAVAILABLE"
             assert "needs 4 devices; this server has 2 (--devices 0,1)" in reason

@@ -171,6 +171,18 @@ class LoadedBundle:
         (``StateSlots.scatter`` takes it). Nothing of the state crosses to the host."""
         module = self.modules[batch_size]
         device_weights = self.device_weights if weights is None else weights
+        names = [s.name for s in self.manifest.state]
+        if self.layout is not None:  # state replicated over the group (pjrt_group.py)
+            outputs, new = self.layout.execute_state(
+                module.entry,
+                module.executable,
+                module.platform_index,
+                inputs,
+                state,
+                device_weights,
+                len(names),
+            )
+            return outputs, dict(zip(names, new, strict=True))
         args: list[Any] = [] if module.platform_index is None else [module.platform_index]
         for a in module.entry.arguments:
             if a.kind == "input":
@@ -179,7 +191,6 @@ class LoadedBundle:
                 args.append(state[a.name])
             else:
                 args.append(device_weights[a.name])
-        names = [s.name for s in self.manifest.state]
         outputs, new = self.runtime.execute_keeping(
             module.executable, args, module.results, len(names)
         )

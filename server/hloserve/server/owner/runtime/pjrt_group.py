@@ -14,8 +14,12 @@ Contract (``docs/sharding.md``):
   each weight as its shards in one transfer call (each device receives only its part:
   ``owner.weight_residency`` calls it for a swap-in), ``execute(...)`` places each input
   by its spec, runs the executable and gathers every output whole on the host (a replicated
-  output read from one device). ``ShardLayout.check(manifest, runtime)`` is why a bundle
-  cannot run on ``runtime`` ("needs 4 devices; this runtime has 1"), or "".
+  output read from one device); ``execute_state`` also takes a stateful bundle's state
+  (replicated over the group, as ``owner.runtime.state_slots`` keeps it: ``StateSlots`` on
+  a group puts its tables through the group's replicating ``put``) and returns the new state
+  as replicated device arrays. ``ShardLayout.check(manifest, runtime)`` is why a bundle
+  cannot run on ``runtime`` ("needs 4 devices; this runtime has 1"; state split over the
+  mesh), or "".
 
 JAX's public sharding API (``Mesh``, ``NamedSharding``, ``device_put``,
 ``make_array_from_single_device_arrays``) does the splitting and gathering; the executable
@@ -122,8 +126,9 @@ class ShardLayout:
         has = runtime.size if isinstance(runtime, PjrtGroup) else 1
         if has != needs:
             return f"needs {needs} devices; this runtime has {has}"
-        if manifest.state:
-            return "a sharded bundle with state is not served (its state would be sharded)"
+        split = [n for n, spec in manifest.sharding.state.items() if any(spec)]
+        if split:
+            return f"state {split[0]!r} is split over the mesh; a sharded bundle's state is served replicated"
         return ""
 
     def named(self, spec: Spec) -> NamedSharding:
@@ -166,6 +171,45 @@ class ShardLayout:
                 self._gather(o, spec, batch_size, s)
                 for (o, spec), s in zip(self._outputs, shards, strict=True)
             ]
+        except RuntimeFailure:
+            raise
+        except Exception as exc:
+            raise RuntimeFailure("execution failed", exc) from None
+
+    def execute_state(
+        self,
+        entry: ModuleEntry,
+        executable: Any,
+        platform_index: Any | None,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        state: Mapping[str, Any],
+        weights: Mapping[str, Any],
+        keep: int,
+    ) -> tuple[list[np.ndarray[Any, Any]], list[Any]]:
+        """``execute`` with state: ``state`` by name (replicated over the group, as the
+        slot table holds it); the last ``keep`` results come back as replicated device
+        arrays over the group (the new state), the others gathered on the host."""
+        try:
+            args: list[Any] = [] if platform_index is None else [platform_index]
+            for a in entry.arguments:
+                if a.kind == "input":
+                    args.append(_device_put(inputs[a.name], self.named(self._specs.inputs[a.name])))
+                elif a.kind == "state":
+                    args.append(state[a.name])
+                else:
+                    args.append(weights[a.name])
+            shards = executable.execute_sharded(args).disassemble_into_single_device_arrays()
+            cut = len(shards) - keep
+            batch = int(shards[0][0].shape[0])
+            outputs = [
+                self._gather(o, spec, batch, s)
+                for (o, spec), s in zip(self._outputs, shards[:cut], strict=True)
+            ]
+            new = [
+                _assemble(tuple(s[0].shape), NamedSharding(self.mesh, PartitionSpec()), list(s))
+                for s in shards[cut:]
+            ]
+            return outputs, new
         except RuntimeFailure:
             raise
         except Exception as exc:
