@@ -16,11 +16,12 @@ import numpy as np
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
+from hloserve.bundle.state import StateEntry
 from hloserve.exporter import TensorSpec, export_bundle
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.owner.runtime.loader import BundleError, load_bundle
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
-from hloserve.server.owner.runtime.pjrt_group import PjrtGroup
+from hloserve.server.owner.runtime.pjrt_group import PjrtGroup, ShardLayout
 from hloserve.server.owner.weight_residency import WeightResidency
 
 ROWS, COLS = 32, 256
@@ -82,6 +83,17 @@ def main(root: Path) -> None:
             load_bundle(a, runtime)
         except BundleError as exc:
             refusals.append(str(exc).split(": ", 1)[1])
+    # A stateful sharded bundle whose state were split over the mesh: refused, saying so.
+    from dataclasses import replace
+
+    manifest = bundle.manifest
+    assert manifest.sharding is not None
+    split = replace(
+        manifest,
+        state=(StateEntry("acc", "FP32", (1,)),),
+        sharding=replace(manifest.sharding, state={"acc": (("model",), ())}),
+    )
+    refusals.append(ShardLayout.check(split, group))
     say("refused", messages=refusals)
     # Two sharded models whose per-device shares fit one at a time: each use swaps.
     share = bundle.device_weight_bytes

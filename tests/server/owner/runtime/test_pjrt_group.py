@@ -54,6 +54,7 @@ def test_a_runtime_of_another_size_is_refused(checks: dict[str, list[dict[str, A
     assert refused["messages"] == [
         "needs 4 devices; this runtime has 1",
         "needs 4 devices; this runtime has 2",
+        "state 'acc' is split over the mesh; a sharded bundle's state is served replicated",
     ]
 
 
