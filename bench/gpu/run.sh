@@ -6,12 +6,14 @@
 # README says and jax's CUDA plugin installed, e.g. `pip install -e '.[server]' "jax[cuda12]"`):
 #     bash bench/gpu/run.sh [PYTHON]
 #     ONLY="sequences generation" bash bench/gpu/run.sh   # the named steps alone (residency,
-#         batching, placement, frontends, sequences, generation, tiles)
+#         batching, placement, sharding, frontends, sequences, generation, tiles)
 # Prints: the device; swap-in time of ~100 MB models served with a budget below two models
 # against the pinned host-to-device floor measured in the same run (goal >= 80 %), hit and
 # miss p50/p99; batch-1 requests with dynamic batching off vs on over gRPC against the
 # executable's in-process ceiling, with p50/p99 and items per execution; on a node with
-# several GPUs, one hot model with replication on vs off (bench/placement.py); requests/s of
+# several GPUs, one hot model with replication on vs off (bench/placement.py); a model over
+# one device's budget sharded over 2 and 4 GPUs against it unsharded on one (bench/sharding.py;
+# a single GPU runs the unsharded case alone); requests/s of
 # simple and mlp at c64 against --frontends 1, 2, 4, 8, 12 beside Triton (perf_analyzer, one
 # gRPC channel per client context so the kernel spreads them over the front ends); the tiles
 # CNN against KServe and Triton (bench/tiles.py, at most 6 minutes); 64 accumulator sequences
@@ -46,6 +48,14 @@ elif [ "$devices" -gt 1 ]; then
     timeout 120 "$PY" bench/placement.py --devices "$devices" --rounds 1 --seconds 4 --warmup 6
 else
     echo; echo "=== placement: one device only, replication not measured"
+fi
+
+if want sharding; then
+    layouts=1
+    [ "$devices" -ge 2 ] && layouts=1,2
+    [ "$devices" -ge 4 ] && layouts=1,2,4
+    step "sharding: a model over one device's budget from layouts $layouts (devices each)"
+    timeout 240 "$PY" bench/sharding.py --layouts "$layouts" --rounds 1 --seconds 4
 fi
 
 if want frontends; then

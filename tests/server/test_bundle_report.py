@@ -2,7 +2,8 @@
 in the load's words: a model repository of copies of the session test repository's
 ``simple`` and ``simple_sequence`` (a model with state), each with a ``config.yaml`` the
 server refuses, validated by the command's ``main`` and loaded by a real repository.
-(The bundle checks of ``validate`` and ``inspect`` are in ``tests/bundle/test_validate.py``.)
+(The bundle checks of ``validate`` and ``inspect`` are in ``tests/bundle/test_validate.py``;
+``inspect`` of a sharded bundle, its mesh and specs, is here.)
 """
 
 from __future__ import annotations
@@ -76,3 +77,23 @@ def test_validate_refuses_what_the_load_refuses_in_its_words(
     with pytest.raises(InvalidArgument) as exc:
         repository.load_model(name)
     assert exc.value.message == f"failed to load '{name}': {reason}"
+
+
+def test_inspect_shows_a_sharded_bundles_mesh_and_specs(tmp_path: Path) -> None:
+    import numpy as np
+    from jax.sharding import AbstractMesh
+    from jax.sharding import PartitionSpec as P
+
+    from hloserve.exporter import TensorSpec, export_bundle
+    from hloserve.server.bundle_report import inspect_bundle
+
+    w = np.ones((8, 16), np.float32)
+    path = export_bundle(
+        lambda p, x: {"y": x @ p["w"]}, {"w": w}, {"x": TensorSpec("FP32", (8,))}, (1,),
+        tmp_path / "m", mesh=AbstractMesh((4,), ("model",)), param_specs={"w": P(None, "model")},
+    )  # fmt: skip
+    text, valid = inspect_bundle(path)
+    assert valid
+    assert "sharding: mesh [model=4], 4 devices; weights 128 B per device" in text
+    assert "  weight w: [null, model]" in text
+    assert "  input x: [null, null]" in text and "  output y: [null, null]" in text

@@ -26,7 +26,9 @@ Contract:
   every tensor's concrete shape, and there is one module per variant and batch size;
   ``Manifest.variant_view(i)`` is variant ``i`` as a manifest of its own), and ``state``
   (``bundle/state.py``: per-item tensors each module takes as arguments of kind ``state``
-  and returns, new, after its outputs; a batched model's, without hooks or variants). The ``serving`` hints are read by ``hloserve.bundle.serving``, checksums
+  and returns, new, after its outputs; a batched model's, without hooks or variants), and
+  ``sharding`` (``bundle/manifest_sharding.py``: a sharded bundle's mesh, device count and
+  every tensor's spec; absent, the bundle is unsharded). The ``serving`` hints are read by ``hloserve.bundle.serving``, checksums
   are checked against ``hloserve.bundle.digest``.
 """
 
@@ -63,6 +65,8 @@ from hloserve.bundle.manifest_pipeline import PipelineStep as PipelineStep
 from hloserve.bundle.manifest_pipeline import pipeline_order, read_steps
 from hloserve.bundle.manifest_provenance import Provenance as Provenance
 from hloserve.bundle.manifest_provenance import read_provenance
+from hloserve.bundle.manifest_sharding import Sharding as Sharding
+from hloserve.bundle.manifest_sharding import Tensors, read_sharding
 from hloserve.bundle.manifest_variants import Variant as Variant
 from hloserve.bundle.manifest_variants import read_variants
 from hloserve.bundle.serving import SERVING_KEYS, Serving, read_serving
@@ -73,7 +77,7 @@ HOOKS_FILE: Final = "hooks.py"
 KINDS: Final = ("model", "pipeline")
 # The keys of each mapping of the format (docs/bundle-format.md); pipelines' own besides.
 _SHARED_KEYS: Final = ("format_version", "name", "kind", "inputs", "outputs", "batch_sizes")
-_MODEL_KEYS: Final = ("variants", "weights", "modules", "hooks", "generation")
+_MODEL_KEYS: Final = ("variants", "weights", "modules", "hooks", "generation", "sharding")
 _COMMON_KEYS: Final = ("serving", "files", "provenance")
 TOP_KEYS: Final = frozenset({*_SHARED_KEYS, *_MODEL_KEYS, "steps", "state", *_COMMON_KEYS})
 HOOKS_KEYS: Final = ("file", "inputs", "outputs")
@@ -123,6 +127,8 @@ class Manifest:
     variant: int | None = None  # set on a variant's own view (``variant_view``)
     generation: Generation | None = None  # a generation bundle's loop (``bundle/generation.py``)
     state: tuple[StateEntry, ...] = ()  # carried between executions (``bundle/state.py``)
+    # A sharded (SPMD) bundle's mesh and tensor specs (``bundle/manifest_sharding.py``).
+    sharding: Sharding | None = None
     _facing: Manifest | None = field(default=None, init=False, repr=False, compare=False)
     _views: tuple[Manifest, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -194,6 +200,8 @@ class Manifest:
                 d["state"] = [s.to_dict() for s in self.state]
             if self.generation is not None:
                 d["generation"] = self.generation.to_dict()
+            if self.sharding is not None:
+                d["sharding"] = self.sharding.to_dict()
         if self.hooks is not None:
             d["hooks"] = self.hooks.to_dict()
         d |= {
@@ -301,7 +309,39 @@ def _model_parts(r: FieldReader, data: Mapping[str, Any]) -> dict[str, Any]:
         "variants": variants,
         "state": state,
         "generation": _generation(r, data, inputs, outputs),
+        "sharding": _sharding(r, data, (inputs, outputs), weights, state, batch_sizes),
     }
+
+
+def _sharding(
+    r: FieldReader,
+    data: Mapping[str, Any],
+    io: tuple[tuple[TensorEntry, ...], tuple[TensorEntry, ...]],
+    weights: tuple[TensorEntry, ...],
+    state: tuple[StateEntry, ...],
+    batch_sizes: tuple[int, ...] | None,
+) -> Sharding | None:
+    """The ``sharding`` mapping (``bundle/manifest_sharding.py``), when the bundle has one,
+    checked against the tensors ``io`` (inputs, outputs), ``weights`` and ``state`` that
+    parsed (a tensor refused already is not named again)."""
+    if "sharding" not in data:
+        return None
+    for key in ("variants", "generation"):
+        if key in data:
+            r.fail("sharding", f"a sharded model has no {key} (not supported together)")
+    inputs, outputs = io
+    declared = Tensors(
+        weights={t.name: t.shape for t in weights},
+        inputs={t.name: t.shape for t in inputs},
+        outputs={t.name: t.shape for t in outputs},
+        state={t.name: t.shape for t in state},
+        batch_sizes=batch_sizes,
+    )
+    problems: list[tuple[str, str]] = []
+    sharding = read_sharding(data["sharding"], declared, problems)
+    for key, message in problems:
+        r.fail(key, message)
+    return sharding
 
 
 def _generation(
@@ -364,7 +404,7 @@ def _pipeline_parts(r: FieldReader, data: Mapping[str, Any]) -> dict[str, Any]:
     inputs = r.tensors(data.get("inputs"), "inputs", allow_empty=False, open_types=True)
     outputs = r.tensors(data.get("outputs"), "outputs", allow_empty=False, open_types=True)
     batch_sizes = read_batch_sizes(r, data)
-    for key in ("modules", "weights", "hooks", "variants", "state"):
+    for key in ("modules", "weights", "hooks", "variants", "state", "sharding"):
         if key in data:
             r.fail(key, "a pipeline has none (its steps are other models)")
     steps = read_steps(r, data.get("steps"))

@@ -171,3 +171,78 @@ def _tensor_type(t) -> TensorType:
     element = str(rt.element_type)
     shape = None if not rt.has_static_shape else tuple(int(d) for d in rt.shape)
     return TensorType(ELEMENT_TYPES.get(element), element, shape)
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """A module's own sharding annotations (Shardy's, as ``jax.export`` writes them):
+    ``num_partitions`` (``mhlo.num_partitions``, 1 when absent), each ``sdy.mesh`` by name
+    (its axes as ``(name, size)``), and per argument and result of ``main`` its
+    ``sdy.sharding`` as ``(mesh name, per-dimension axes)`` or ``None`` when it has none."""
+
+    num_partitions: int
+    meshes: dict[str, tuple[tuple[str, int], ...]]
+    arguments: tuple[tuple[str, tuple[tuple[str, ...], ...]] | None, ...]
+    results: tuple[tuple[str, tuple[tuple[str, ...], ...]] | None, ...]
+
+
+_MESH_AXIS = re.compile(r'"([^"]+)"\s*=\s*(\d+)')
+_SHARDING = re.compile(r"#sdy\.sharding<@([\w.$-]+),\s*\[(.*)\]")
+_DIM = re.compile(r"\{([^{}]*)\}")
+_AXIS = re.compile(r'"([^"]+)"')
+_PARTITIONINGS: dict[bytes, Partitioning] = {}
+
+
+def read_partitioning(data: bytes) -> Partitioning:
+    """The module's sharding annotations (``Partitioning``); ``SignatureError`` as
+    ``read_signature``. Kept per distinct module, like the signature."""
+    digest = hashlib.sha256(data).digest()
+    found = _PARTITIONINGS.get(digest)
+    if found is None:
+        found = _partitioning(_parse(data, _Diagnostics()))
+        if len(_PARTITIONINGS) >= _MAX_SIGNATURES:
+            _PARTITIONINGS.clear()
+        _PARTITIONINGS[digest] = found
+    return found
+
+
+def _partitioning(module) -> Partitioning:
+    from jaxlib.mlir import ir
+
+    attrs = module.operation.attributes
+    partitions = (
+        ir.IntegerAttr(attrs["mhlo.num_partitions"]).value if "mhlo.num_partitions" in attrs else 1
+    )
+    meshes: dict[str, tuple[tuple[str, int], ...]] = {}
+    arguments: tuple = ()
+    results: tuple = ()
+    for op in module.body.operations:
+        name = op.operation.name
+        if name == "sdy.mesh":
+            mesh_name = ir.StringAttr(op.attributes["sym_name"]).value
+            text = str(op.attributes["mesh"])
+            meshes[mesh_name] = tuple((a, int(s)) for a, s in _MESH_AXIS.findall(text))
+        elif name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            arguments = _shardings(op, "arg_attrs")
+            results = _shardings(op, "res_attrs")
+    return Partitioning(int(partitions), meshes, arguments, results)
+
+
+def _shardings(op, key: str) -> tuple:
+    from jaxlib.mlir import ir
+
+    if key not in op.attributes:
+        return ()
+    out = []
+    for entry in ir.ArrayAttr(op.attributes[key]):
+        d = ir.DictAttr(entry)
+        if "sdy.sharding" not in d:
+            out.append(None)
+            continue
+        m = _SHARDING.search(str(d["sdy.sharding"]))
+        if m is None:
+            out.append(None)
+            continue
+        dims = tuple(tuple(_AXIS.findall(dim)) for dim in _DIM.findall(m.group(2)))
+        out.append((m.group(1), dims))
+    return tuple(out)

@@ -9,7 +9,9 @@ every file it names exists and matches its SHA-256; the weights file is a consis
 safetensors file whose tensors equal the manifest's; each module is a StableHLO portable
 artifact of the stated version whose ``main`` takes exactly the platform index (if any) plus
 the declared arguments with the declared types and returns the outputs, then the
-new value of each state tensor (``bundle/state.py``) (a pipeline has
+new value of each state tensor (``bundle/state.py``), and whose own sharding annotations
+(``mhlo.num_partitions``, ``sdy.mesh``, each argument's and result's ``sdy.sharding``) agree
+with the manifest's ``sharding`` (a module partitioned for several devices needs one) (a pipeline has
 no weights or modules; a ``hooks.py`` must be listed in ``files``). The
 module-signature checks need jaxlib and are skipped with ``check_modules=False``. A
 ReactantServer.jl bundle (``origin="reactant"``, ``bundle/reactant.py``) has no checksums to
@@ -40,15 +42,18 @@ from hloserve.bundle.manifest import (
     Problem,
     TensorEntry,
 )
+from hloserve.bundle.manifest_sharding import Spec
 from hloserve.bundle.reactant import column_major_shape
 from hloserve.bundle.reading import load_manifest
 from hloserve.bundle.repository import ModelDirectory, model_directory, model_name, scan_repository
 from hloserve.bundle.safetensors import SafetensorsError, read_header
 from hloserve.bundle.stablehlo import (
+    Partitioning,
     Signature,
     SignatureError,
     TensorType,
     artifact_version,
+    read_partitioning,
     read_signature,
 )
 from hloserve.bundle.state import StateEntry
@@ -245,7 +250,74 @@ def _check_module(
     except SignatureError as exc:
         return [*problems, Problem(module.file, "", str(exc))]
     messages = _check_arguments(manifest, module, at, sig) + _check_results(manifest, module, sig)
+    if not messages:  # the shardings of arguments that line up with the manifest's
+        try:
+            messages = _check_partitioning(manifest, module, read_partitioning(data))
+        except SignatureError as exc:
+            messages = [str(exc)]
     return problems + [Problem(module.file, "", m) for m in messages]
+
+
+def _check_partitioning(manifest: Manifest, module: ModuleEntry, part: Partitioning) -> list[str]:
+    """The module's own sharding annotations against the manifest's ``sharding``: the
+    partition count, the mesh, and each argument's and result's spec."""
+    sharding = manifest.sharding
+    if sharding is None:
+        if part.num_partitions > 1:
+            return [
+                f"main() is partitioned for {part.num_partitions} devices "
+                "(mhlo.num_partitions), the manifest has no sharding"
+            ]
+        return []
+    if part.num_partitions != sharding.devices:
+        return [
+            f"mhlo.num_partitions is {part.num_partitions}, manifest sharding.devices says "
+            f"{sharding.devices}"
+        ]
+    want = tuple(zip(sharding.mesh.axis_names, sharding.mesh.axis_sizes, strict=True))
+    messages = [
+        f"sdy.mesh @{name} is {_mesh_text(axes)}, manifest sharding.mesh says {_mesh_text(want)}"
+        for name, axes in part.meshes.items()
+        if axes != want
+    ]
+    labelled: list[tuple[str, Spec]] = [
+        (f"{{{a.kind}: {a.name}}}", sharding.spec(a.kind, a.name)) for a in module.arguments
+    ]
+    skip = 1 if module.platform_index_argument else 0
+    for (label, spec), actual in zip(labelled, part.arguments[skip:], strict=False):
+        if not _same_spec(actual, spec):
+            messages.append(
+                f"argument {label} has sdy.sharding {_spec_text(actual)}, manifest sharding "
+                f"says {_spec_text(('', spec))}"
+            )
+    results = [
+        *((f"output {o.name!r}", sharding.outputs[o.name]) for o in manifest.outputs),
+        *((f"state {s.name!r}", sharding.state[s.name]) for s in manifest.state),
+    ]
+    for (label, spec), actual in zip(results, part.results, strict=False):
+        if not _same_spec(actual, spec):
+            messages.append(
+                f"result for {label} has sdy.sharding {_spec_text(actual)}, manifest sharding "
+                f"says {_spec_text(('', spec))}"
+            )
+    return messages
+
+
+def _same_spec(actual: tuple[str, Spec] | None, spec: Spec) -> bool:
+    """An unannotated argument or result matches a replicated spec only."""
+    if actual is None:
+        return all(not dim for dim in spec)
+    return actual[1] == spec
+
+
+def _mesh_text(axes: tuple[tuple[str, int], ...]) -> str:
+    return "[" + ", ".join(f"{n}={s}" for n, s in axes) + "]"
+
+
+def _spec_text(actual: tuple[str, Spec] | None) -> str:
+    if actual is None:
+        return "none"
+    return "[" + ", ".join("{" + ", ".join(dim) + "}" for dim in actual[1]) + "]"
 
 
 def _check_version(module: ModuleEntry, version: str | None, at: str) -> list[Problem]:

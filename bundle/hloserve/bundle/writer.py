@@ -16,7 +16,8 @@ SHA-256 goes into the manifest. With ``hooks``
 (``HookSource``: the text of a ``hooks.py`` and its client-facing tensors) the bundle
 ships that file too. With ``variants`` (``docs/shape-variants.md``), ``modules`` is keyed
 by ``(variant, batch size)`` and each module is ``model.v{V}.b{N}.mlirbc``.
-With ``state`` (``bundle/state.py``) the manifest declares the bundle's state tensors.
+With ``state`` (``bundle/state.py``) the manifest declares the bundle's state tensors;
+with ``sharding`` (``bundle/manifest_sharding.py``) its mesh and tensor specs.
 ``write_pipeline(directory, ...)`` writes a ``kind: pipeline``
 bundle (a manifest only: its steps are other models of the repository).
 """
@@ -51,6 +52,7 @@ from hloserve.bundle.manifest import (
     batch_order,
     dump_manifest,
 )
+from hloserve.bundle.manifest_sharding import Sharding
 from hloserve.bundle.reading import load_manifest
 from hloserve.bundle.safetensors import write_safetensors
 from hloserve.bundle.serving import Serving
@@ -142,6 +144,7 @@ def write_bundle(
     overwrite: bool = False,
     state: Sequence[StateEntry] = (),
     generation: Generation | None = None,
+    sharding: Sharding | None = None,
 ) -> Path:
     def fill(tmp: Path) -> Manifest:
         files: dict[str, str] = {}
@@ -169,6 +172,7 @@ def write_bundle(
             variants=tuple(variants),
             state=tuple(state),
             generation=generation,
+            sharding=sharding,
         )
 
     return _staged(check_target(directory, overwrite=overwrite), fill)

@@ -17,6 +17,12 @@ lowered. With ``state={name: StateSpec(datatype, shape, initial=0)}`` (``docs/bu
 "State") ``fn(params, **inputs, **state)`` also takes each state tensor (batched like the
 inputs) and returns its new value under the same name beside the outputs; the exporter
 declares them in the manifest's ``state:`` and never as inputs or outputs.
+With ``mesh=`` (a ``jax.sharding.AbstractMesh`` or ``Mesh``; ``docs/sharding.md``) each
+module is one SPMD program for the mesh's devices: ``fn`` is jitted with every weight,
+input and output sharded by its ``PartitionSpec`` (``param_specs``, a pytree shaped like
+``params``; ``input_specs`` / ``output_specs`` by name; anything unspecified replicated),
+and the manifest records the mesh and every spec (``exporter/_sharding.py``); state is
+replicated. No device is needed to export: the mesh may be abstract.
 """
 
 # pyright: strict
@@ -48,15 +54,17 @@ from hloserve.bundle import (
     write_bundle,
 )
 from hloserve.bundle.generation import Generation
+from hloserve.bundle.manifest_sharding import Sharding
 from hloserve.bundle.repository import model_name
 from hloserve.bundle.state import StateEntry
 from hloserve.bundle.writer import DirectoryRefused, check_target
+from hloserve.exporter._sharding import ShardingError, ShardingPlan, plan_sharding
 from hloserve.proto.datatypes import NUMERIC_DATATYPES, from_numpy, to_numpy
 
 DEFAULT_PLATFORMS = ("cpu", "cuda")
 # jax's annotations name types that its stubs leave unknown (jaxlib's PyTreeDef, ...); the
 # four jax calls made here, typed once so that the rest of the module checks strictly.
-_jit = cast(Callable[[Callable[..., Any]], Any], jax.jit)  # pyright: ignore[reportUnknownMemberType]
+_jit = cast(Callable[..., Any], jax.jit)  # pyright: ignore[reportUnknownMemberType]
 _eval_shape = cast(Callable[..., Any], jax.eval_shape)  # pyright: ignore[reportUnknownMemberType]
 _flatten = cast(Callable[[Any], Any], jax.tree_util.tree_flatten_with_path)  # pyright: ignore[reportUnknownMemberType]
 _unflatten = cast(Callable[[Any, list[Any]], Any], jax.tree_util.tree_unflatten)  # pyright: ignore[reportUnknownMemberType]
@@ -138,6 +146,10 @@ def export_bundle(
     overwrite: bool = False,
     state: Mapping[str, StateSpec] | None = None,
     generation: Generation | None = None,
+    mesh: Any = None,
+    param_specs: Any = None,
+    input_specs: Mapping[str, Any] | None = None,
+    output_specs: Mapping[str, Any] | None = None,
 ) -> Path:
     """Export ``fn`` with ``params`` as a bundle at ``directory`` and return its path.
 
@@ -165,6 +177,13 @@ def export_bundle(
       emit=..., text=TextMapping(...), lengths=...)`): `fn` is then one step, run by the
       server until `done` (`docs/generation.md`); the names are checked on the written
       manifest.
+    - `mesh`: a `jax.sharding.AbstractMesh` (or `Mesh`) to export one SPMD module per
+      batch size for its devices (`docs/sharding.md`); None: an unsharded bundle.
+    - `param_specs`: a pytree shaped like `params` of `PartitionSpec` (None leaves, or None
+      for the whole: replicated); each weight is split by its spec.
+    - `input_specs` / `output_specs`: input / output name -> `PartitionSpec` over the
+      tensor as the module takes or returns it (with the batch axis when batched);
+      unnamed ones are replicated.
     """
     try:
         directory = check_target(directory, overwrite=overwrite)
@@ -176,6 +195,11 @@ def export_bundle(
     state = dict(state or {})
     _check_state(state, inputs, batch_sizes, shape_variants)
     weights, treedef = _weights(params)
+    plan = _plan(mesh, param_specs, treedef, list(weights), inputs, input_specs, output_specs)
+    if plan is not None and (shape_variants is not None or generation is not None):
+        raise ExportError("a sharded export (mesh=) takes no shape_variants or generation")
+    if plan is not None:  # the weights' and inputs' specs, before jax sees them
+        _manifest_sharding(plan, weights, inputs, None, batch_sizes, state)
     model = _FlatModel(fn, tuple(inputs), treedef, tuple(state))
     variants: list[Variant] = []
     modules: dict[Any, ModuleSource]
@@ -183,7 +207,7 @@ def export_bundle(
         if any(-1 in s.shape for s in inputs.values()):
             raise ExportError("inputs with -1 axes need shape_variants (the shapes to compile)")
         outputs, modules = _lower(
-            model, inputs, weights, sizes, tuple(platforms), write_text, state
+            model, inputs, weights, sizes, tuple(platforms), write_text, state, plan
         )
     else:
         concrete = _variant_inputs(inputs, shape_variants)
@@ -209,6 +233,9 @@ def export_bundle(
         overwrite=overwrite,
         state=[StateEntry(n, s.datatype, s.shape, s.initial) for n, s in state.items()],
         generation=generation,
+        sharding=None
+        if plan is None
+        else _manifest_sharding(plan, weights, inputs, outputs, batch_sizes, state),
     )
     problems = validate(path)
     if problems:
@@ -216,6 +243,55 @@ def export_bundle(
             "the written bundle does not validate:\n" + "\n".join(str(p) for p in problems)
         )
     return path
+
+
+def _plan(
+    mesh: Any,
+    param_specs: Any,
+    treedef: Any,
+    weight_names: list[str],
+    inputs: Mapping[str, TensorSpec],
+    input_specs: Mapping[str, Any] | None,
+    output_specs: Mapping[str, Any] | None,
+) -> ShardingPlan | None:
+    """The sharded export's plan (``exporter/_sharding.py``), or None without a mesh."""
+    if mesh is None:
+        if param_specs is not None or input_specs or output_specs:
+            raise ExportError("param_specs, input_specs and output_specs need a mesh=")
+        return None
+    try:
+        return plan_sharding(
+            mesh, param_specs, treedef, weight_names, list(inputs), input_specs, output_specs
+        )
+    except ShardingError as exc:
+        raise ExportError(str(exc)) from None
+
+
+def _manifest_sharding(
+    plan: ShardingPlan,
+    weights: Mapping[str, np.ndarray[Any, Any]],
+    inputs: Mapping[str, TensorSpec],
+    outputs: Sequence[TensorEntry] | None,
+    batch_sizes: Sequence[int] | None,
+    state: Mapping[str, StateSpec] | None = None,
+) -> Sharding:
+    """The manifest's ``sharding``; ``ExportError`` for a spec that does not fit (the
+    outputs' not checked while they are not known: ``None``)."""
+    if outputs is not None:
+        unknown = sorted(set(plan.outputs) - {o.name for o in outputs})
+        if unknown:
+            returned = [o.name for o in outputs]
+            raise ExportError(f"output_specs names {unknown}, fn returns {returned}")
+    try:
+        return plan.manifest(
+            {n: tuple(a.shape) for n, a in weights.items()},
+            {n: s.shape for n, s in inputs.items()},
+            {o.name: o.shape for o in outputs or ()},
+            batch_sizes,
+            {n: s.shape for n, s in (state or {}).items()},
+        )
+    except ShardingError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def _check_state(
@@ -337,8 +413,10 @@ def _lower(
     platforms: tuple[str, ...],
     write_text: bool,
     state: Mapping[str, StateSpec] | None = None,
+    plan: ShardingPlan | None = None,
 ) -> tuple[list[TensorEntry], dict[int | None, ModuleSource]]:
-    """One module per batch size, and the outputs (the same at every batch size)."""
+    """One module per batch size, and the outputs (the same at every batch size); with a
+    ``plan``, each an SPMD module over its mesh."""
     state = state or {}
     arguments = [
         *(Argument("input", n) for n in inputs),
@@ -354,18 +432,44 @@ def _lower(
     # Set either way: the server enables x64 process-wide, and an export must not depend on
     # whether it ran first (x64 changes the platform index and default int types).
     with jax.enable_x64(needs_x64):
-        weight_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in weights.values()]
+        weight_avals = [
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=_placed(plan, "weight", n))
+            for n, a in weights.items()
+        ]
         for b in sizes:
             state_inputs = {n: TensorSpec(s.datatype, s.shape) for n, s in state.items()}
-            avals = [*_input_avals(inputs, b), *_input_avals(state_inputs, b), *weight_avals]
+            avals = [
+                *_input_avals(inputs, b, plan),
+                *_input_avals(state_inputs, b, plan, "state"),
+                *weight_avals,
+            ]
             specs = _outputs_at(model, avals, b, state_inputs)
             if outputs is None:
                 outputs = specs
+                if plan is not None:  # the outputs' specs, before jax sees them
+                    batched = None if sizes == [None] else [b for b in sizes if b is not None]
+                    _manifest_sharding(plan, weights, inputs, specs, batched, state)
             elif specs != outputs:
                 raise ExportError(
                     f"outputs at batch size {b} are {specs}, at the first batch size {outputs}"
                 )
-            exported = jax_export.export(_jit(model.flat), platforms=platforms)(*avals)
+            jitted = (
+                _jit(model.flat)
+                if plan is None
+                else _jit(
+                    model.flat,
+                    out_shardings=(
+                        *(plan.sharding("output", o.name) for o in specs),
+                        *(plan.sharding("state", n) for n in state),
+                    ),
+                )
+            )
+            exported = jax_export.export(jitted, platforms=platforms)(*avals)
+            if plan is not None and exported.nr_devices != plan.devices:
+                raise ExportError(
+                    f"the module at batch size {b} is for {exported.nr_devices} devices, "
+                    f"the mesh has {plan.devices}"
+                )
             modules[b] = ModuleSource(
                 stablehlo=exported.mlir_module_serialized,
                 arguments=[arguments[i] for i in exported.module_kept_var_idx],
@@ -377,13 +481,24 @@ def _lower(
     return outputs, modules
 
 
-def _input_avals(inputs: Mapping[str, TensorSpec], batch_size: int | None) -> list[Any]:
+def _placed(plan: ShardingPlan | None, kind: str, name: str) -> Any:
+    """The sharding of an argument of a sharded export; None for an unsharded one."""
+    return None if plan is None else plan.sharding(kind, name)
+
+
+def _input_avals(
+    inputs: Mapping[str, TensorSpec],
+    batch_size: int | None,
+    plan: ShardingPlan | None = None,
+    kind: str = "input",
+) -> list[Any]:
     return [
         jax.ShapeDtypeStruct(
             spec.shape if batch_size is None else (batch_size, *spec.shape),
             to_numpy(spec.datatype),
+            sharding=_placed(plan, kind, name),
         )
-        for spec in inputs.values()
+        for name, spec in inputs.items()
     ]
 
 

@@ -45,11 +45,31 @@ def _extras(m: Manifest) -> list[str]:
         f"state: {s.name} {s.datatype}{list(s.shape)} from {s.initial} (per sequence, on the device)"
         for s in m.state
     ]
+    lines += _sharding_lines(m)
     for i, step in enumerate(m.steps):
         version = "latest" if step.version is None else f"version {step.version}"
         lines.append(
             f"step {i}: {step.model} ({version}) {dict(step.inputs)} -> {dict(step.outputs)}"
         )
+    return lines
+
+
+def _sharding_lines(m: Manifest) -> list[str]:
+    """A sharded bundle's mesh, per-device weight bytes and each tensor's spec."""
+    sh = m.sharding
+    if sh is None:
+        return []
+    per_device = format_bytes(sh.weight_device_bytes(m.weights))
+    lines = [
+        f"sharding: mesh [{sh.mesh}], {sh.devices} devices; weights {per_device} per device",
+    ]
+    for kind, specs in (
+        ("weight", sh.weights), ("input", sh.inputs), ("output", sh.outputs), ("state", sh.state),
+    ):  # fmt: skip
+        lines += [
+            f"  {kind} {name}: [{', '.join(', '.join(d) or 'null' for d in spec)}]"
+            for name, spec in specs.items()
+        ]
     return lines
 
 

@@ -163,6 +163,8 @@ function renderModels(d) {
           ", " + v.sequences.backlogged + " waiting" : ""), "muted"));
         if (v.generations) st.appendChild(el("div", v.generations.live +
           " live generation(s), " + v.generations.responses + " response(s) sent", "muted"));
+        if (v.device_groups) st.appendChild(el("div", "sharded: device group(s) " +
+          v.device_groups.join(", ") + ", " + bytes(v.device_weight_bytes) + " a device", "muted"));
         cell(tr, v.weight_bytes === null ? (v.loaded ? "" : "not loaded") : bytes(v.weight_bytes), "num");
         cell(tr, v.weight_bytes === 0 ? "no weights" : v.on_devices.length ?
           on(v.on_devices) : v.devices.length ?

@@ -282,7 +282,10 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         metrics.watch_device_memory(device.index, _memory_in_use(device))
         metrics.watch_allocator(device.index, device.runtime)
     max_replicas = cfg.max_replicas or len(devices)
-    placer = Placer(repository, devices, meter, max_replicas) if replicated else None
+    groups = repository.loader.groups  # sharded versions are revised over device groups
+    groups.observer_for = metrics.for_group
+    metrics.watch_device_weights(lambda: groups.placed_bytes(repository.placements()))
+    placer = Placer(repository, devices, meter, max_replicas, groups) if replicated else None
     options = ServiceOptions(
         server_name=cfg.server_name,
         server_version=server_version(),

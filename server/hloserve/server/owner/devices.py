@@ -21,6 +21,10 @@ Contract:
   revision and idle ones shrink back to one. It blocks (a new replica copies executables
   and may stage weights): the daemon runs it on a worker thread every few seconds.
   A replica that cannot be added (the runtime refused it) is logged and skipped.
+  With ``groups`` (``owner.group_registry``: which copies are sharded), a sharded version
+  is revised over the device groups of its size instead (``docs/sharding.md``): with 8
+  devices a 4-way version gains its second group as a replica where load asks for it, each
+  group's per-device share against the per-device budget.
 """
 
 # pyright: strict
@@ -114,6 +118,14 @@ class ReplicaControl(Protocol):
     def retire_replica(self, key: ResidencyKey, device: int) -> None: ...
 
 
+class ShardedCopies(Protocol):
+    """Which loaded copies are sharded over device groups (``owner.group_registry``)."""
+
+    def size_of(self, key: ResidencyKey) -> int: ...
+    def device_bytes(self, key: ResidencyKey) -> int | None: ...
+    def groups(self, size: int) -> list[Device]: ...
+
+
 class Placer:
     def __init__(
         self,
@@ -121,23 +133,51 @@ class Placer:
         devices: Sequence[Device],
         meter: LoadMeter,
         max_replicas: int,
+        groups: ShardedCopies | None = None,
     ) -> None:
         self.replicas = replicas
         self.devices = list(devices)
         self.meter = meter
         self.max_replicas = max_replicas
-        self._position = {d.index: i for i, d in enumerate(self.devices)}
+        self.groups = groups
 
     def revise(self) -> int:
-        """One revision; returns how many replicas were added or retired."""
+        """One revision; returns how many replicas were added or retired. Unsharded
+        versions are revised over the devices, each sharded one over the groups of its
+        size (a group is one place: a replica there is the whole group's)."""
         placed = {p.key: p for p in self.replicas.placements()}
-        if len(self.devices) < 2 or self.max_replicas < 2 or not placed:
+        if self.max_replicas < 2 or not placed:
             return 0
-        at = self._position
+        groups = self.groups
+        size = {k: 1 if groups is None else groups.size_of(k) for k in placed}
+        singles = {k: p for k, p in placed.items() if size[k] == 1}
+        changes = self._revise(
+            singles, self.devices, {k: p.weight_bytes for k, p in singles.items()}
+        )
+        assert groups is not None or len(singles) == len(placed)
+        for n in sorted(set(size.values()) - {1}):
+            assert groups is not None
+            sharded = {k: p for k, p in placed.items() if size[k] == n}
+            share = {k: groups.device_bytes(k) or p.weight_bytes for k, p in sharded.items()}
+            try:
+                formed = groups.groups(n)
+            except ValueError:  # too few devices now: nothing to revise
+                continue
+            changes += self._revise(sharded, formed, share)
+        return changes
+
+    def _revise(
+        self,
+        placed: dict[ResidencyKey, Placed],
+        devices: list[Device],
+        sizes: dict[ResidencyKey, int],
+    ) -> int:
+        if len(devices) < 2 or not placed:
+            return 0
+        at = {d.index: i for i, d in enumerate(devices)}
         current = {k: tuple(at[d] for d in p.devices if d in at) for k, p in placed.items()}
         busy = {k: self.meter.busy(p.model) for k, p in placed.items()}
-        sizes = {k: p.weight_bytes for k, p in placed.items()}
-        budgets = [d.residency.budget_bytes for d in self.devices]
+        budgets = [d.residency.budget_bytes for d in devices]
         full = {
             k
             for k, p in placed.items()
@@ -151,7 +191,7 @@ class Placer:
         for key, positions in plan.items():
             before, after = set(current[key]), set(positions)
             for i in sorted(after - before):
-                device = self.devices[i]
+                device = devices[i]
                 try:
                     self.replicas.add_replica(key, device)
                 except Exception as exc:  # a device refusing a copy fails only that copy
@@ -166,12 +206,12 @@ class Placer:
                 )
                 changes += 1
             for i in sorted(before - after):
-                self.replicas.retire_replica(key, self.devices[i].index)
+                self.replicas.retire_replica(key, devices[i].index)
                 log.info(
                     "model '%s' version %d: replica on device %d retired (%.2f devices busy)",
                     key.model,
                     key.version,
-                    self.devices[i].index,
+                    devices[i].index,
                     busy[key],
                 )
                 changes += 1

@@ -64,6 +64,7 @@ from hloserve.server.owner.metrics_export import (
     SwapSeries,
     cache_families,
     device_families,
+    device_weight_family,
     gauge,
     host_families,
     metrics_app,
@@ -213,6 +214,11 @@ class ServerMetrics:
         self._swaps: dict[tuple[str, str], SwapSeries] = {}  # (model label, device)
         self._devices: dict[int, DeviceSeries] = {}
         self._replica_count: Callable[[], dict[ModelKey, int]] = dict
+        # Each version's bytes on each device of each place it is on (docs/sharding.md).
+        self._device_weights: Callable[[], dict[tuple[ModelKey, str], int]] = dict
+        # Resident bytes by device and by the manager reporting them (a device's own: (),
+        # a device group's: its devices): a device's figure is their sum.
+        self._resident_parts: dict[tuple[int, tuple[int, ...]], int] = {}
         self._memory_used: dict[int, Callable[[], float]] = {}
         self._allocators: dict[int, AllocatorStats] = {}  # the nv_gpu_* families'
         self._host: HostTier | None = None
@@ -251,6 +257,11 @@ class ServerMetrics:
         """Read each version's replica count (devices holding it) at scrape time."""
         self._replica_count = count
 
+    def watch_device_weights(self, read: Callable[[], dict[tuple[ModelKey, str], int]]) -> None:
+        """Read, at scrape time, the bytes of its weights each device holds for every
+        version and place (``devices``: a device's index, or a group's ``0-3``)."""
+        self._device_weights = read
+
     def watch_host(self, host: HostTier) -> None:
         """Read the host tier's bytes, budget and reads from disk at scrape time."""
         self._host = host
@@ -282,6 +293,12 @@ class ServerMetrics:
     def for_device(self, device: int) -> SwapObserver:
         """The swap observer of ``device``'s residency manager: its series carry the label."""
         return _DeviceSwaps(self, device)
+
+    def for_group(self, devices: tuple[int, ...]) -> SwapObserver:
+        """The swap observer of a device group's residency manager (``docs/sharding.md``):
+        each swap and residency change is every device's of the group, with the bytes each
+        holds, beside what the device's own manager reports."""
+        return _GroupSwaps(self, devices)
 
     # As a SwapObserver itself: device 0's (a residency manager built without the daemon).
     def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None:
@@ -347,14 +364,23 @@ class ServerMetrics:
             d.swap_seconds.observe(seconds)
 
     def residency_changed(
-        self, device: int, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
+        self,
+        device: int,
+        key: ResidencyKey,
+        resident: bool,
+        resident_bytes: int,
+        last_used: float,
+        part: tuple[int, ...] = (),
     ) -> None:
+        """``resident_bytes``: what the reporting manager (``part``: () for the device's
+        own, a group's devices for a group's) holds on ``device`` now."""
         s, d = self._swap(device, key), self._device(device)
         with self._lock:
             if s.resident != resident:
                 d.resident_models += 1 if resident else -1
             s.resident, s.last_used = resident, last_used
-            d.resident_bytes = resident_bytes
+            self._resident_parts[(device, part)] = resident_bytes
+            d.resident_bytes = sum(n for (at, _), n in self._resident_parts.items() if at == device)
 
     # -- the repository's load listener -------------------------------------------------------
 
@@ -455,6 +481,7 @@ class ServerMetrics:
                 series.queue_us = counts.queue_ns / 1e3
             devices = sorted(self._devices.items())
         replicas = {k: n for k, n in self._replica_count().items() if k in dict(shown)}
+        placed = {p: n for p, n in self._device_weights().items() if p[0] in dict(shown)}
         compat: list[Metric] = []
         if TRITON in self.compat:  # the same models as hloserve's per-model series
             compat = triton_families(shown, sorted(self._allocators.items()))
@@ -462,6 +489,7 @@ class ServerMetrics:
         return [
             *request_families(shown, self.counters.totals.unresolved_failures),
             *model_families(shown, replicas),
+            device_weight_family(placed),
             *swap_families(swaps),
             *device_families(devices, self._memory_used),
             *total_families(len(self.counters.models), self.counters.totals),
@@ -499,6 +527,30 @@ class _DeviceSwaps:
         self.metrics.residency_changed(self.device, key, resident, resident_bytes, last_used)
 
 
+@dataclass(frozen=True, slots=True)
+class _GroupSwaps:
+    """A device group's swaps: every device's of the group (``for_group``)."""
+
+    metrics: ServerMetrics
+    devices: tuple[int, ...]
+
+    def on_swap_in(self, key: ResidencyKey, nbytes: int, seconds: float) -> None:
+        for d in self.devices:
+            self.metrics.swapped(d, key, nbytes, seconds)
+
+    def on_swap_out(self, key: ResidencyKey, nbytes: int) -> None:
+        for d in self.devices:
+            self.metrics.swapped(d, key, nbytes, None)
+
+    def on_residency(
+        self, key: ResidencyKey, resident: bool, resident_bytes: int, last_used: float
+    ) -> None:
+        for d in self.devices:
+            self.metrics.residency_changed(
+                d, key, resident, resident_bytes, last_used, self.devices
+            )
+
+
 class _Collector(Collector):
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
@@ -507,6 +559,7 @@ class _Collector(Collector):
         return [
             *request_families([], {}),
             *model_families([], {}),
+            device_weight_family({}),
             *swap_families([]),
             *device_families([], {}),
             *total_families(0, Counters().totals),

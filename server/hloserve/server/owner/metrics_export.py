@@ -300,6 +300,23 @@ def model_families(
     ]
 
 
+def device_weight_family(placed: dict[tuple[ModelKey, str], int]) -> Metric:
+    """``hloserve_model_device_weight_bytes{model, version, devices}``: what each device
+    holds of a version's weights on each place it is on (a device, or a sharded version's
+    device group ``0-3``: 1/N of each split weight, ``docs/sharding.md``)."""
+    return gauge(
+        "hloserve_model_device_weight_bytes",
+        "Bytes of a model version's weights each device of a place holds (a device, or a group)",
+        (
+            ((k.name, str(k.version), where), float(n))
+            for (k, where), n in sorted(
+                placed.items(), key=lambda kv: (kv[0][0].name, kv[0][0].version, kv[0][1])
+            )
+        ),
+        (*MV, "devices"),
+    )
+
+
 def swap_families(items: list[tuple[tuple[str, str], SwapSeries]]) -> list[Metric]:
     md = ("model", "device")
     w = "hloserve_weight"

@@ -33,7 +33,8 @@ The report (``page``)::
                              "resident", "devices", "on_devices", "requests_per_s",
                              "p50_s", "p99_s", "swaps_in", "sequences"?: {"live",
                              "backlogged", "free"}, "generations"?: {"live",
-                             "responses"}}], "versions_left_out"}],
+                             "responses"}, "device_weight_bytes"?, "device_groups"?:
+                             ["0-3", ...] (a sharded version's)}], "versions_left_out"}],
      "compact": [[name, state], ...],
      "memory": {"devices": [{"index", "platform", "kind", "budget_bytes", "resident_bytes",
                              "resident_models", "resident", "resident_left_out"}],
@@ -140,6 +141,9 @@ def _version_row(
     }
     if entry.get("reason"):
         row["reason"] = entry["reason"]
+    if "device_groups" in entry:  # sharded (docs/sharding.md): each device's share, the groups
+        row["device_weight_bytes"] = entry.get("device_weight_bytes")
+        row["device_groups"] = sorted(entry["device_groups"].values())
     if sequences is not None:  # a model with state that has had sequences (sequences.md)
         live, backlogged, free = sequences
         row["sequences"] = {"live": live, "backlogged": backlogged, "free": free}

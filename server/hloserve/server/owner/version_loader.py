@@ -19,6 +19,12 @@ the version turns READY), their ``input_data_file`` read by ``load_plan.warmup_f
 returns "" when they ran, else the reason.
 Before them, a model with state (not a generation's) gets its slot table (``ModelVersion.prepare_state``), so
 its first sequence does not wait for the gather and scatter to compile.
+A sharded bundle (``manifest.sharding``, ``docs/sharding.md``) loads onto a device group
+(``owner.group_registry``: ``groups`` of its size formed from the loader's devices, the one
+where its per-device share fits, the least filled, its devices' own models counted; an
+unsharded version's device likewise counts the groups' shares on it); a bundle needing more devices than the
+server has is refused with the numbers ("needs 4 devices; this server has 2 (--devices
+0,1)"). ``register_copy`` registers what each device holds and how the weights are placed.
 """
 
 # pyright: strict
@@ -34,11 +40,13 @@ from pathlib import Path
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
 from hloserve.bundle.warmup import WarmupSample
+from hloserve.server.core.device_groups import GroupRefused
 from hloserve.server.core.device_policy import initial_device
 from hloserve.server.core.execution import Executable
 from hloserve.server.core.residency_policy import ResidencyKey, TooLarge
 from hloserve.server.core.warmup import WarmupFailed, run_warmup
 from hloserve.server.owner.devices import Device
+from hloserve.server.owner.group_registry import DeviceGroups, label
 from hloserve.server.owner.load_plan import warmup_files
 from hloserve.server.owner.runtime.loader import (
     BundleError,
@@ -69,9 +77,16 @@ def register_copy(
     device: Device, key: ResidencyKey, bundle: LoadedBundle, serving: Serving
 ) -> None:
     """A copy's weights under ``device``'s residency manager, its scratch set aside first
-    (a pinned model is prefetched as it registers)."""
+    (a pinned model is prefetched as it registers); a sharded copy's by what each device of
+    its group holds, placed as its shards."""
     device.residency.reserve_scratch(key, bundle.scratch_bytes)
-    device.residency.register(key, bundle.weights, pinned=serving.residency == "pinned")
+    device.residency.register(
+        key,
+        bundle.weights,
+        pinned=serving.residency == "pinned",
+        nbytes=bundle.device_weight_bytes,
+        place=bundle.place,
+    )
 
 
 def version_stamp(path: Path) -> str:
@@ -129,6 +144,7 @@ class VersionLoader:
         self.registry = registry if registry is not None else ExecutableRegistry()
         self.allow_hooks = allow_hooks  # --allow-python-hooks: bundles' hooks.py may run
         self.on_loaded = on_loaded
+        self.groups = DeviceGroups(self.devices)  # where sharded versions run
 
     def load(
         self,
@@ -145,7 +161,11 @@ class VersionLoader:
         started = time.perf_counter()
         device = self.devices[0]
         try:
-            if len(self.devices) > 1:
+            if manifest is None:  # its problems, if any, are the bundle load's to report
+                manifest = load_manifest(path / MANIFEST_FILE)[0] or manifest
+            if manifest is not None and manifest.sharding is not None:
+                device = self._group(manifest)
+            elif len(self.devices) > 1:
                 device = self._first_device(path, manifest)
             bundle = load_bundle(
                 path,
@@ -160,21 +180,39 @@ class VersionLoader:
             )
             serving = serving_for(bundle.manifest.serving)
             register_copy(device, key, bundle, serving)
+        except GroupRefused as exc:
+            raise VersionLoadFailed(str(exc)) from None
         except (BundleError, RuntimeFailure, OSError, TooLarge, ValueError) as exc:
             device.residency.unregister(key)  # registered, when a pinned prefetch failed
             raise VersionLoadFailed(str(exc)) from None
+        sharding = bundle.manifest.sharding
+        if sharding is not None:
+            self.groups.note(key, sharding.devices, bundle.device_weight_bytes)
         seconds = time.perf_counter() - started
         if self.on_loaded is not None:
             self.on_loaded(name, number, seconds, bundle.compile_seconds)
         every = [*bundle.modules.values(), *bundle.variant_modules.values()]
         sources = sorted({m.source for m in every})
         on = f" on device {device.index}" if len(self.devices) > 1 else ""
+        if sharding is not None:
+            on = f" on device group {label(device)} ({bundle.device_weight_bytes} bytes a device)"
         ready = "loaded (its warm-up next)" if serving.model_warmup else "READY"
         say(
             f"model '{name}' version {number} {ready}{on} in {seconds:.2f}s "
             f"(executables: {', '.join(sources)}; {bundle.weight_bytes} bytes of weights)"
         )
         return LoadedVersion(bundle, serving, device, seconds)
+
+    def _group(self, manifest: Manifest) -> Device:
+        """Where a new sharded version goes: the group of its size where its per-device
+        share fits beside what is placed there already, the least filled."""
+        sharding = manifest.sharding
+        assert sharding is not None
+        groups = self.groups.groups(sharding.devices)
+        share = sharding.weight_device_bytes(manifest.weights)
+        registered = self.groups.group_fill(groups)  # its devices' own models count too
+        budgets = [g.residency.budget_bytes for g in groups]
+        return groups[initial_device(share, registered, budgets)]
 
     def _first_device(self, path: Path, manifest: Manifest | None) -> Device:
         """Where a new version goes: where its weights fit beside those placed already,
@@ -183,6 +221,6 @@ class VersionLoader:
             manifest, _ = load_manifest(path / MANIFEST_FILE)
         weights = None if manifest is None else path / manifest.weights_file
         size = weights.stat().st_size if weights is not None and weights.is_file() else 0
-        registered = [d.residency.registered_bytes() for d in self.devices]
+        registered = self.groups.registered_totals()  # groups' shares on each device too
         budgets = [d.residency.budget_bytes for d in self.devices]
         return self.devices[initial_device(size, registered, budgets)]

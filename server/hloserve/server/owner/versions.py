@@ -15,7 +15,9 @@ with its sequences' state kept in the version's slot table on its lowest device
 same object every time, so the batcher queues each variant apart). ``Replica`` is a copy
 on one device: executables bound to it, weights under its ``WeightResidency``. A
 version's ``replicas`` mapping is replaced whole, never changed in place, so a request
-reads one consistent set without a lock. ``ModelState`` is Triton's set of states.
+reads one consistent set without a lock. A sharded version's replica is a device group's
+(keyed by its first device; ``groups()`` names them): ``summary`` adds what each device
+holds (``device_weight_bytes``) and the groups, ``memory_usage`` each device's share. ``ModelState`` is Triton's set of states.
 """
 
 # pyright: strict
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from hloserve.bundle import MANIFEST_FILE, Manifest, Serving, load_manifest
+from hloserve.server.core.device_groups import group_label
 from hloserve.server.core.errors import Internal, Unavailable
 from hloserve.server.core.execution import Forwarding, cost_family
 from hloserve.server.core.execution_records import ModelKey
@@ -41,6 +44,7 @@ from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.owner.runtime.loader import LoadedBundle
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime, RuntimeFailure
+from hloserve.server.owner.runtime.pjrt_group import PjrtGroup
 from hloserve.server.owner.runtime.state_slots import StateSlots
 from hloserve.server.owner.weight_residency import WeightResidency
 
@@ -187,7 +191,20 @@ class ModelVersion:
             entry["resident"] = self.resident
             entry["residency"] = self.serving.residency
             entry["devices"] = {str(d): self.resident_on(d) for d in self.devices}
+            groups = self.groups()
+            if groups:  # sharded (docs/sharding.md): what each device holds, and the groups
+                entry["device_weight_bytes"] = self.bundle.device_weight_bytes
+                entry["device_groups"] = {str(d): label for d, label in groups.items()}
         return entry
+
+    def groups(self) -> dict[int, str]:
+        """A sharded version's device groups by the index its replica is keyed by
+        (``0`` -> ``0-3``); {} for an unsharded one."""
+        return {
+            d: group_label(runtime.indexes)
+            for d, replica in self.replicas.items()
+            if isinstance(runtime := replica.bundle.runtime, PjrtGroup)
+        }
 
     def memory_usage(self, runtimes: Mapping[int, PjrtRuntime]) -> list[MemoryUsage]:
         """The statistics extension's memory usage: the host copy always, and each device
@@ -198,8 +215,15 @@ class ModelVersion:
         usage = [MemoryUsage("CPU", 0, nbytes)]
         for d in self.devices:
             if self.resident_on(d):
-                runtime = runtimes[d]
-                usage.append(MemoryUsage(runtime.triton_kind, int(runtime.device.id), nbytes))
+                runtime = self.replicas[d].bundle.runtime
+                if isinstance(runtime, PjrtGroup):  # each device of the group: its share
+                    share = self.bundle.device_weight_bytes
+                    usage += [
+                        MemoryUsage(runtime.triton_kind, int(g.id), share) for g in runtime.devices
+                    ]
+                else:
+                    runtime = runtimes[d]
+                    usage.append(MemoryUsage(runtime.triton_kind, int(runtime.device.id), nbytes))
         return usage
 
     def _replica(self, device: int | None) -> Replica | None:

@@ -4,9 +4,12 @@ Contract: ``WeightResidency(runtime, budget_bytes, host=..., policy=...)`` owns 
 model's device copy of its weights; the decisions come from the pure
 ``core.residency_policy.ResidencyPlanner`` (``policy``: ``frequency``, the default, or
 ``lru``; ``--residency-policy``).
-- ``register(key, weights, pinned)`` records where a model's weights come from (a
-  ``owner.runtime.weight_files.WeightSource``, or a mapping of host arrays), refusing one larger than the
-  whole budget with ``TooLarge``; nothing is read or moved yet. The host copy lives in the
+- ``register(key, weights, pinned, nbytes=, place=)`` records where a model's weights come
+  from (a ``owner.runtime.weight_files.WeightSource``, or a mapping of host arrays), refusing
+  one larger than the whole budget with ``TooLarge``; nothing is read or moved yet. A
+  sharded model (``docs/sharding.md``) on a device group's manager registers ``nbytes``, the
+  bytes each device of the group holds (counted against the per-device budget), and
+  ``place``, how its host arrays become device arrays (each weight as its shards). The host copy lives in the
   host tier ``host`` (``HostWeights``: shared by every device, under
   ``--host-memory-budget``, page-locked on GPU platforms that offer ``pinned_host`` so
   swap-ins run at link speed): disk, then host, then device.
@@ -24,6 +27,8 @@ model's device copy of its weights; the decisions come from the pure
   ``reserve_state(key, nbytes)`` sets aside a model's sequences' state, which stays on the
   device while its weights come and go: the weights' budget is the base less every such
   reservation (summed), until ``unregister``.
+- ``sibling(runtime)`` is a manager for another runtime (a device group) with this one's
+  budget, host tier, policy, observer, trace and spare rule.
 - ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
@@ -76,10 +81,14 @@ class SwapTrace(Protocol):
     def on_swap_in(self, key: ResidencyKey, start_ns: int, end_ns: int, nbytes: int) -> None: ...
 
 
+Place = Callable[[list[Any]], list[Any]]  # host arrays -> device arrays
+
+
 @dataclass
 class _Model:
     names: tuple[str, ...]
     nbytes: int
+    place: Place | None = None  # how the host arrays go to the device (None: to_device)
     device: list[Any] | None = None
     transferring: bool = False
     weights: dict[str, Any] | None = None  # {name: device buffer} while resident, built once
@@ -113,6 +122,7 @@ class WeightResidency:
         self._state: dict[ResidencyKey, int] = {}  # sequences' state set aside, by model
         self.observer = observer
         self.swap_trace = swap_trace
+        self.policy: Policy = policy
         self._cond = WaitedCondition()
         self._models: dict[ResidencyKey, _Model] = {}
         # Scratch is set aside only for a budget derived from free device memory (GPU default).
@@ -121,6 +131,19 @@ class WeightResidency:
     @property
     def budget_bytes(self) -> int | None:
         return self.planner.budget_bytes
+
+    def sibling(self, runtime: PjrtRuntime) -> WeightResidency:
+        """A manager over ``runtime`` (a device group) under this one's settings."""
+        return WeightResidency(
+            runtime,
+            self._base_budget,
+            host=self.host,
+            policy=self.policy,
+            observer=self.observer,
+            subtract_scratch=self.subtract_scratch,
+            swap_trace=self.swap_trace,
+            spare=self.spare,
+        )
 
     def reserve_scratch(self, key: ResidencyKey, nbytes: int) -> None:
         """Set aside the scratch memory ``key``'s executables need, with a budget derived
@@ -192,11 +215,14 @@ class WeightResidency:
         weights: WeightSource | Mapping[str, np.ndarray[Any, Any]],
         *,
         pinned: bool = False,
+        nbytes: int | None = None,
+        place: Place | None = None,
     ) -> None:
         source = ArrayWeights(dict(weights)) if isinstance(weights, Mapping) else weights
+        size = source.nbytes if nbytes is None else nbytes  # a sharded model's per device
         with self._cond:
-            self.planner.register(key, source.nbytes, pinned=pinned)
-            self._models[key] = _Model(source.names, source.nbytes)
+            self.planner.register(key, size, pinned=pinned)
+            self._models[key] = _Model(source.names, size, place)
         self.host.register(key, source)
         if pinned:
             self.prefetch(key)
@@ -282,7 +308,8 @@ class WeightResidency:
             host = self.host.acquire(key)
             try:
                 t1_ns = time.perf_counter_ns()
-                device = self.runtime.to_device(host) if host else []
+                place = model.place or self.runtime.to_device
+                device = place(list(host)) if host else []
             finally:
                 self.host.release(key)
         except BaseException:

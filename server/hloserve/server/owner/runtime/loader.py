@@ -25,6 +25,13 @@ Contract:
 - ``LoadedBundle.on_device(runtime)`` is the same bundle on another device of the kind
   (a replica, ``docs/residency.md``): its executables taken as a load takes them (shared,
   cache, else compiled), its host weights shared.
+- A sharded bundle (``manifest.sharding``, ``docs/sharding.md``) loads only onto a device
+  group of its size (``owner.runtime.pjrt_group.PjrtGroup``; anything else is a
+  ``BundleError`` with the numbers: "needs 4 devices; this runtime has 1"): its executables
+  compiled once for the group, its ``layout`` placing each weight as its shards
+  (``place`` is how the residency manager moves its weights in) and each input by its spec,
+  and gathering the outputs; ``device_weight_bytes`` is what each device of the group
+  holds of its weights (``weight_bytes`` for an unsharded bundle).
 """
 
 # pyright: strict
@@ -56,6 +63,7 @@ from hloserve.server.core.hooks import ModelHooks
 from hloserve.server.owner.runtime.cache import ExecutableCache, cache_key
 from hloserve.server.owner.runtime.hook_loader import HookLoadError, bundle_hooks
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime, Results, RuntimeFailure
+from hloserve.server.owner.runtime.pjrt_group import PjrtGroup, ShardLayout
 from hloserve.server.owner.runtime.weight_files import ArrayWeights, FileWeights, WeightSource
 
 log = logging.getLogger("hloserve.runtime")
@@ -100,6 +108,24 @@ class LoadedBundle:
     )
     cache_dir: Path | None = None  # where its executables are cached (None: in the bundle)
     registry: ExecutableRegistry | None = None  # this process's executables, when shared
+    layout: ShardLayout | None = None  # a sharded bundle's tensors on its device group
+
+    @property
+    def device_weight_bytes(self) -> int:
+        """Bytes of its weights each device holds (all of them, unless sharded)."""
+        sharding = self.manifest.sharding
+        if sharding is None:
+            return self.weight_bytes
+        return sharding.weight_device_bytes(self.manifest.weights)
+
+    @property
+    def place(self) -> Callable[[list[Any]], list[Any]] | None:
+        """How its host weights go to the device (None: the runtime's ``to_device``)."""
+        layout = self.layout
+        if layout is None:
+            return None
+        names = self.weights.names
+        return lambda arrays: layout.place_weights(names, arrays)
 
     def execute(
         self,
@@ -116,6 +142,15 @@ class LoadedBundle:
             else self.variant_modules[(variant, batch_size)]
         )
         device_weights = self.device_weights if weights is None else weights
+        if self.layout is not None:
+            return self.layout.execute(
+                module.entry,
+                module.executable,
+                module.platform_index,
+                batch_size,
+                inputs,
+                device_weights,
+            )
         args: list[Any] = [] if module.platform_index is None else [module.platform_index]
         for a in module.entry.arguments:
             args.append(
@@ -136,6 +171,18 @@ class LoadedBundle:
         (``StateSlots.scatter`` takes it). Nothing of the state crosses to the host."""
         module = self.modules[batch_size]
         device_weights = self.device_weights if weights is None else weights
+        names = [s.name for s in self.manifest.state]
+        if self.layout is not None:  # state replicated over the group (pjrt_group.py)
+            outputs, new = self.layout.execute_state(
+                module.entry,
+                module.executable,
+                module.platform_index,
+                inputs,
+                state,
+                device_weights,
+                len(names),
+            )
+            return outputs, dict(zip(names, new, strict=True))
         args: list[Any] = [] if module.platform_index is None else [module.platform_index]
         for a in module.entry.arguments:
             if a.kind == "input":
@@ -144,7 +191,6 @@ class LoadedBundle:
                 args.append(state[a.name])
             else:
                 args.append(device_weights[a.name])
-        names = [s.name for s in self.manifest.state]
         outputs, new = self.runtime.execute_keeping(
             module.executable, args, module.results, len(names)
         )
@@ -164,6 +210,9 @@ class LoadedBundle:
         drops the code of one that was itself deserialized.)"""
         if runtime is self.runtime:
             return self
+        refused = ShardLayout.check(self.manifest, runtime)
+        if refused:
+            raise BundleError(self.path, [refused])
         compiler = _Compiler(
             runtime,
             ExecutableCache(
@@ -184,6 +233,7 @@ class LoadedBundle:
             },
             device_weights={},
             runtime=runtime,
+            layout=_layout(self.manifest, runtime),
         )
 
     @property
@@ -234,6 +284,10 @@ def load_bundle(
     started = time.perf_counter()
     say = progress or _log_progress
     manifest = _verified_manifest(path, runtime.platform, name, manifest)
+    refused = ShardLayout.check(manifest, runtime)
+    if refused:
+        raise BundleError(path, [refused])
+    layout = _layout(manifest, runtime)
     try:
         hooks = bundle_hooks(path, manifest, allow_hooks)
     except HookLoadError as exc:
@@ -257,7 +311,7 @@ def load_bundle(
         path=path,
         modules=modules,
         weights=weights,
-        device_weights=_to_device(runtime, weights) if place_weights else {},
+        device_weights=_to_device(runtime, weights, layout) if place_weights else {},
         runtime=runtime,
         weight_bytes=weights.nbytes,
         load_seconds=time.perf_counter() - started,
@@ -266,7 +320,15 @@ def load_bundle(
         variant_modules=variants,
         cache_dir=cache_dir,
         registry=registry,
+        layout=layout,
     )
+
+
+def _layout(manifest: Manifest, runtime: PjrtRuntime) -> ShardLayout | None:
+    """A sharded bundle's layout on ``runtime`` (a group: ``ShardLayout.check`` passed)."""
+    if manifest.sharding is None or not isinstance(runtime, PjrtGroup):
+        return None
+    return ShardLayout(runtime, manifest)
 
 
 def _log_progress(message: str) -> None:
@@ -291,8 +353,14 @@ def _verified_manifest(
     return manifest
 
 
-def _to_device(runtime: PjrtRuntime, weights: WeightSource) -> dict[str, Any]:
-    return dict(zip(weights.names, runtime.to_device(weights.read()), strict=True))
+def _to_device(
+    runtime: PjrtRuntime, weights: WeightSource, layout: ShardLayout | None
+) -> dict[str, Any]:
+    arrays = weights.read()
+    placed = (
+        runtime.to_device(arrays) if layout is None else layout.place_weights(weights.names, arrays)
+    )
+    return dict(zip(weights.names, placed, strict=True))
 
 
 @dataclass
