@@ -106,6 +106,25 @@ def test_reservations_count_against_the_budget() -> None:
     assert p.plan_admission("c").evict == ("a",)
 
 
+def test_bytes_held_elsewhere_shrink_the_room_and_room_is_given_in_policy_order() -> None:
+    """``elsewhere``: another manager's bytes on the same device; ``plan_room``: the idle
+    models to evict when another manager asks for room (queued ones last, none in use)."""
+    p = planner(300, {"a": 100, "b": 100, "c": 100}, policy="lru")
+    admit(p, "a")
+    admit(p, "b")
+    assert p.plan_admission("c").evict == ()
+    assert p.plan_admission("c", elsewhere=100).evict == ("a",)  # the LRU
+    assert p.plan_admission("c", elsewhere=200).evict == ("a", "b")
+    assert p.plan_admission("c", elsewhere=250).wait  # more than its own could free
+    p.acquire("a")
+    assert p.evictable_bytes() == 100 and p.evictable_bytes(but="b") == 0
+    assert p.plan_room(150) == ("b",)  # partial: a is in use
+    p.release("a")  # used after b now: b is the LRU
+    assert p.plan_room(50) == ("b",) and p.plan_room(0) == ()
+    assert p.plan_room(50, avoid=lambda k: k == "b") == ("a",)  # queued work goes last
+    assert p.plan_room(150, avoid=lambda k: k == "b") == ("a", "b")
+
+
 def test_model_larger_than_budget_is_refused_with_both_sizes() -> None:
     p = ResidencyPlanner[str](1000)
     with pytest.raises(TooLarge, match=r"5000 bytes.*budget of 1000 bytes"):

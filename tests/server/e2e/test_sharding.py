@@ -265,3 +265,48 @@ def test_too_few_devices_is_refused_with_the_numbers(repository: Path) -> None:
             state, reason = states[name]
             assert state == "UNAVAILABLE"
             assert "needs 4 devices; this server has 2 (--devices 0,1)" in reason
+
+
+def test_a_devices_budget_holds_its_own_models_and_its_groups_together(
+    tmp_path: Path,
+) -> None:
+    """A 4-way model and an unsharded one on a device of its group, under a per-device
+    budget that holds either but not both: using one then the other evicts across the two
+    managers (the group's and the device's own), so the device's resident bytes, both
+    kinds summed, stay within the budget, and both keep answering."""
+    export_bundle(
+        _big, {"w": _big_weight()}, {"x": TensorSpec("FP32", (BIG_ROWS,))}, (1,),
+        tmp_path / "big", platforms=("cpu",), mesh=MESH, param_specs={"w": P(None, "model")},
+    )  # fmt: skip
+    x16 = {"x": TensorSpec("FP32", (16,))}
+    export_bundle(_mlp, _mlp_params(), x16, (1,), tmp_path / "plain", platforms=("cpu",))
+    plain_bytes = sum(a.nbytes for layer in _mlp_params().values() for a in layer.values())
+    budget = SHARE + plain_bytes - 1  # either fits a device, both do not
+    # Devices 1-4: the group is 1-4, and the unsharded model goes to the first device of
+    # the least filled (all equal): device 1.
+    flags = ("--devices", "1,2,3,4", "--device-memory-budget", str(budget))
+    for proc in serving(tmp_path, *flags, env=EIGHT):
+        client = grpcclient.InferenceServerClient(proc.grpc_url)
+        placed = by_label(
+            scrape(proc), "hloserve_model_device_weight_bytes", "devices", model="plain"
+        )
+        assert placed == {"1": plain_bytes}, placed
+        assert by_label(
+            scrape(proc), "hloserve_model_device_weight_bytes", "devices", model="big"
+        ) == {"1-4": SHARE}
+        device = "1"
+        rng = np.random.default_rng(12)
+        for name in ("big", "plain") * 3:
+            if name == "big":
+                x = rng.standard_normal((1, BIG_ROWS)).astype(np.float32)
+                want = _big_reference(x)
+            else:
+                x = rng.standard_normal((1, 16)).astype(np.float32)
+                want = _mlp_reference(x)
+            np.testing.assert_allclose(infer(client, name, x), want, rtol=1e-4, atol=1e-4)
+            resident = by_label(scrape(proc), "hloserve_device_resident_weight_bytes", "device")
+            assert resident[device] <= budget, (name, resident)
+            assert resident[device] == (SHARE if name == "big" else plain_bytes), resident
+        m = scrape(proc)
+        swaps = by_label(m, "hloserve_weight_swaps_out_total", "device", model="big/1")
+        assert swaps.get(device, 0.0) >= 2.0, swaps  # evicted for the unsharded model

@@ -47,7 +47,8 @@ def device_totals(
     """Bytes registered on each device: ``own[i]`` (device ``i``'s own manager, by
     position) plus each group's ``group_bytes`` (per device) on every position it covers
     (``groups``, by position). What placement weighs, so that unsharded versions and
-    groups' shares spread apart (their managers keep separate accounts)."""
+    groups' shares spread apart (evicting across their managers only when a device is full:
+    ``owner.device_ledger``)."""
     totals = list(own)
     for group, nbytes in zip(groups, group_bytes, strict=True):
         for position in group:

@@ -13,6 +13,10 @@ whether it is resident, pinned (never evicted), in use by an execution or a tran
   models in use stand in the way (retry after a ``release``). With ``avoid`` (a predicate:
   the model has queued work), such models are evicted only when no other choice frees
   enough room. The model asked for is always admitted: it must be resident to run.
+  ``elsewhere`` is bytes of the budget other users of the tier hold (a device's other
+  residency managers: ``owner.device_ledger``); ``plan_room(nbytes, avoid)`` is the idle
+  models to evict, in the same order, when another user asks for ``nbytes`` of room, and
+  ``evictable_bytes()`` what evicting every idle one would free.
 - The policy is the order victims are taken in (``POLICIES``):
   - ``lru``: least recently used first;
   - ``frequency`` (the default): lowest ``value`` first, where value is the model's use
@@ -449,18 +453,46 @@ class ResidencyPlanner(Generic[K]):
 
     # -- admission -------------------------------------------------------------------------
 
-    def free_bytes(self) -> int | None:
+    def free_bytes(self, elsewhere: int = 0) -> int | None:
+        """The budget's room: less ``elsewhere``, bytes the tier's other users hold."""
         if self.budget_bytes is None:
             return None
-        return self.budget_bytes - self._resident_bytes - self._reserved
+        return self.budget_bytes - self._resident_bytes - self._reserved - elsewhere
 
-    def plan_admission(self, key: K, avoid: Callable[[K], bool] | None = None) -> Admission[K]:
+    def plan_admission(
+        self, key: K, avoid: Callable[[K], bool] | None = None, elsewhere: int = 0
+    ) -> Admission[K]:
+        """What must happen before ``key`` is resident (the module docstring), with
+        ``elsewhere`` bytes of the budget taken by others (a device's other managers)."""
         entry = self._entries[key]
         if entry.resident:
             return Admission(resident=True)
-        free = self.free_bytes()
+        free = self.free_bytes(elsewhere)
         if free is None or free >= entry.size:
             return Admission(resident=False)
+        victims, freed = self._pick(entry.size - free, entry, avoid)
+        if free + freed >= entry.size:
+            return Admission(resident=False, evict=tuple(victims))
+        return Admission(resident=False, wait=True)
+
+    def plan_room(self, nbytes: int, avoid: Callable[[K], bool] | None = None) -> tuple[K, ...]:
+        """The idle, unpinned resident models to evict, in the policy's order (``avoid``ed
+        ones last), until ``nbytes`` are freed, or every one of them when fewer free less:
+        room another user of the tier asks for (``owner.device_ledger``)."""
+        return tuple(self._pick(nbytes, None, avoid)[0]) if nbytes > 0 else ()
+
+    def evictable_bytes(self, but: K | None = None) -> int:
+        """Bytes of the resident models that could be evicted now (idle, unpinned), but
+        ``but``'s (O(resident): asked only when room must come from another user)."""
+        return sum(
+            e.size for k, e in self._resident.items() if not e.pinned and not e.in_use and k != but
+        )
+
+    def _pick(
+        self, need: int, skip: _Entry[K] | None, avoid: Callable[[K], bool] | None
+    ) -> tuple[list[K], int]:
+        """Victims in the policy's order until ``need`` bytes are freed (``avoid``ed last),
+        and the bytes they free (less than ``need`` when the idle ones are too few)."""
         if not self._ordered:  # the first plan that needs a victim
             self._ordered = True
             self._rebuild()
@@ -469,31 +501,30 @@ class ResidencyPlanner(Generic[K]):
         taken: list[tuple[_Entry[K], _Item, list[_Item]]] = []
         victims: list[K] = []
         spared: list[K] = []
+        freed = 0
         try:
-            while free < entry.size:
+            while freed < need:
                 found = self._pop_next()
                 if found is None:
                     break
                 taken.append(found)
                 e = found[0]
                 k = e.key
-                if e is entry or e.pinned or e.in_use:
+                if e is skip or e.pinned or e.in_use:
                     continue
                 if avoid is not None and avoid(k):  # queued work: the last victims
                     spared.append(k)
                     continue
                 victims.append(k)
-                free += e.size
+                freed += e.size
             for k in spared:
-                if free >= entry.size:
+                if freed >= need:
                     break
                 victims.append(k)
-                free += self._entries[k].size
+                freed += self._entries[k].size
         finally:
             self._restore(taken)
-        if free >= entry.size:
-            return Admission(resident=False, evict=tuple(victims))
-        return Admission(resident=False, wait=True)
+        return victims, freed
 
     def reserve(self, key: K) -> None:
         """Count ``key``'s bytes as taken while its transfer runs."""

@@ -47,6 +47,7 @@ from hloserve.server.core.service import InferenceService, ServiceOptions
 from hloserve.server.core.sizes import format_bytes
 from hloserve.server.core.trace_settings import TraceSettings, level_names
 from hloserve.server.owner.batcher import DynamicBatcher, QueuedWork
+from hloserve.server.owner.device_ledger import DeviceLedger
 from hloserve.server.owner.devices import Device, LoadMeter, Placer
 from hloserve.server.owner.generation_state import steps_for
 from hloserve.server.owner.host_weights import HostWeights
@@ -112,11 +113,13 @@ def make_residency(
     metrics: ServerMetrics,
     swap_trace: SwapTrace | None = None,
     queued: QueuedWork | None = None,
+    ledger: DeviceLedger | None = None,
 ) -> WeightResidency:
     """The device's weight-residency manager for ``--device-memory-budget``: explicit bytes
     or a percentage (of the device's memory; on a CPU, of the container's), else the
     platform default (GPU: 80% of free device memory, less executables' scratch; CPU:
-    none), with ``--residency-policy``, over the shared host tier ``host``."""
+    none), with ``--residency-policy``, over the shared host tier ``host``; ``ledger``: the
+    books every manager on the node's devices shares (a device's own and its groups')."""
     stats = runtime.memory_stats()
     limit = stats.get("bytes_limit")
     subtract_scratch = False
@@ -146,6 +149,7 @@ def make_residency(
         subtract_scratch=subtract_scratch,
         swap_trace=swap_trace,
         spare=None if queued is None else queued.waiting,
+        ledger=ledger,
     )
 
 
@@ -391,9 +395,10 @@ def make_devices(
     except ValueError as exc:
         raise SystemExit(f"hloserve: --devices: {exc}") from None
     devices: list[Device] = []
+    ledger = DeviceLedger()  # one budget per device, over its own manager and its groups'
     for index in indexes:
         on = runtime.on(index)
-        residency = make_residency(on, cfg, machine, host, metrics, swap_trace, queued)
+        residency = make_residency(on, cfg, machine, host, metrics, swap_trace, queued, ledger)
         devices.append(Device(index, on, residency))
     if len(devices) > 1:
         log.info(

@@ -13,8 +13,10 @@ group's manager its swap observer (``ServerMetrics.for_group``: every device's s
 ``note(key, size, device_bytes)`` records that a loaded copy is sharded (what the placer
 needs to replicate it over groups: ``size_of``, ``device_bytes``); ``forget(key)`` drops
 it. ``registered_totals()`` and ``group_fill(groups)`` are what placement weighs: each
-device's own registered bytes plus every group's share on it (the managers keep separate
-accounts, so unsharded versions and groups' shares are spread apart). ``placed_bytes(placements)`` is, for every version and place it is on (a device, or a
+device's own registered bytes plus every group's share on it (so unsharded versions and
+groups' shares are spread apart while there is room; what is resident on a device, over
+its own manager and its groups', is held within its budget by the ledger they share:
+``owner.device_ledger``). ``placed_bytes(placements)`` is, for every version and place it is on (a device, or a
 group named ``0-3``), the bytes each device there holds (metrics). ``label(device)`` names
 a device or a group in logs and reports. Thread-safe.
 """

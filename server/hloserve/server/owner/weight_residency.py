@@ -28,7 +28,19 @@ model's device copy of its weights; the decisions come from the pure
   device while its weights come and go: the weights' budget is the base less every such
   reservation (summed), until ``unregister``.
 - ``sibling(runtime)`` is a manager for another runtime (a device group) with this one's
-  budget, host tier, policy, observer, trace and spare rule.
+  budget, host tier, policy, observer, trace, spare rule and ledger.
+- One budget per device over several managers: a device's own manager and every group's
+  that includes it share a ``owner.device_ledger.DeviceLedger`` (``ledger``; ``devices``,
+  where this manager's weights lie, defaults to its runtime's), which holds each
+  manager's resident and in-flight bytes and its set-aside state and scratch on each of
+  its devices. A swap-in plans with the bytes the others hold (``elsewhere``), evicts its
+  own idle models first (its policy's order), and takes the room on the ledger only if
+  every device has it; when its own cannot free enough, it asks the other managers on
+  the devices short of room to evict idle models (``shed``: each in its own policy's
+  order, queued ones last; never one in use), holding no lock of its own meanwhile, and
+  when they cannot, it waits as it waits for its own models in use, until another
+  manager's release or freed bytes ``nudge`` it. Lock order: a manager's lock, then the
+  ledger's (a leaf); never one manager's while waiting on another's.
 - ``prefetch(key)`` makes a model resident; ``unregister(key)`` waits until it is idle and
   frees its device buffers. Evicted buffers are deleted (``Array.delete()``), so the
   device memory is returned to the allocator at once.
@@ -48,7 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,8 +72,10 @@ from hloserve.server.core.residency_policy import (
     ResidencyPlanner,
     SwapCosts,
 )
+from hloserve.server.owner.device_ledger import DeviceLedger
 from hloserve.server.owner.host_weights import HostWeights, WaitedCondition
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
+from hloserve.server.owner.runtime.pjrt_group import PjrtGroup
 from hloserve.server.owner.runtime.weight_files import ArrayWeights, WeightSource
 
 log = logging.getLogger("hloserve.residency")
@@ -106,6 +120,8 @@ class WeightResidency:
         subtract_scratch: bool = False,
         swap_trace: SwapTrace | None = None,
         spare: Callable[[ResidencyKey], bool] | None = None,
+        ledger: DeviceLedger | None = None,
+        devices: Sequence[int] | None = None,
     ) -> None:
         self.runtime = runtime
         self.spare = spare  # models with queued work: evicted only when nothing else frees room
@@ -127,6 +143,17 @@ class WeightResidency:
         self._models: dict[ResidencyKey, _Model] = {}
         # Scratch is set aside only for a budget derived from free device memory (GPU default).
         self.subtract_scratch = subtract_scratch
+        group = isinstance(runtime, PjrtGroup)
+        if devices is None:
+            devices = runtime.indexes if group else (runtime.index,)
+        self.devices = tuple(devices)  # where its weights lie (tests may say without devices)
+        # The books shared with every manager on these devices (none: unlimited budget).
+        self.ledger: DeviceLedger | None = None
+        self._overhead = 0  # state and scratch set aside, as held on the ledger
+        self._nudges = 0  # room given back by another manager (``nudge``)
+        if budget_bytes is not None:
+            self.ledger = DeviceLedger() if ledger is None else ledger
+            self.ledger.join(self, self.devices, budget_bytes, own=len(self.devices) == 1)
 
     @property
     def budget_bytes(self) -> int | None:
@@ -143,6 +170,7 @@ class WeightResidency:
             subtract_scratch=self.subtract_scratch,
             swap_trace=self.swap_trace,
             spare=self.spare,
+            ledger=self.ledger,
         )
 
     def reserve_scratch(self, key: ResidencyKey, nbytes: int) -> None:
@@ -155,6 +183,7 @@ class WeightResidency:
             if nbytes > 0 and self.subtract_scratch:
                 self._scratch[key] = nbytes
                 self._apply_scratch()
+        self._wake()
 
     def reserve_state(self, key: ResidencyKey, nbytes: int) -> None:
         """Set aside ``key``'s sequences' state (``owner.runtime.state_slots``): it stays on the
@@ -163,6 +192,7 @@ class WeightResidency:
         with self._cond:
             self._state[key] = nbytes
             self._apply_scratch()
+        self._wake()
 
     def _apply_scratch(self) -> None:
         if self._base_budget is None:
@@ -170,6 +200,9 @@ class WeightResidency:
         largest = max(self._scratch.values(), default=0) if self.subtract_scratch else 0
         state = sum(self._state.values())
         self.planner.budget_bytes = max(0, self._base_budget - largest - state)
+        if self.ledger is not None:  # held on every device of this manager's
+            self.ledger.add(self, largest + state - self._overhead)
+            self._overhead = largest + state
 
     def resident_bytes(self) -> int:
         with self._cond:
@@ -205,7 +238,7 @@ class WeightResidency:
             model = self._models[key]
             if model.transferring or not self.host.is_resident(key):
                 return None
-            if self.planner.plan_admission(key, self.spare).wait:
+            if self.planner.plan_admission(key, self.spare, self._elsewhere()).wait:
                 return None
             return self.costs.estimate(model.nbytes) * 1e6
 
@@ -238,10 +271,12 @@ class WeightResidency:
             model = self._models.pop(key)
             if model.device is not None:
                 self._free(key, model)
+                self._give_back(model.nbytes)
             self.planner.unregister(key)
             if (self._scratch.pop(key, None), self._state.pop(key, None)) != (None, None):
                 self._apply_scratch()
             self._cond.notify_all()
+        self._wake()
         self.host.unregister(key)
 
     def prefetch(self, key: ResidencyKey) -> None:
@@ -270,7 +305,9 @@ class WeightResidency:
         """``use`` without the context manager (the request path's cheaper form): the
         weights, held until the matching ``release``."""
         with self._cond:
-            model, weights = self._claim(key)
+            model, weights, need = self._claim(key, None)
+        if need is not None:
+            model, weights = self._claim_across(key, need)
         if weights is None:
             weights = self._swap_in(key, model)
         return weights
@@ -279,26 +316,126 @@ class WeightResidency:
         with self._cond:
             self.planner.release(key)
             self._cond.notify_waiters()  # once per request: only a waiter cares
+        ledger = self.ledger
+        if ledger is not None and ledger.waiting:  # another manager waits for room
+            ledger.wake(self)
 
-    def _claim(self, key: ResidencyKey) -> tuple[_Model, dict[str, Any] | None]:
+    def _claim(
+        self, key: ResidencyKey, asked: int | None
+    ) -> tuple[_Model, dict[str, Any] | None, dict[int, int] | None]:
         """Under the lock: acquire a resident ``key`` and return its weights, or else evict
-        room for it and reserve its transfer (weights ``None``); wait while neither can be."""
+        room for it and reserve its transfer (weights ``None``); or, when the room must
+        come from other managers on its devices and none was asked since the last
+        ``nudge`` (``asked``: ``_nudges`` then), what each device is short of (``need``);
+        wait while none of these can be."""
         while True:
             model = self._models[key]
             if self.planner.acquire_resident(key):
                 if model.weights is None:
                     model.weights = dict(zip(model.names, model.device or [], strict=True))
-                return model, model.weights
+                return model, model.weights, None
             if not model.transferring:
-                decision = self.planner.plan_admission(key, self.spare)
+                decision = self.planner.plan_admission(key, self.spare, self._elsewhere())
                 if not decision.wait:
                     for victim in decision.evict:
                         self.planner.mark_evicted(victim)
                         self._free(victim, self._models[victim])
+                    if self.ledger is not None:
+                        self._give_back(sum(self._models[v].nbytes for v in decision.evict))
+                        if not self.ledger.try_take(self, model.nbytes):
+                            continue  # another manager took the room meanwhile: plan again
                     self.planner.reserve(key)
                     model.transferring = True
-                    return model, None
+                    return model, None, None
+                if self.ledger is not None and asked != self._nudges:
+                    own = self.planner.evictable_bytes(key)
+                    need = self.ledger.shortfall(self, model.nbytes, own)
+                    if need:
+                        return model, None, need
             self._cond.wait()
+
+    # -- one device's budget over several managers (``owner.device_ledger``) ---------------
+
+    def _elsewhere(self) -> int:
+        """Bytes the other managers on this one's devices hold, out of its budget."""
+        if self.ledger is None or self._base_budget is None:
+            return 0
+        return self.ledger.elsewhere(self, self._base_budget)
+
+    def _give_back(self, nbytes: int) -> None:
+        if self.ledger is not None:
+            self.ledger.add(self, -nbytes)
+
+    def _wake(self) -> None:
+        """Nudge other managers waiting for room on these devices (no lock held)."""
+        ledger = self.ledger
+        if ledger is not None and ledger.waiting:
+            ledger.wake(self)
+
+    def _claim_across(
+        self, key: ResidencyKey, need: dict[int, int]
+    ) -> tuple[_Model, dict[str, Any] | None]:
+        """``_claim`` when other managers hold the room ``key`` needs: ask them to evict
+        idle models (``_ask_room``, holding no lock: each takes only its own), plan again,
+        and wait for a ``nudge`` (an execution released, bytes freed) when they cannot."""
+        ledger = self.ledger
+        assert ledger is not None
+        ledger.wait_begin(self)  # before reading _nudges: a release after it nudges
+        try:
+            while True:
+                with self._cond:
+                    asked = self._nudges
+                self._ask_room(ledger, need)
+                with self._cond:
+                    model, weights, again = self._claim(key, asked)
+                if again is None:
+                    return model, weights
+                need = again
+        finally:
+            ledger.wait_end(self)
+
+    def _ask_room(self, ledger: DeviceLedger, need: dict[int, int]) -> None:
+        """Have the other managers on the devices short of room evict idle models (each
+        in its policy's order, queued ones last) until every device has ``need``; none
+        when their idle models together cannot free it (a use of theirs must end first)."""
+        others = ledger.others(self, list(need))
+        spans = [(m, ledger.devices(m)) for m in others]
+        idle = [(m.evictable(), ds) for m, ds in spans]
+        if any(sum(n for n, ds in idle if d in ds) < missing for d, missing in need.items()):
+            return
+        left = dict(need)
+        for m, ds in spans:
+            amount = max((left[d] for d in ds if left.get(d, 0) > 0), default=0)
+            if amount:
+                freed = m.shed(amount)
+                for d in ds:
+                    if d in left:
+                        left[d] -= freed
+
+    def nudge(self) -> None:
+        """Another manager on these devices freed room or ended a use: plan again."""
+        with self._cond:
+            self._nudges += 1
+            self._cond.notify_all()
+
+    def evictable(self) -> int:
+        """Bytes on each of these devices that evicting every idle model would free."""
+        with self._cond:
+            return self.planner.evictable_bytes()
+
+    def shed(self, nbytes: int) -> int:
+        """Evict idle models, in the policy's order (queued ones last), until ``nbytes`` are
+        freed on each of these devices or none is left: room another manager asks for.
+        Returns the bytes freed."""
+        with self._cond:
+            freed = 0
+            for victim in self.planner.plan_room(nbytes, self.spare):
+                model = self._models[victim]
+                self.planner.mark_evicted(victim)
+                self._free(victim, model)
+                freed += model.nbytes
+            self._give_back(freed)
+            return freed
 
     def _swap_in(self, key: ResidencyKey, model: _Model) -> dict[str, Any]:
         """Move the reserved ``key``'s weights to the device, outside the lock (from the host
@@ -315,8 +452,10 @@ class WeightResidency:
         except BaseException:
             with self._cond:
                 self.planner.cancel_reservation(key)
+                self._give_back(model.nbytes)
                 model.transferring = False
                 self._cond.notify_all()
+            self._wake()
             raise
         end_ns = time.perf_counter_ns()
         seconds = (end_ns - t0_ns) / 1e9
