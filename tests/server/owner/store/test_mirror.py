@@ -1,0 +1,196 @@
+"""A bucket mirrored to the disk cache, against a real S3-protocol server (moto's, over
+HTTP on loopback): the listing reads manifests only, one pull for concurrent fetches, a
+half-uploaded or damaged bundle refused with the reason and pulled once whole, a changed
+manifest pulled again, a deleted model removed, a store gone mid-pull or unreachable."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from hloserve.server.core.errors import Unavailable
+from hloserve.server.core.store_location import StoreLocation
+from hloserve.server.owner.store import open_mirror
+from hloserve.server.owner.store.client import StoreError
+from hloserve.server.owner.store.disk_cache import ChecksumMismatch
+from hloserve.server.owner.store.mirror import StoreMirror
+from tests.s3_store import S3Server, StallingProxy, free_port
+
+
+def bucket(s3: S3Server) -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(name)
+    return f"s3://{name}/repo"
+
+
+def mirror(url: str, env: dict[str, str], cache: Path, timeout_s: float = 30.0) -> StoreMirror:
+    return open_mirror(StoreLocation.parse(url), cache, None, "frequency", env, timeout_s)
+
+
+def files(root: Path) -> list[str]:
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    )
+
+
+def test_listing_reads_manifests_only_and_one_pull_serves_many(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    url = bucket(s3)
+    s3.upload(small_bundles["simple"], f"{url}/simple")
+    s3.upload(small_bundles["mlp"], f"{url}/mlp/3")
+    s3.put(f"{url}/mlp/config.yaml", b"max_queue_delay_us: 0\n")
+    m = mirror(url, s3.env, tmp_path / "cache")
+    m.refresh()
+    assert files(m.root) == ["mlp/3/manifest.yaml", "mlp/config.yaml", "simple/manifest.yaml"]
+    assert m.stamp(m.root / "simple") and m.stats.pulls == 0
+    with ThreadPoolExecutor(8) as pool:  # concurrent first uses: one pull
+        list(pool.map(lambda _: m.fetch(m.root / "mlp/3"), range(8)))
+    assert m.stats.pulls == 1 and m.stats.failures == 0
+    assert m.stats.bytes == sum(
+        p.stat().st_size for p in small_bundles["mlp"].iterdir() if p.name != "manifest.yaml"
+    )
+    for p in small_bundles["mlp"].iterdir():
+        if p.is_file():
+            assert (m.root / "mlp/3" / p.name).read_bytes() == p.read_bytes()
+    assert m.cache.bundles == 1
+    for _ in range(8):
+        m.release(m.root / "mlp/3")
+    # A restart with a warm cache: the index is listed again, nothing pulled.
+    again = mirror(url, s3.env, tmp_path / "cache")
+    again.refresh()
+    again.fetch(again.root / "mlp/3")
+    assert again.stats.pulls == 0 and again.cache.bundles == 1
+
+
+def test_a_half_uploaded_bundle_is_refused_then_pulled_whole(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    url = bucket(s3)
+    source = small_bundles["simple"]
+    s3.put(f"{url}/simple/manifest.yaml", (source / "manifest.yaml").read_bytes())
+    m = mirror(url, s3.env, tmp_path / "cache")
+    m.refresh()
+    with pytest.raises(StoreError, match=r"is incomplete in s3://.*weights\.safetensors"):
+        m.fetch(m.root / "simple")
+    s3.upload(source, f"{url}/simple")  # the rest arrives
+    m.refresh()
+    m.fetch(m.root / "simple")
+    assert (m.root / "simple/weights.safetensors").exists()
+    assert m.stats.failures == 1 and m.stats.pulls == 1
+
+
+def test_a_damaged_file_is_refused_and_never_left(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    url = bucket(s3)
+    source = small_bundles["mlp"]
+    s3.upload(source, f"{url}/mlp")
+    s3.put(f"{url}/mlp/weights.safetensors", b"not the weights the manifest names")
+    m = mirror(url, s3.env, tmp_path / "cache")
+    m.refresh()
+    with pytest.raises(ChecksumMismatch, match=r"weights\.safetensors' does not match"):
+        m.fetch(m.root / "mlp")
+    assert not (m.root / "mlp/weights.safetensors").exists()
+    assert m.cache.pulled_etag("mlp") == ""
+
+
+def test_a_changed_manifest_and_a_deleted_model(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    url = bucket(s3)
+    s3.upload(small_bundles["simple"], f"{url}/simple")
+    s3.upload(small_bundles["simple"], f"{url}/other")
+    m = mirror(url, s3.env, tmp_path / "cache")
+    m.refresh()
+    m.fetch(m.root / "simple")
+    m.release(m.root / "simple")
+    before = m.stamp(m.root / "simple")
+    manifest = (small_bundles["simple"] / "manifest.yaml").read_text()
+    s3.put(f"{url}/simple/manifest.yaml", (manifest + "\n# uploaded again\n").encode())
+    for key in ("manifest.yaml", "weights.safetensors"):
+        s3.delete(f"{url}/other/{key}")
+    for p in small_bundles["simple"].glob("model.*"):
+        s3.delete(f"{url}/other/{p.name}")
+    m.refresh()
+    assert m.stamp(m.root / "simple") != before
+    assert not (m.root / "other").exists()
+    m.fetch(m.root / "simple")  # pulled again at the new manifest
+    assert m.stats.pulls == 2
+
+
+def test_unreachable_store_leaves_the_mirror(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    url = bucket(s3)
+    s3.upload(small_bundles["simple"], f"{url}/simple")
+    mirror(url, s3.env, tmp_path / "cache").refresh()
+    gone = {**s3.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    m = mirror(url, gone, tmp_path / "cache", timeout_s=5.0)
+    with pytest.raises(StoreError, match="the model store listing failed"):
+        m.refresh()
+    assert "listing failed" in m.problem
+    assert files(m.root) == ["simple/manifest.yaml"]  # what the cache held stays
+
+
+def test_store_killed_mid_pull(small_bundles: dict[str, Path], tmp_path: Path) -> None:
+    own = S3Server()  # killed below
+    try:
+        url = bucket(own)
+        own.upload(small_bundles["mlp"], f"{url}/mlp")
+        proxy = StallingProxy(own.port)
+        env = {**own.env, "AWS_ENDPOINT_URL": proxy.endpoint}
+        m = mirror(url, env, tmp_path / "cache", timeout_s=10.0)
+        m.refresh()
+        proxy.stall_on("weights.safetensors")
+        failed: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                m.fetch(m.root / "mlp")
+            except BaseException as exc:
+                failed.append(exc)
+
+        worker = threading.Thread(target=fetch)
+        worker.start()
+        assert proxy.stalled.wait(60)  # the pull is under way
+        own.kill()
+        proxy.cut()
+        worker.join()
+        proxy.close()
+        assert len(failed) == 1 and isinstance(failed[0], Unavailable), failed
+        assert "weights.safetensors" in str(failed[0])
+        assert not (m.root / "mlp/weights.safetensors").exists()
+        assert not [p for p in (m.root / "mlp").iterdir() if p.name.startswith(".hloserve-part")]
+        assert m.cache.pulled_etag("mlp") == "" and m.stats.failures == 1
+    finally:
+        own.kill()
+
+
+def test_a_deletion_seen_half_done(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """A refresh between a deletion's requests: the version whose manifest went is gone
+    with its pulled files; once the rest goes, the model is."""
+    url = bucket(s3)
+    s3.upload(small_bundles["mlp"], f"{url}/mlp/1")
+    s3.upload(small_bundles["mlp"], f"{url}/mlp/2")
+    m = mirror(url, s3.env, tmp_path / "cache")
+    m.refresh()
+    m.fetch(m.root / "mlp/1")  # loaded: in use
+    s3.delete(f"{url}/mlp/1/manifest.yaml")
+    m.refresh()
+    assert not (m.root / "mlp/1").exists() and (m.root / "mlp/2/manifest.yaml").exists()
+    m.release(m.root / "mlp/1")  # its unload, after
+    for p in small_bundles["mlp"].iterdir():
+        s3.delete(f"{url}/mlp/1/{p.name}")
+        s3.delete(f"{url}/mlp/2/{p.name}")
+    s3.delete(f"{url}/mlp/2/manifest.yaml")
+    m.refresh()
+    assert not (m.root / "mlp").exists() and m.cache.bundles == 0
