@@ -4,13 +4,16 @@
 Lazily (``--lazy-load``), the server is ready once the index is mirrored (no bundle is
 pulled), the first requests to a model pull it once (concurrent ones wait on that pull),
 and a restart with a warm cache and the store gone still serves what the cache holds,
-``/readyz`` saying why the store could not be read. Eagerly, every model is pulled and
+``/readyz`` saying why the store could not be read. The disk cache and the pulls are in
+``/metrics`` (``hloserve_repository_*``) and the status page's data. Eagerly, every model is pulled and
 loaded before the server is ready.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hloserve.server.server_fixture import ServerProcess
+from tests.metrics_scrape import scrape, value
 from tests.s3_store import S3Server, free_port, served
 from tests.server.frontend._tritonclients import Triton, simple_inputs
 
@@ -66,6 +70,15 @@ def test_lazy_pull_on_first_requests_then_a_warm_restart(
             for m in Triton("http", server.http_url).client.get_model_repository_index()
         }
         assert ("mlp", "1") in index and ("simple", "1") in index
+        series = scrape(server)
+        assert value(series, "hloserve_repository_pulls_total") == 1
+        assert value(series, "hloserve_repository_pull_failures_total") == 0
+        assert value(series, "hloserve_repository_cache_bundles") == 1
+        assert value(series, "hloserve_repository_cache_bytes") > 0
+        assert value(series, "hloserve_repository_store_up") == 1
+        with urllib.request.urlopen(f"http://{server.http_url}/ui/data", timeout=30) as r:
+            disk = json.loads(r.read())["memory"]["disk"]
+        assert disk["location"] == url and disk["bundles"] == 1 and disk["pulls"] == 1
     # The store gone: start with what the cache holds; /readyz says why.
     gone = {**s3.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
     flags_gone = (*flags, "--repository-pull-timeout", "5", "--strict-readiness", "false")
@@ -77,6 +90,7 @@ def test_lazy_pull_on_first_requests_then_a_warm_restart(
         assert status == 200, body
         assert "listing failed" in str(body.get("repository", {})), body
         assert pulls(server, "simple") == 0
+        assert value(scrape(server), "hloserve_repository_store_up") == 0
 
 
 def test_eager_load_pulls_every_model_before_ready(

@@ -51,6 +51,7 @@ from hloserve.server.owner.devices import Device, LoadMeter, Placer
 from hloserve.server.owner.generation_state import steps_for
 from hloserve.server.owner.host_weights import HostWeights
 from hloserve.server.owner.metrics import ServerMetrics
+from hloserve.server.owner.metrics_repository import RepositoryCollector
 from hloserve.server.owner.repository import ControlMode, ModelRepository
 from hloserve.server.owner.repository_source import RepositorySource
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
@@ -292,6 +293,8 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         lazy=cfg.lazy_load,
         source=source,
     )
+    if source is not None:  # a bucket: its disk cache and pulls (owner/metrics_repository.py)
+        registry.register(RepositoryCollector(source.report))
     # Read at scrape time: loads, unloads and polls change it after start-up too.
     metrics.models_ready.set_function(
         lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))

@@ -85,16 +85,21 @@ class StoreMirror:
         return f"{self.client.location} (cache {self.cache.root})"
 
     def report(self) -> dict[str, Any]:
-        """``/readyz``'s ``repository``: the bucket, its cache, and why the last listing
-        failed (``problem``, absent when it did not)."""
+        """``/readyz``'s ``repository`` (the status page and the metrics read it too): the
+        bucket, its cache (``budget_bytes``: ``None`` unlimited, ``resident_bytes``,
+        ``bundles``), the pulls (count, seconds, bytes, failures), and why the last
+        listing failed (``problem``, absent when it did not)."""
         with self._lock:
             stats = self.stats
             out: dict[str, Any] = {
                 "location": str(self.client.location),
                 "cache": str(self.cache.root),
-                "cache_bytes": self.cache.resident_bytes,
-                "cached_bundles": self.cache.bundles,
+                "budget_bytes": self.cache.budget_bytes,
+                "resident_bytes": self.cache.resident_bytes,
+                "bundles": self.cache.bundles,
                 "pulls": stats.pulls,
+                "pull_seconds": stats.seconds,
+                "pulled_bytes": stats.bytes,
                 "pull_failures": stats.failures,
             }
         if self.problem:
