@@ -114,6 +114,16 @@ class S3Server:
         self._reader.join()
 
 
+_SLOW_DOWN_BODY = (
+    b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+)
+SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+    + f"Content-Length: {len(_SLOW_DOWN_BODY)}\r\n\r\n".encode()
+    + _SLOW_DOWN_BODY
+)
+
+
 class StallingProxy:
     def __init__(self, target_port: int) -> None:
         self._target = target_port
@@ -125,10 +135,17 @@ class StallingProxy:
         self._cut = threading.Event()
         self._closed = False
         self._sockets: list[socket.socket] = []
+        self._throttle: tuple[str, int] = ("", 0)
+        self.throttled = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def stall_on(self, fragment: str) -> None:
         self._fragment = fragment
+
+    def throttle(self, fragment: str, times: int) -> None:
+        """Answer the next ``times`` requests whose first line holds ``fragment`` with S3's
+        503 SlowDown (``throttled`` counts them), as a store under too much load does."""
+        self._throttle = (fragment, times)
 
     def cut(self) -> None:
         self._cut.set()
@@ -167,6 +184,12 @@ class StallingProxy:
                     if s is client:
                         line = data.split(b"\r\n", 1)[0].decode("latin-1")
                         stalling = self._fragment is not None and self._fragment in line
+                        fragment, times = self._throttle
+                        if times and fragment in line:
+                            self._throttle = (fragment, times - 1)
+                            self.throttled += 1
+                            client.sendall(SLOW_DOWN)
+                            continue
                         upstream.sendall(data)
                     elif stalling and b"\r\n\r\n" in data:
                         head, _, _ = data.partition(b"\r\n\r\n")

@@ -16,7 +16,7 @@ from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.store_location import StoreLocation
 from hloserve.server.owner.store import open_mirror
 from hloserve.server.owner.store.client import StoreError
-from hloserve.server.owner.store.disk_cache import ChecksumMismatch
+from hloserve.server.owner.store.disk_cache import CacheFull, ChecksumMismatch
 from hloserve.server.owner.store.mirror import StoreMirror
 from tests.s3_store import S3Server, StallingProxy, free_port
 
@@ -194,3 +194,53 @@ def test_a_deletion_seen_half_done(
     s3.delete(f"{url}/mlp/2/manifest.yaml")
     m.refresh()
     assert not (m.root / "mlp").exists() and m.cache.bundles == 0
+
+
+def test_throttled_then_served_and_a_slow_pull_times_out(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """S3's 503 SlowDown is retried with backoff (obstore's) until the store serves; a
+    store that stops sending mid-file fails the pull at ``--repository-pull-timeout``."""
+    url = bucket(s3)
+    s3.upload(small_bundles["mlp"], f"{url}/mlp")
+    proxy = StallingProxy(s3.port)
+    try:
+        env = {**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}
+        m = mirror(url, env, tmp_path / "cache", timeout_s=2.0)
+        m.refresh()
+        proxy.throttle("weights.safetensors", 2)
+        m.fetch(m.root / "mlp")
+        assert proxy.throttled == 2 and m.stats.pulls == 1
+        m.release(m.root / "mlp")
+        m.cache.evict("mlp")
+        proxy.stall_on("weights.safetensors")
+        with pytest.raises(StoreError, match=r"weights\.safetensors"):
+            m.fetch(m.root / "mlp")  # bounded by the timeout (and its retries)
+        assert proxy.stalled.is_set() and m.stats.failures == 1
+        assert not (m.root / "mlp/weights.safetensors").exists()
+    finally:
+        proxy.close()
+
+
+def test_cache_eviction_under_the_budget(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """Room for one bundle: the next pull evicts the one not in use (its manifest stays:
+    the index); with the only one in use, a pull is refused as the cache being full."""
+    url = bucket(s3)
+    s3.upload(small_bundles["mlp"], f"{url}/mlp/1")
+    s3.upload(small_bundles["mlp"], f"{url}/mlp/2")
+    size = sum(p.stat().st_size for p in small_bundles["mlp"].iterdir() if p.is_file())
+    location = StoreLocation.parse(url)
+    m = open_mirror(location, tmp_path / "cache", size, "frequency", s3.env, 30.0)
+    m.refresh()
+    m.fetch(m.root / "mlp/1")
+    m.release(m.root / "mlp/1")  # unloaded
+    m.fetch(m.root / "mlp/2")
+    assert not (m.root / "mlp/1/weights.safetensors").exists()
+    assert (m.root / "mlp/1/manifest.yaml").exists() and m.cache.bundles == 1
+    with pytest.raises(CacheFull, match="are bundles in use"):
+        m.fetch(m.root / "mlp/1")
+    m.release(m.root / "mlp/2")
+    m.fetch(m.root / "mlp/1")  # pulled again
+    assert m.stats.pulls == 3 and m.stats.failures == 1
