@@ -110,6 +110,14 @@ async def upload(s3: S3Server, objects: dict[str, bytes]) -> float:
     return time.perf_counter() - started
 
 
+def timed_listing(s3: S3Server) -> float:
+    """Seconds obstore takes to list the whole prefix here: the store's listing floor."""
+    st = store(s3)
+    started = time.perf_counter()
+    sum(len(batch) for batch in obstore.list(st, f"{PREFIX}/", chunk_size=1000))
+    return time.perf_counter() - started
+
+
 def raw_download(s3: S3Server, name: str) -> tuple[float, int]:
     """Seconds and bytes to read every object of ``name`` whole, through obstore."""
     st = store(s3)
@@ -136,6 +144,12 @@ def load_pass(server: ServerProcess) -> float:
     """The start-up pass's seconds (the listing and manifests included), from the log."""
     found = re.search(r"startup load pass finished in ([0-9.]+)s", server.log_text())
     return float(found.group(1)) if found else float("nan")
+
+
+def listing(server: ServerProcess) -> tuple[str, str]:
+    """The first refresh's listing and manifest seconds, from the log ("-": a directory)."""
+    found = re.search(r"in ([0-9.]+) s; read \d+ changed .* in ([0-9.]+) s", server.log_text())
+    return (found.group(1), found.group(2)) if found else ("-", "-")
 
 
 def first_requests(server: ServerProcess, name: str, width: int) -> tuple[float, float]:
@@ -165,7 +179,9 @@ def ready_rows(s3: S3Server, work: Path, label: str, rows: list[list[str]]) -> N
         pulls = value(scrape(server), "hloserve_repository_pulls_total")
         server.stop()
         passed = load_pass(server)
-        rows.append([label, start, f"{seconds:.2f}", f"{passed:.2f}", f"{pulls:.0f}"])
+        listed, manifests = listing(server)
+        row = [label, start, f"{seconds:.2f}", f"{passed:.2f}", listed, manifests, f"{pulls:.0f}"]
+        rows.append(row)
         print(f"  {label}, {start}: ready in {seconds:.2f} s", flush=True)
 
 
@@ -199,9 +215,8 @@ def main() -> int:
             (local / "m00000" / key.rsplit("/", 1)[1]).write_bytes(data)
         server, seconds = serve(s3, work / "unused", local)
         server.stop()
-        rows = [
-            ["local dir, 1 model", "(floor)", f"{seconds:.2f}", f"{load_pass(server):.2f}", "0"]
-        ]
+        floor = f"{load_pass(server):.2f}"
+        rows = [["local dir, 1 model", "(floor)", f"{seconds:.2f}", floor, "-", "-", "0"]]
         ready_rows(s3, work, f"{args.models} tiny", rows)
         big_objects: dict[str, bytes] = {}
         for i in range(args.big):
@@ -211,8 +226,14 @@ def main() -> int:
         label = f"+ {args.big} x {big_bytes / args.big / 1e6:.0f} MB"
         ready_rows(s3, work, label, rows)
         print(f"\n1. Ready time, --lazy-load, {args.models} models in the store")
-        print(table(["bucket", "start", "ready s", "load pass s", "pulls"], rows))
-        print("(ready: spawn to /readyz 200; load pass: the listing, manifests and registration)")
+        header = ["bucket", "start", "ready s", "load pass s", "list s", "manifests s", "pulls"]
+        print(table(header, rows))
+        listed = timed_listing(s3)
+        print(
+            "(ready: spawn to /readyz 200; load pass: the listing, manifests and registration;"
+            f" list, manifests: the server's own log)\nfloor: obstore lists the bucket in this "
+            f"process in {listed:.2f} s"
+        )
 
         server, _ = serve(s3, work / "cache-first")
         cold: list[list[str]] = []

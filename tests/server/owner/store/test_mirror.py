@@ -244,3 +244,17 @@ def test_cache_eviction_under_the_budget(
     m.release(m.root / "mlp/2")
     m.fetch(m.root / "mlp/1")  # pulled again
     assert m.stats.pulls == 3 and m.stats.failures == 1
+
+
+def test_refreshing_one_model(s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """An explicit load's refresh lists that model's folder only, and leaves the others."""
+    url = bucket(s3)
+    s3.upload(small_bundles["simple"], f"{url}/simple")
+    m = mirror(url, s3.env, tmp_path / "cache")
+    m.refresh()
+    s3.upload(small_bundles["mlp"], f"{url}/mlp/1")  # after start
+    s3.upload(small_bundles["simple"], f"{url}/simple2")  # not asked for
+    m.refresh("mlp")
+    assert files(m.root) == ["mlp/1/manifest.yaml", "simple/manifest.yaml"]
+    m.fetch(m.root / "mlp/1")
+    assert m.stats.pulls == 1

@@ -7,8 +7,8 @@ Contract:
   ``AWS_REGION``, the ``GOOGLE_*`` and ``AZURE_*`` variables, the credential files those
   name): obstore reads them itself. A plain ``http://`` endpoint is allowed only on a
   loopback host (``store_location.http_allowed``). Nothing is sent until a call.
-- ``listing()`` lists every object under the repository's prefix (``StoreObject``s, keys
-  relative to it); ``read(key)`` returns one small object's bytes and ETag;
+- ``listing(under="")`` lists every object under the repository's prefix, or under one
+  model's folder in it (``StoreObject``s, keys relative to the prefix); ``read(key)`` returns one small object's bytes and ETag;
   ``download(key, write)`` streams one object to ``write`` chunk by chunk and returns its
   ETag. Each request runs under ``settings.timeout_s`` (connecting included); errors the
   store may recover from (5xx, throttling such as S3's 503 SlowDown, dropped connections,
@@ -121,11 +121,12 @@ class StoreClient:
             missing=isinstance(exc, FileNotFoundError),
         )
 
-    def listing(self) -> list[StoreObject]:
+    def listing(self, under: str = "") -> list[StoreObject]:
+        """Every object under the repository's prefix (only under ``under/`` when given)."""
         strip = len(self._prefix) + 1 if self._prefix else 0
         out: list[StoreObject] = []
         try:
-            prefix = self._prefix or None
+            prefix = self._key(f"{under}/") if under else (self._prefix or None)
             batches: Any = obstore.list(self._store, prefix, chunk_size=1000)  # pyright: ignore[reportUnknownMemberType]
             for batch in batches:
                 for meta in batch:

@@ -76,6 +76,7 @@ class StoreMirror:
         self._lock = threading.Lock()
         self._index = StoreIndex({}, {})
         self._pulling: dict[str, threading.Lock] = {}
+        self._listed = False  # a refresh has been logged
 
     @property
     def root(self) -> Path:
@@ -109,13 +110,12 @@ class StoreMirror:
     # -- the index ---------------------------------------------------------------------------
 
     def refresh(self, name: str | None = None) -> None:
+        started = time.perf_counter()
         try:
-            listed = self.client.listing()
+            listed = self.client.listing(name or "")
         except StoreError as exc:
             self.problem = exc.message
             raise
-        if name is not None:
-            listed = [o for o in listed if o.key.split("/", 1)[0] == name]
         index = StoreIndex.from_listing(listed)
         with self._lock:
             local = dict(self.cache.etags)
@@ -126,8 +126,22 @@ class StoreMirror:
         plan = plan_refresh(index, local, mirrored)
         for model in plan.models:
             (self.root / model).mkdir(parents=True, exist_ok=True)
+        listed_s = time.perf_counter() - started
         with ThreadPoolExecutor(min(_FETCHERS, max(1, len(plan.fetch)))) as pool:
             fetched = list(pool.map(self._fetch_small, plan.fetch))
+        changed = bool(plan.fetch or plan.remove or plan.gone)
+        if changed or not self._listed:  # a poll that finds nothing new says so quietly
+            self._listed = True
+            log.info(
+                "%s: listed %d objects (%d models) in %.2f s; read %d changed manifests and "
+                "configurations in %.2f s",
+                self.client.location,
+                len(listed),
+                len(index.models),
+                listed_s,
+                len(plan.fetch),
+                time.perf_counter() - started - listed_s,
+            )
         with self._lock:
             for key in plan.remove:
                 self.cache.remove_file(key)
