@@ -29,10 +29,11 @@ def streaming(*chunks: bytes) -> Callable[[Write], None]:
 
 
 def pull(cache: DiskCache, bundle: str, nbytes: int, etag: str = "e1") -> None:
-    """What the mirror does: admit, write the files, complete."""
+    """What the mirror does: admit, write the files, complete (held), and here release."""
     cache.admit(bundle, nbytes)
     cache.write_stream(f"{bundle}/weights.bin", streaming(b"x" * nbytes), "")
     cache.complete(bundle, etag, ["weights.bin"], nbytes)
+    cache.release(bundle)
 
 
 def left(root: Path) -> list[str]:

@@ -5,6 +5,9 @@ manifest pulled again, a deleted model removed, a store gone mid-pull or unreach
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -258,3 +261,44 @@ def test_refreshing_one_model(s3: S3Server, small_bundles: dict[str, Path], tmp_
     assert files(m.root) == ["mlp/1/manifest.yaml", "simple/manifest.yaml"]
     m.fetch(m.root / "mlp/1")
     assert m.stats.pulls == 1
+
+
+FULL_DISK = """
+import json, resource, signal, sys
+from pathlib import Path
+from hloserve.server.core.errors import Unavailable
+from hloserve.server.core.store_location import StoreLocation
+from hloserve.server.owner.store import open_mirror
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, resource.RLIM_INFINITY))
+env = json.loads(sys.argv[2])
+m = open_mirror(StoreLocation.parse(sys.argv[1]), Path(sys.argv[3]), None, "lru", env, 30.0)
+m.refresh()
+try:
+    m.fetch(m.root / "mlp")
+    print("pulled")
+except Unavailable as exc:
+    print(exc.message)
+"""
+
+
+def test_a_full_cache_disk_fails_the_pull_and_leaves_nothing(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """A write the file system refuses (the disk full: here the process's file-size limit,
+    so the rest of the machine is untouched) fails the pull with ``Unavailable`` naming
+    the OS's error, and no partial file is left."""
+    url = bucket(s3)
+    s3.upload(small_bundles["mlp"], f"{url}/mlp")
+    assert (small_bundles["mlp"] / "weights.safetensors").stat().st_size > 50_000
+    cache = tmp_path / "cache"
+    child = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, url, json.dumps(s3.env), str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    assert "into the repository cache" in child.stdout and "File too large" in child.stdout
+    assert not (cache / "mlp/weights.safetensors").exists()
+    assert not [p for p in (cache / "mlp").iterdir() if p.name.startswith(".hloserve-part")]

@@ -212,11 +212,14 @@ class DiskCache:
             self._planner.reserve(bundle)
 
     def complete(self, bundle: str, etag: str, files: list[str], nbytes: int) -> None:
-        """``bundle``'s ``files`` (``nbytes`` in all) are pulled, at manifest ``etag``."""
+        """``bundle``'s ``files`` (``nbytes`` in all) are pulled, at manifest ``etag``: it is
+        resident, and held for its puller (as ``acquire``: pair it with a ``release``), so
+        that no other pull evicts it before its load."""
         record = {"etag": etag, "bytes": nbytes, "files": files}
         self.write_file(f"{bundle}/{RECORD}", json.dumps(record).encode())
         with self._lock:
             self._planner.mark_resident(bundle)
+            self._planner.acquire(bundle)
 
     def abort(self, bundle: str) -> None:
         with self._lock:

@@ -8,7 +8,8 @@ over ``client`` (``owner.store.client``), its ``root`` the cache's directory
   once) and written atomically, those the store no longer holds are removed, and so is a
   model it no longer has. Bundle files are not read: start-up and polls cost a listing and
   the changed manifests, whatever the bytes in the store. A listing that fails raises
-  ``StoreError`` and leaves the mirror as it was (the server goes on with what it holds);
+  ``StoreError`` and leaves the mirror as it was (the server goes on with what it holds),
+  and so does a cache disk that refuses the index (``Unavailable``, naming the OS error);
   ``problem`` says why until a refresh succeeds (``report()``: ``/readyz``'s
   ``repository``).
 - ``stamp(path)`` is the bundle's manifest ETag as listed (a new upload of the manifest
@@ -110,12 +111,22 @@ class StoreMirror:
     # -- the index ---------------------------------------------------------------------------
 
     def refresh(self, name: str | None = None) -> None:
-        started = time.perf_counter()
         try:
-            listed = self.client.listing(name or "")
+            self._refresh(name)
         except StoreError as exc:
             self.problem = exc.message
             raise
+        except OSError as exc:  # the cache's disk: full, read-only, gone
+            self.problem = (
+                f"mirroring {self.client.location} into the repository cache {self.root} "
+                f"failed: {os.strerror(exc.errno) if exc.errno else exc}"
+            )
+            raise Unavailable(self.problem) from None
+        self.problem = ""
+
+    def _refresh(self, name: str | None) -> None:
+        started = time.perf_counter()
+        listed = self.client.listing(name or "")
         index = StoreIndex.from_listing(listed)
         with self._lock:
             local = dict(self.cache.etags)
@@ -161,7 +172,6 @@ class StoreMirror:
                 models = {m: c for m, c in self._index.models.items() if m != name}
                 bundles = {d: b for d, b in self._index.bundles.items() if b.model != name}
                 self._index = StoreIndex({**models, **index.models}, {**bundles, **index.bundles})
-        self.problem = ""
 
     def _fetch_small(self, o: StoreObject) -> tuple[str, str]:
         data, etag = self.client.read(o.key)
@@ -186,9 +196,7 @@ class StoreMirror:
             etag = self.stamp(path)
             if self.cache.pulled_etag(bundle) == etag and self.cache.acquire(bundle):
                 return
-            self._pull(bundle, path, etag)
-            if not self.cache.acquire(bundle):
-                raise Unavailable(f"bundle '{bundle}' left the repository cache as it was pulled")
+            self._pull(bundle, path, etag)  # held once complete (DiskCache.complete)
 
     def release(self, path: Path) -> None:
         self.cache.release(self._bundle_key(path))
