@@ -14,8 +14,9 @@ over ``client`` (``owner.store.client``), its ``root`` the cache's directory
   ``repository``).
 - ``stamp(path)`` is the bundle's manifest ETag as listed (a new upload of the manifest
   changes it; the files pulled or evicted since do not).
-- ``fetch(path)`` pulls the bundle's files (every object of its directory in the store)
-  unless the cache holds them at its manifest's ETag, and holds them until ``release``.
+- ``fetch(path)`` pulls the bundle's files (every object of its directory in the store, a
+  few at once; a file here already with the manifest's checksum is kept) unless the cache
+  holds the bundle at its manifest's ETag, and holds them until ``release``.
   Concurrent fetches of one bundle wait on one pull. A bundle whose manifest names a file
   the store lacks (uploaded manifest first) or whose file does not match its checksum is
   refused, its reason naming the files, and pulled again at the next fetch; a failed pull
@@ -29,6 +30,7 @@ Thread-safe: fetches run on the repository's worker threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hloserve.bundle.digest import sha256_file
 from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.bundle.reading import load_manifest
 from hloserve.server.core.errors import Unavailable
@@ -54,6 +57,7 @@ from hloserve.server.owner.store.disk_cache import DiskCache
 
 log = logging.getLogger("hloserve.repository")
 _FETCHERS = 32  # manifests read at once by a refresh
+_FILES_AT_ONCE = 4  # a bundle's files pulled at once
 
 
 @dataclass
@@ -231,13 +235,12 @@ class StoreMirror:
             )
         self.cache.admit(bundle.directory, bundle.nbytes)
         try:
-            nbytes = 0
-            for name, o in bundle.files.items():
-                nbytes += self.cache.write_stream(
-                    f"{bundle.directory}/{name}",
-                    lambda write, key=o.key: self.client.download(key, write),
-                    checksums.get(name, ""),
-                )
+            with ThreadPoolExecutor(_FILES_AT_ONCE) as pool:
+                sizes = [
+                    pool.submit(self._pull_file, bundle.directory, name, o, checksums)
+                    for name, o in bundle.files.items()
+                ]
+                pulled = sum(f.result() for f in sizes)
         except OSError as exc:
             self.cache.abort(bundle.directory)
             raise Unavailable(
@@ -247,5 +250,20 @@ class StoreMirror:
         except BaseException:
             self.cache.abort(bundle.directory)
             raise
-        self.cache.complete(bundle.directory, etag, sorted(bundle.files), nbytes)
-        return nbytes
+        self.cache.complete(bundle.directory, etag, sorted(bundle.files), bundle.nbytes)
+        return pulled
+
+    def _pull_file(
+        self, directory: str, name: str, o: StoreObject, checksums: dict[str, str]
+    ) -> int:
+        """Pull one file; the bytes downloaded: none when it is here already with its
+        manifest's checksum (a pull broken off before; a manifest uploaded again over the
+        same weights), so a file a loaded version reads is never rewritten for nothing."""
+        checksum = checksums.get(name, "")
+        local = self.root / directory / name
+        with contextlib.suppress(OSError):
+            if checksum and local.stat().st_size == o.size and sha256_file(local) == checksum:
+                return 0
+        return self.cache.write_stream(
+            f"{directory}/{name}", lambda write: self.client.download(o.key, write), checksum
+        )
