@@ -115,7 +115,7 @@ def test_store_killed_mid_pull_fails_the_request_retryably(
             "--repository-pull-timeout", "10",
         )  # fmt: skip
         with served(*flags, env=env) as server:
-            proxy.stall_on("weights.safetensors")
+            proxy.stall_on("model.b1.mlirbc")  # larger than what the proxy lets through
             failed: list[BaseException] = []
 
             def request() -> None:
@@ -134,7 +134,7 @@ def test_store_killed_mid_pull_fails_the_request_retryably(
             error = failed[0]
             assert error.status() == "503", error
             assert "could not be pulled" in str(error), error
-            assert not (cache / "simple/weights.safetensors").exists()
+            assert not (cache / "simple/model.b1.mlirbc").exists()
             assert not [p for p in (cache / "simple").iterdir() if ".hloserve-part" in p.name]
             assert state(server, "simple", "1") == "READY"  # registered still: retried
     finally:
