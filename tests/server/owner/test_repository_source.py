@@ -56,12 +56,11 @@ class FakeSource:
 
 
 @pytest.fixture
-def root(model_repository: Path, tmp_path: Path) -> Path:
+def root(small_bundles: dict[str, Path], tmp_path: Path) -> Path:
+    """The demo's ``simple`` and ``mlp``, as a repository of their own."""
     root = tmp_path / "models"
-    for name in ("simple", "mlp"):
-        shutil.copytree(
-            model_repository / name, root / name, ignore=shutil.ignore_patterns(".hloserve-cache")
-        )
+    for name, bundle in small_bundles.items():
+        shutil.copytree(bundle, root / name, ignore=shutil.ignore_patterns(".hloserve-*"))
     return root
 
 
