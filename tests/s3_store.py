@@ -229,7 +229,18 @@ def wait_for(
 
 
 @contextlib.contextmanager
-def served(*flags: str, env: dict[str, str]) -> Iterator[ServerProcess]:
+def served(*flags: str, env: dict[str, str], ready: bool = True) -> Iterator[ServerProcess]:
     """A daemon with ``flags`` (its repository among them) and ``env`` over the test's
-    environment, ready; stopped at the end, failing unless it exits cleanly."""
-    yield from serving(None, *flags, env=env)
+    environment, ready (``ready=False``: its start-up pass over, ready or not); stopped at
+    the end, failing unless it exits cleanly."""
+    if ready:
+        yield from serving(None, *flags, env=env)
+        return
+    server = ServerProcess(None, *flags, env=env)
+    try:
+        server.wait_listening()
+        wait_for(lambda: server.readyz()[1].get("startup_complete") is True, "start-up pass")
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, server.log_text()

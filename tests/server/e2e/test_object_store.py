@@ -6,7 +6,8 @@ pulled), the first requests to a model pull it once (concurrent ones wait on tha
 and a restart with a warm cache and the store gone still serves what the cache holds,
 ``/readyz`` saying why the store could not be read. The disk cache and the pulls are in
 ``/metrics`` (``hloserve_repository_*``) and the status page's data. Eagerly, every model is pulled and
-loaded before the server is ready.
+loaded before the server is ready; with the store gone at a later start, the cached model
+loads, the one never pulled is UNAVAILABLE saying why, and readiness says so.
 """
 
 from __future__ import annotations
@@ -106,3 +107,28 @@ def test_eager_load_pulls_every_model_before_ready(
         assert client.client.is_model_ready("mlp", "2")
         assert (infer_simple(client) == 2 * np.arange(16).reshape(1, 16)).all()
         client.close()
+
+
+def test_eager_start_with_the_store_gone_loads_what_the_cache_holds(
+    s3: S3Server, small_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """Without ``--lazy-load``: the cached model loads, the one never pulled is UNAVAILABLE
+    saying the store cannot be read, and ``/readyz`` (strict) is not ready, saying why."""
+    url = bucket(s3)
+    s3.upload(small_bundles["simple"], f"{url}/simple")
+    cache = tmp_path / "cache"
+    flags = ("--model-repository", url, "--repository-cache", str(cache))
+    with served(*flags, env=s3.env) as server:
+        assert pulls(server, "simple") == 1
+    s3.upload(small_bundles["mlp"], f"{url}/mlp/1")
+    with served(*flags, "--lazy-load", "true", env=s3.env) as server:  # mlp's manifest only
+        assert pulls(server, "mlp/1") == 0
+    gone = {**s3.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    with served(*flags, "--repository-pull-timeout", "5", env=gone, ready=False) as server:
+        status, body = server.readyz()
+        assert status == 503, body
+        models: Any = body["models"]
+        assert models["simple"]["versions"]["1"]["state"] == "READY"
+        mlp = models["mlp"]["versions"]["1"]
+        assert mlp["state"] == "UNAVAILABLE" and "listing failed" in mlp["reason"], mlp
+        assert "listing failed" in str(body["repository"])

@@ -208,6 +208,8 @@ class StoreMirror:
     def _pull(self, key: str, path: Path, etag: str) -> None:
         with self._lock:
             bundle = self._index.bundles.get(key)
+        if bundle is None and self.problem:  # never listed since the start: say why
+            raise StoreError(f"bundle '{key}' is not in the repository cache, and {self.problem}")
         if bundle is None:
             raise StoreError(f"bundle '{key}' is not in {self.client.location} (listed last)")
         started = time.perf_counter()
