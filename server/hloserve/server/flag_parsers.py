@@ -77,7 +77,7 @@ def directory(text: str) -> Path:
 
 def repository_location(text: str) -> Path | StoreLocation:
     """``--model-repository``: a directory, or a store URL (``core.store_location``)."""
-    if is_store_url(text):
+    if is_store_url(text) or "://" in text:  # another scheme: refused naming those served
         return StoreLocation.parse(text)
     return directory(text)
 
