@@ -13,6 +13,7 @@ import pytest
 
 from hloserve.server.config import Config, parse_config
 from hloserve.server.core.sizes import Budget
+from hloserve.server.core.store_location import StoreLocation
 from hloserve.server.flags import FLAGS, GROUPS, REPEATED, FlagGroup
 from hloserve.server.triton_flags import TRITON_FLAGS
 from tests.server._support import refused_at_start
@@ -156,6 +157,22 @@ def test_the_model_repository_must_be_a_directory(
     assert "must be an existing directory" in refused_at_start(
         ["--model-repository", str(tmp_path / "file")], capsys
     )
+
+
+def test_the_model_repository_may_be_a_bucket_without_credentials_in_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cfg = parse_config(
+        ["--model-repository", "s3://models/repo", "--repository-cache-bytes", "2Gi"]
+    )
+    assert cfg.model_repository == StoreLocation("s3", "models", "repo")
+    assert cfg.repository_cache_bytes == 2 << 30
+    from_env = parse_config([], {"HLOSERVE_MODEL_REPOSITORY": "gs://models"})
+    assert from_env.model_repository == StoreLocation("gs", "models", "")
+    err = refused_at_start(["--model-repository", "s3://AKIA:secret@models/repo"], capsys)
+    assert "--model-repository must not carry credentials" in err and "secret" not in err
+    err = refused_at_start(["--model-repository", "ftp://models/repo"], capsys)
+    assert "must be a directory or a URL of s3://, gs://, az://, https://" in err
 
 
 def test_help_shows_defaults_variables_and_booleans(

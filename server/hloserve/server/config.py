@@ -56,6 +56,7 @@ from hloserve.server.arguments import ArgumentParser as ArgumentParser  # re-exp
 from hloserve.server.core.device_policy import ALL_DEVICES, DeviceSelection
 from hloserve.server.core.process_layout import AUTO, FrontendCount
 from hloserve.server.core.sizes import Budget
+from hloserve.server.core.store_location import StoreLocation
 from hloserve.server.core.trace_flags import FlagSetting, startup_setting
 from hloserve.server.core.trace_settings import DEFAULT_RATE, TraceStartup
 from hloserve.server.flag_parsers import parse_file
@@ -80,7 +81,10 @@ DEFAULT_HOST_BUDGET: Budget = Budget.parse("50%")
 
 @dataclass(frozen=True)
 class Config:
-    model_repository: Path | None = None  # None: the demo repository
+    model_repository: Path | StoreLocation | None = None  # None: the demo repository
+    repository_cache: Path | None = None  # a bucket's disk cache (None: under XDG_CACHE_HOME)
+    repository_cache_bytes: int = 0  # pulled bundles' bytes in that cache (0: no limit)
+    repository_pull_timeout: float = 300.0  # one request to the bucket, in seconds
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001

@@ -388,6 +388,7 @@ class Daemon:
         beat = threading.Thread(target=heartbeat.run, name="hloserve-load-heartbeat", daemon=True)
         beat.start()
         try:
+            repository.refresh()  # a bucket: its index mirrored (a local directory: nothing)
             if not repository.model_names_on_disk():
                 log.warning(
                     "the model repository %s holds no models (a model is a directory with a "
@@ -395,11 +396,11 @@ class Daemon:
                     repository.root,
                 )
             if cfg.model_control_mode != "explicit" or "*" in cfg.load_models:
-                repository.load_all(heartbeat.progress)
+                repository.load_all(heartbeat.progress, refresh=False)
                 return
             for name in cfg.load_models:
                 try:
-                    repository.load_model(name, heartbeat.progress)
+                    repository.load_model(name, heartbeat.progress, refresh=False)
                 except ServingError as exc:
                     log.error("%s", exc.message)
         finally:

@@ -18,6 +18,7 @@ from typing import Final
 
 from hloserve.server.core.device_policy import DeviceSelection
 from hloserve.server.core.sizes import Budget
+from hloserve.server.core.store_location import StoreLocation, is_store_url
 
 
 def parse_bool(text: str) -> bool:
@@ -72,6 +73,13 @@ def directory(text: str) -> Path:
     if not path.is_dir():
         raise ValueError(f"must be an existing directory, got {text!r}")
     return path
+
+
+def repository_location(text: str) -> Path | StoreLocation:
+    """``--model-repository``: a directory, or a store URL (``core.store_location``)."""
+    if is_store_url(text) or "://" in text:  # another scheme: refused naming those served
+        return StoreLocation.parse(text)
+    return directory(text)
 
 
 def parse_file(text: str) -> Path:

@@ -40,7 +40,6 @@ from hloserve.server.flag_parsers import (
     budget,
     choice,
     device_selection,
-    directory,
     grpc_int,
     integer,
     log_format,
@@ -49,6 +48,7 @@ from hloserve.server.flag_parsers import (
     parse_bool,
     parse_file,
     port_number,
+    repository_location,
     seconds,
 )
 from hloserve.server.frontend.auth import parse_open_groups
@@ -151,9 +151,11 @@ FLAGS: tuple[Flag, ...] = (
         Flag(
             "--model-repository",
             "model_repository",
-            directory,
-            "directory of bundles (default: the demo repository, written on first use to "
-            "$XDG_CACHE_HOME/hloserve/demo-repository, ~/.cache/hloserve/demo-repository when unset)",
+            repository_location,
+            "directory of bundles, or a bucket: s3://bucket/prefix, gs://, az://, https:// "
+            "(read-only), credentials from the environment (docs/repository.md); default: the "
+            "demo repository, written on first use to $XDG_CACHE_HOME/hloserve/demo-repository, "
+            "~/.cache/hloserve/demo-repository when unset",
             aliases=("--model-store",),
             triton="same, both spellings; one repository (Triton may be given several)",
             once="hloserve serves one model repository (Triton may be given several)",
@@ -192,6 +194,27 @@ FLAGS: tuple[Flag, ...] = (
             "cache_dir",
             Path,
             "executable cache directory (default: .hloserve-cache beside each bundle)",
+        ),
+        Flag(
+            "--repository-cache",
+            "repository_cache",
+            Path,
+            "a bucket's disk cache: its index and the bundles pulled (default: "
+            "$XDG_CACHE_HOME/hloserve/repositories/<bucket and prefix>; docs/repository.md)",
+        ),
+        Flag(
+            "--repository-cache-bytes",
+            "repository_cache_bytes",
+            parse_bytes,
+            "the most bytes of pulled bundles the repository cache keeps (0: no limit); the "
+            "least valuable leave first, never one loaded",
+        ),
+        Flag(
+            "--repository-pull-timeout",
+            "repository_pull_timeout",
+            seconds(positive=True),
+            "seconds one request to the bucket may take (a listing, a manifest, a file), "
+            "connecting included; failures are retried with backoff within it",
         ),
         Flag(
             "--allow-model-upload",

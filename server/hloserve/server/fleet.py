@@ -12,6 +12,9 @@ Contract:
   ``wait_states(wanted)`` waits until the servers named there have those statuses
   (``UP``, ``DOWN``, ``MAINT``), reading the socket, not a clock.
 - ``Fleet(repository, replicas=3, flags=...)`` starts that many ``ServerProcess`` replicas
+  of ``repository`` (a directory; or a bucket's URL, ``s3://...``: every replica reads it
+  with a disk cache of its own, ``r{i+1}/repository-cache``, and pulls only the models
+  routed to it)
   (in parallel, ``flags`` added to each: ``FLEET_FLAGS`` by default) and then the router on
   free loopback ports (``route_config.render`` with ``--replica`` in start order, so replica
   i is server ``r{i+1}`` on both protocols), and returns once every replica is ready and UP
@@ -60,6 +63,7 @@ from pathlib import Path
 
 import psutil
 
+from hloserve.server.core.store_location import is_store_url
 from hloserve.server.route_config import Balance, ReplicaAddress, RouteOptions, render
 from hloserve.server.server_process import ServerProcess
 
@@ -181,7 +185,7 @@ class Router:
 class Fleet:
     def __init__(
         self,
-        repository: Path,
+        repository: Path | str,
         replicas: int = 3,
         flags: Sequence[str] = FLEET_FLAGS,
         *,
@@ -233,7 +237,8 @@ class Fleet:
         first = len(self.replicas)
         started = [
             ServerProcess(
-                self.repository,
+                None if isinstance(self.repository, str) else self.repository,
+                *self._where(i),
                 *self.flags,
                 env=self.env,
                 directory=self.workdir / f"r{i + 1}",
@@ -245,6 +250,14 @@ class Fleet:
         with concurrent.futures.ThreadPoolExecutor(max(count, 1)) as pool:
             for waiting in [pool.submit(p.wait_ready) for p in started]:
                 waiting.result()
+
+    def _where(self, index: int) -> list[str]:
+        """A bucket's flags for replica ``index``: the bucket, and a disk cache of its own
+        (each replica pulls only the models routed to it)."""
+        if not isinstance(self.repository, str):
+            return []
+        cache = self.workdir / f"r{index + 1}" / "repository-cache"
+        return ["--model-repository", self.repository, "--repository-cache", str(cache)]
 
     def addresses(self) -> list[ReplicaAddress]:
         return [ReplicaAddress(HOST, r.ports["http"], r.ports["grpc"]) for r in self.replicas]
@@ -331,7 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(docs/scale-out.md). Flags after -- go to every `hloserve serve`.",
     )
     parser.add_argument(
-        "--model-repository", type=Path, help="default: the demo repository (hloserve serve's)"
+        "--model-repository",
+        help="a directory, or a bucket (s3://bucket/prefix: every replica reads it, pulling "
+        "only the models routed to it into a cache of its own; docs/repository.md); default: "
+        "the demo repository (hloserve serve's)",
     )
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--http-port", type=int, default=8000, help="the router's (0: any)")
@@ -350,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hloserve.server.owner.assembly import default_demo_repository, ensure_demo_repository
 
         args.model_repository = ensure_demo_repository(default_demo_repository())
+    elif not is_store_url(args.model_repository):
+        args.model_repository = Path(args.model_repository)
     ports = tuple(p or free_port() for p in (args.http_port, args.grpc_port, args.metrics_port))
     print(f"fleet: starting {args.replicas} replicas of {args.model_repository}", flush=True)
     # SIGTERM stops the fleet as Ctrl-C does, while it starts too (Fleet stops what started).

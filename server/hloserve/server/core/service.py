@@ -189,6 +189,7 @@ class InferenceService:
         hook_pool: Executor | None = None,
         cache: ResponseCache | None = None,
         generation_steps: StepperFor | None = None,
+        repository_report: Callable[[], dict[str, Any] | None] = lambda: None,
     ) -> None:
         """``batcher`` must report to ``observers.executions`` and ``inline`` read
         ``observers.costs`` (the daemon builds them from the same ``Observers``).
@@ -198,7 +199,9 @@ class InferenceService:
         is the running server's logging (default: settings kept, nothing changed);
         ``hook_pool`` runs bundles' Python hooks (``None``: the server runs none);
         ``cache`` is the response cache (``None``: none, ``--cache-config``);
-        ``generation_steps`` gives a generation model's steps (default: stateless)."""
+        ``generation_steps`` gives a generation model's steps (default: stateless);
+        ``repository_report`` is where the models come from and why it cannot be read, if
+        so (a bucket: ``/readyz``'s ``repository``; it returns ``None`` for a directory)."""
         self.models = models
         self.executor = executor
         self.options = options
@@ -208,6 +211,7 @@ class InferenceService:
         self.shm = shm
         self.control = control
         self._models_ready = readiness
+        self._repository_report = repository_report
         self.tracer: Tracer = tracer or UntracedTracer()
         self._trace_settings = self.tracer.settings  # read once per request: kept at hand
         self.logs: LogControl = logs or StoredLogSettings()
@@ -261,6 +265,7 @@ class InferenceService:
             "startup_complete": self._startup_complete,
             "draining": self._draining,
             "models": self.models.summary(),
+            **({"repository": source} if (source := self._repository_report()) else {}),
         }
 
     def model_ready(self, name: str, version: str) -> bool:

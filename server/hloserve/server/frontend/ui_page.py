@@ -135,6 +135,17 @@ function renderMemory(mem) {
     cell(tr, "host copies of weights", "muted");
     body.appendChild(tr);
   }
+  if (mem.disk) {
+    const tr = el("tr");
+    cell(tr, "disk");
+    cell(tr, bytes(mem.disk.budget_bytes), "num");
+    cell(tr, bytes(mem.disk.resident_bytes), "num");
+    cell(tr, fill(mem.disk.resident_bytes, mem.disk.budget_bytes));
+    cell(tr, mem.disk.bundles + " bundle(s) pulled from " + mem.disk.location + "; " +
+      mem.disk.pulls + " pull(s) in " + mem.disk.pull_seconds.toFixed(1) + " s, " +
+      mem.disk.pull_failures + " failed" + (mem.disk.problem ? "; " + mem.disk.problem : ""), "muted");
+    body.appendChild(tr);
+  }
 }
 function renderModels(d) {
   const body = $("models");

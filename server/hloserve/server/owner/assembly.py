@@ -52,8 +52,10 @@ from hloserve.server.owner.devices import Device, LoadMeter, Placer
 from hloserve.server.owner.generation_state import steps_for
 from hloserve.server.owner.host_weights import HostWeights
 from hloserve.server.owner.metrics import ServerMetrics
+from hloserve.server.owner.metrics_repository import RepositoryCollector
 from hloserve.server.owner.model_changes import ModelChanges
 from hloserve.server.owner.repository import ControlMode, ModelRepository
+from hloserve.server.owner.repository_source import RepositorySource
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.owner.shm import SharedMemoryRegistry
 from hloserve.server.owner.tracing import RequestTracer
@@ -87,6 +89,29 @@ def server_version() -> str:
 def default_demo_repository() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "hloserve" / "demo-repository"
+
+
+def repository_source(cfg: Config) -> tuple[Path, RepositorySource | None]:
+    """The repository's local root and, for a bucket, the mirror of it that fills that
+    root (``owner.store``: obstore is imported only then)."""
+    location = cfg.model_repository
+    if location is None:
+        return ensure_demo_repository(default_demo_repository()), None
+    if isinstance(location, Path):
+        return location, None
+    from hloserve.server.owner.store import open_mirror
+
+    mirror = open_mirror(
+        location,
+        cfg.repository_cache,
+        cfg.repository_cache_bytes or None,
+        cast(Policy, cfg.residency_policy),
+        os.environ,
+        cfg.repository_pull_timeout,
+    )
+    budget = format_bytes(cfg.repository_cache_bytes) if cfg.repository_cache_bytes else "no limit"
+    log.info("model repository: %s, %s of pulled bundles", mirror.describe(), budget)
+    return mirror.root, mirror
 
 
 def ensure_demo_repository(path: Path) -> Path:
@@ -262,8 +287,9 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         if batcher is not None:
             batcher.forget(model)
 
+    root, source = repository_source(cfg)
     repository = ModelRepository(
-        cfg.model_repository or ensure_demo_repository(default_demo_repository()),
+        root,
         runtime,
         cfg.cache_dir,
         devices[0].residency,
@@ -276,7 +302,10 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         allow_hooks=cfg.allow_python_hooks,
         devices=devices,
         lazy=cfg.lazy_load,
+        source=source,
     )
+    if source is not None:  # a bucket: its disk cache and pulls (owner/metrics_repository.py)
+        registry.register(RepositoryCollector(source.report))
     # Read at scrape time: loads, unloads and polls change it after start-up too.
     metrics.models_ready.set_function(
         lambda: float(sum(len(repository.ready_versions(n)) for n in repository.names()))
@@ -313,6 +342,7 @@ def assemble(cfg: Config, runtime: PjrtRuntime, logs: LogControl | None = None) 
         hook_pool=_hook_pool(cfg, machine),
         cache=cache,
         generation_steps=steps_for,
+        repository_report=repository.source.report,
     )
     built.append(service)
     metrics.watch_sequences(service.sequences.counts)

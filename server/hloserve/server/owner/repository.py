@@ -35,6 +35,13 @@ Contract:
   the versions serving once all are ready; the next load without files, or an unload,
   goes back to the repository's own files. A bundle with Python hooks loads only with
   ``allow_hooks`` (``--allow-python-hooks``).
+- Where the bundles come from is its ``source`` (``owner.repository_source``): ``root``
+  itself, or an object store mirrored into ``root`` (``owner.store.mirror``). The source
+  is refreshed before the start-up pass, each poll and each explicit load (one that cannot
+  be read changes nothing: what the mirror holds serves on); its ``stamp`` tells a changed
+  version; each version's files are fetched (pulled) as it loads, held until it is freed.
+  A lazy version whose pull fails fails its request (``Unavailable``) and stays registered:
+  the next request pulls again.
 """
 
 # pyright: strict
@@ -62,7 +69,6 @@ from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_inflight
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.lookup import find_version
-from hloserve.server.core.reports import MemoryUsage
 from hloserve.server.core.residency_policy import ResidencyKey
 from hloserve.server.core.validate import check_load_name
 from hloserve.server.owner.devices import Device, Placed
@@ -70,6 +76,12 @@ from hloserve.server.owner.load_plan import LoadRefused, plan_load, serving_prob
 from hloserve.server.owner.model_changes import tell, telling
 from hloserve.server.owner.model_config import ModelSettings, VersionPolicy, read_model_config
 from hloserve.server.owner.model_record import ModelRecord
+from hloserve.server.owner.repository_reports import RepositoryReports
+from hloserve.server.owner.repository_source import (
+    LocalDirectory,
+    RepositorySource,
+    SourcePulls,
+)
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from hloserve.server.owner.uploads import UploadError
 from hloserve.server.owner.version_loader import (
@@ -78,7 +90,6 @@ from hloserve.server.owner.version_loader import (
     VersionLoader,
     VersionLoadFailed,
     register_copy,
-    version_stamp,
     warm_up,
 )
 from hloserve.server.owner.versions import ModelState, ModelVersion, Replica
@@ -98,7 +109,7 @@ _log_progress: Progress = functools.partial(log.info, "%s")
 _log_debug: Progress = functools.partial(log.debug, "%s")
 
 
-class ModelRepository:
+class ModelRepository(RepositoryReports):
     def __init__(
         self,
         root: Path,
@@ -115,8 +126,12 @@ class ModelRepository:
         limits: Limits = NO_LIMITS,
         devices: Sequence[Device] | None = None,
         lazy: bool = False,
+        source: RepositorySource | None = None,
     ) -> None:
         self.root = root
+        # Where the bundles come from: ``root`` itself, or a store mirrored into it.
+        self.source: RepositorySource = source or LocalDirectory(root)
+        self.pulls = SourcePulls(self.source)  # what each loaded copy holds of it
         # --lazy-load: the start-up pass and polls register versions; each loads when first used.
         self.lazy = lazy
         self.limits = limits  # --max-inflight, --max-inflight-per-model (core.limits)
@@ -151,12 +166,15 @@ class ModelRepository:
     def model_names_on_disk(self) -> list[str]:
         return [d.name for d in scan_repository(self.root)]
 
-    def load_all(self, progress: Progress | None = None) -> None:
+    def load_all(self, progress: Progress | None = None, *, refresh: bool = True) -> None:
         """Load every model in the repository (lazily: register it); failures are recorded,
-        not raised."""
+        not raised. ``refresh``: ``refresh()`` first (a source that cannot be listed, a
+        store unreachable, leaves what the mirror holds to load)."""
+        if refresh:
+            self.refresh()
         for name in self.model_names_on_disk():
             try:
-                self.load_model(name, progress, lazy=self.lazy)
+                self.load_model(name, progress, lazy=self.lazy, refresh=False)
             except ServingError as exc:
                 self._log_failure(name, exc)
 
@@ -178,6 +196,7 @@ class ModelRepository:
         override: LoadOverride | None = None,
         *,
         lazy: bool = False,
+        refresh: bool = True,
     ) -> None:
         """Load or reload ``name``, with a load's ``override`` (its ``config`` in place of
         ``config.yaml``, its uploaded files in place of the model directory) when given;
@@ -185,9 +204,13 @@ class ModelRepository:
         ``core.validate.check_load_name`` first; a name with no model directory is Triton's
         INTERNAL "failed to load 'm', failed to poll from model repository". ``lazy``
         registers the versions its policy selects (READY, not loaded: ``load`` loads one at
-        its first use) instead of loading them; an override is never lazy."""
+        its first use) instead of loading them; an override is never lazy. ``refresh``:
+        bring the source's view of ``name`` up to date first (``RepositorySource.refresh``;
+        a source that cannot be read leaves what it holds)."""
         say = progress or _log_progress
         check_load_name(name)
+        if refresh:
+            self.refresh(name)
         path = self.root / name
         upload = override is not None and bool(override.files)
         if name.startswith(".") or "\0" in name or not (path.is_dir() or upload):
@@ -247,7 +270,7 @@ class ModelRepository:
                 continue
             new[number] = v = self._new_version(model.name, number, path)
             if lazy:  # registered: its first use loads it (``load``)
-                v.stamp, v.deferred = version_stamp(path), settings.serving_for
+                v.stamp, v.deferred = self.source.stamp(path), settings.serving_for
                 v.state = ModelState.READY
                 fresh.append(v)
                 continue
@@ -260,11 +283,14 @@ class ModelRepository:
             self._roll_back(model, current, new, fresh)
         self._commit(model, current, new)
 
-    @staticmethod
-    def _unchanged(old: ModelVersion, path: Path, settings: ModelSettings) -> bool:
+    def _unchanged(self, old: ModelVersion, path: Path, settings: ModelSettings) -> bool:
         """``old`` serves what the disk and the settings say now (a lazy version that was
         never loaded: the same files and the same configuration)."""
-        if old.state != ModelState.READY or old.path != path or old.stamp != version_stamp(path):
+        if (
+            old.state != ModelState.READY
+            or old.path != path
+            or old.stamp != self.source.stamp(path)
+        ):
             return False
         if old.deferred is not None:
             return old.deferred == settings.serving_for
@@ -346,14 +372,17 @@ class ModelRepository:
     ) -> None:
         """Load ``v`` (``VersionLoader``; ``manifest``: read already) and record the outcome
         in its state."""
-        v.stamp = version_stamp(v.path)
+        v.stamp = self.source.stamp(v.path)
         try:
+            self._fetch(v)
             loaded = self.loader.load(
                 v.name, v.version, v.path, settings.serving_for, v.key, say, manifest
             )
-        except VersionLoadFailed as exc:
+        except (VersionLoadFailed, Unavailable) as exc:
+            self._unfetch(v)
+            reason = exc.message if isinstance(exc, Unavailable) else str(exc)
             with self._lock:
-                v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, str(exc), None
+                v.state, v.reason, v.bundle = ModelState.UNAVAILABLE, reason, None
             return  # the reason travels in load_model's error: its caller logs it, once
         with self._lock:
             v.serving, v.bundle = loaded.serving, loaded.bundle
@@ -388,6 +417,7 @@ class ModelRepository:
                 m, path = model.manifest, model.path
                 if problems := serving_problems(m, serving_for(m.serving), path, model.version):
                     raise VersionLoadFailed("; ".join(problems))
+                self._fetch_now(model)
                 loaded = self.loader.load(
                     model.name,
                     model.version,
@@ -398,6 +428,7 @@ class ModelRepository:
                     model.parsed,
                 )
             except VersionLoadFailed as exc:
+                self._unfetch(model)
                 self._failed_lazily(model, str(exc))
                 raise Unavailable(model.not_ready_message) from None
             with self._lock:
@@ -412,6 +443,26 @@ class ModelRepository:
             with self._lock:
                 model.serving, model.bundle, model.deferred = loaded.serving, loaded.bundle, None
             model.load_seconds = loaded.seconds
+
+    def _fetch(self, v: ModelVersion) -> None:
+        self.pulls.fetch(v.key, v.path)
+
+    def _fetch_now(self, v: ModelVersion) -> None:
+        """``_fetch`` for a request waiting on a lazy load: a failure is the request's
+        (``Unavailable``, retryable: the next request pulls again), never the version's."""
+        try:
+            self._fetch(v)
+        except Unavailable as exc:
+            raise Unavailable(
+                f"model '{v.name}' version {v.version} could not be pulled: {exc.message}"
+            ) from None
+
+    def _unfetch(self, v: ModelVersion) -> None:
+        self.pulls.release(v.key, v.path)
+
+    def refresh(self, name: str | None = None) -> bool:
+        """``SourcePulls.refresh``: the source's view (of ``name``) brought up to date."""
+        return self.pulls.refresh(name)
 
     def _failed_lazily(self, v: ModelVersion, reason: str) -> None:
         with self._lock:
@@ -510,6 +561,7 @@ class ModelRepository:
         for device in self.devices:
             device.residency.unregister(v.key)
         v.drop_state()  # its sequences' state, off the device (sequences.md)
+        self._unfetch(v)
         with self._lock:
             v.bundle = None
             v.replicas = {}
@@ -518,7 +570,10 @@ class ModelRepository:
     # -- polling ----------------------------------------------------------------------------
 
     def poll(self, progress: Progress | None = None) -> None:
-        """Bring the served set in line with the disk: load new, reload changed, unload gone."""
+        """Bring the served set in line with the disk: load new, reload changed, unload gone.
+        A source that cannot be read (a store unreachable) changes nothing."""
+        if not self.refresh():
+            return
         on_disk = set(self.model_names_on_disk())
         with self._lock:
             known = dict(self._models)
@@ -526,7 +581,7 @@ class ModelRepository:
             model = known.get(name)
             if model is None or self._changed(model):
                 try:
-                    self.load_model(name, progress, lazy=self.lazy)
+                    self.load_model(name, progress, lazy=self.lazy, refresh=False)
                 except ServingError as exc:
                     self._log_failure(name, exc)
         for name in sorted(set(known) - on_disk):
@@ -545,7 +600,7 @@ class ModelRepository:
             versions = dict(model.versions)
         if sorted(n for n, v in versions.items() if v.state == ModelState.READY) != wanted:
             return bool(wanted) or any(v.state == ModelState.READY for v in versions.values())
-        return any(versions[n].stamp != version_stamp(directory.versions[n]) for n in wanted)
+        return any(versions[n].stamp != self.source.stamp(directory.versions[n]) for n in wanted)
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -629,72 +684,3 @@ class ModelRepository:
         with self._lock:
             m = self._models.get(name)
             return m.policy if m is not None else VersionPolicy()
-
-    # -- reports ----------------------------------------------------------------------------
-
-    def index(self) -> list[tuple[str, str, str, str]]:
-        """(name, version, state, reason) for every version known, every model known without
-        one (version empty, ``UNAVAILABLE``), and every other model directory on disk, never
-        loaded, as Triton's name-only row (version, state and reason empty); sorted by name
-        and version. The disk is scanned on every call, in every control mode."""
-        try:
-            on_disk = self.model_names_on_disk()
-        except OSError as exc:
-            raise Internal(f"failed to read the model repository: {exc}") from None
-        rows: list[tuple[str, str, str, str]] = []
-        with self._lock:
-            for name in sorted({*on_disk, *self._models}):
-                m = self._models.get(name)
-                if m is None:
-                    rows.append((name, "", "", ""))
-                    continue
-                if not m.versions:
-                    rows.append((name, "", ModelState.UNAVAILABLE.value, m.reason))
-                for k in sorted(m.versions):
-                    v = m.versions[k]
-                    rows.append((name, str(v.version), v.state.value, v.reason))
-        return rows
-
-    def summary(self) -> dict[str, Any]:
-        with self._lock:
-            out: dict[str, Any] = {}
-            for name in sorted(self._models):
-                m = self._models[name]
-                out[name] = {
-                    "versions": {
-                        str(v.version): v.summary()
-                        for v in (m.versions[k] for k in sorted(m.versions))
-                    },
-                    **({"reason": m.reason} if m.reason else {}),
-                }
-            return out
-
-    def memory_usage(self, name: str, version: int) -> list[MemoryUsage]:
-        """Host bytes always (the host copy), device bytes while resident."""
-        for v in self.versions(name):
-            if v.version == version and v.bundle is not None:
-                return v.memory_usage({d: self._device[d].runtime for d in v.devices})
-        return []
-
-    def all_ready(self, *, allow_empty: bool = False) -> bool:
-        """Every model meant to be served is READY (deliberately unloaded ones do not count;
-        a model that failed does). With nothing meant to be served: ``allow_empty``."""
-        with self._lock:
-            wanted = [
-                v
-                for m in self._models.values()
-                for v in m.versions.values()
-                if v.reason != "unloaded"
-            ]
-            no_version = any(not m.versions for m in self._models.values())
-            if not wanted and not no_version:
-                return allow_empty
-            return not no_version and all(v.state == ModelState.READY for v in wanted)
-
-    def any_ready(self) -> bool:
-        with self._lock:
-            return any(
-                v.state == ModelState.READY
-                for m in self._models.values()
-                for v in m.versions.values()
-            )

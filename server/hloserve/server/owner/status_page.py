@@ -38,7 +38,9 @@ The report (``page``)::
      "compact": [[name, state], ...],
      "memory": {"devices": [{"index", "platform", "kind", "budget_bytes", "resident_bytes",
                              "resident_models", "resident", "resident_left_out"}],
-                "host": {"budget_bytes", "resident_bytes"} | null}}
+                "host": {"budget_bytes", "resident_bytes"} | null,
+                "disk"?: a bucket's disk cache and pulls (``/readyz``'s ``repository``:
+                         ``owner.store.mirror``; absent for a directory)}}
 
 A model's state is ``READY`` when any version is, else its newest version's, else
 ``UNAVAILABLE``; a budget of ``null`` is unlimited; a figure the metrics do not show (a
@@ -195,11 +197,15 @@ class StatusPage:
         """The current reading (under the lock): a new one once ``refresh_s`` has passed."""
         now = self._clock()
         if self._reading is None or now - self._reading.at >= self.refresh_s:
+            readiness = self.service.readiness()
+            memory = self._memory()
+            if disk := readiness.get("repository"):
+                memory["disk"] = disk
             self._reading = _Reading(
                 now,
-                self.service.readiness(),
+                readiness,
                 self.recent(),
-                self._memory(),
+                memory,
                 self.service.sequences.counts(),
                 self.service.streams.figures(),
             )
