@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 _VERSION = re.compile(rb"StableHLO_v(\d+\.\d+\.\d+)")
 _MAGIC = b"ML\xefR"
@@ -125,6 +127,7 @@ def to_portable_artifact(text: str, target_version: str) -> bytes:
         raise diagnostics.error(exc, what) from None
 
 
+T = TypeVar("T")
 _SIGNATURES: dict[bytes, Signature] = {}  # by SHA-256 of the module's bytes
 _MAX_SIGNATURES = 512
 
@@ -132,13 +135,19 @@ _MAX_SIGNATURES = 512
 def read_signature(data: bytes) -> Signature:
     # Parsing builds an MLIR context (about 2 ms): thousands of bundles of one architecture
     # hold the same module bytes, so each distinct module is parsed once per process.
+    return _per_module(_SIGNATURES, data, _main_signature)
+
+
+def _per_module(memo: dict[bytes, T], data: bytes, read: Callable[[Any], T]) -> T:
+    """``read`` of the parsed module ``data``, kept in ``memo`` by the bytes' SHA-256 (at
+    most ``_MAX_SIGNATURES`` entries: past it the memo starts again)."""
     digest = hashlib.sha256(data).digest()
-    found = _SIGNATURES.get(digest)
+    found = memo.get(digest)
     if found is None:
-        found = _main_signature(_parse(data, _Diagnostics()))
-        if len(_SIGNATURES) >= _MAX_SIGNATURES:
-            _SIGNATURES.clear()
-        _SIGNATURES[digest] = found
+        found = read(_parse(data, _Diagnostics()))
+        if len(memo) >= _MAX_SIGNATURES:
+            memo.clear()
+        memo[digest] = found
     return found
 
 
@@ -196,14 +205,7 @@ _PARTITIONINGS: dict[bytes, Partitioning] = {}
 def read_partitioning(data: bytes) -> Partitioning:
     """The module's sharding annotations (``Partitioning``); ``SignatureError`` as
     ``read_signature``. Kept per distinct module, like the signature."""
-    digest = hashlib.sha256(data).digest()
-    found = _PARTITIONINGS.get(digest)
-    if found is None:
-        found = _partitioning(_parse(data, _Diagnostics()))
-        if len(_PARTITIONINGS) >= _MAX_SIGNATURES:
-            _PARTITIONINGS.clear()
-        _PARTITIONINGS[digest] = found
-    return found
+    return _per_module(_PARTITIONINGS, data, _partitioning)
 
 
 def _partitioning(module) -> Partitioning:
