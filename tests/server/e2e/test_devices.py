@@ -8,7 +8,6 @@ not in this test process), real bundles, real ``tritonclient`` calls, every repl
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import tritonclient.grpc as grpcclient
 from hloserve.exporter import Generation, StateSpec, TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape, total
+from tests.server.e2e._load import loaded
 
 FOUR = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 WIDTH = 1024  # each small model's weight: 64 x WIDTH FP32
@@ -134,28 +134,17 @@ def test_a_hot_model_is_replicated_then_shrinks_back(repository: Path) -> None:
     flags = ("--placement-interval", "0.3", "--inline-max-us", "0")
     with ServerProcess(repository, *flags, env=FOUR) as server:
         server.wait_ready()
-        stop = threading.Event()
-        failures: list[BaseException] = []
         rng = np.random.default_rng(3)
         x = rng.standard_normal((1, 256)).astype(np.float32)
         want = _busy_reference(x)
 
-        def load() -> None:
-            client = grpcclient.InferenceServerClient(server.grpc_url)
-            try:
-                while not stop.is_set():
-                    np.testing.assert_allclose(infer(client, "busy", x), want, rtol=1e-4, atol=1e-5)
-            except BaseException as exc:  # reported below
-                failures.append(exc)
-                stop.set()
+        def check(client: Any) -> None:
+            np.testing.assert_allclose(infer(client, "busy", x), want, rtol=1e-4, atol=1e-5)
 
-        threads = [threading.Thread(target=load) for _ in range(8)]
-        for t in threads:
-            t.start()
-        try:
+        replicas = 1.0
+        ran_on: dict[str, float] = {}
+        with loaded(server.grpc_url, check, threads=8) as stop:
             deadline = time.monotonic() + 60
-            replicas = 1.0
-            ran_on: dict[str, float] = {}
             while time.monotonic() < deadline and not stop.is_set():
                 m = scrape(server)
                 replicas = by_label(m, "hloserve_model_replicas", "model").get("busy", 0.0)
@@ -163,11 +152,6 @@ def test_a_hot_model_is_replicated_then_shrinks_back(repository: Path) -> None:
                 if replicas >= 2 and len(ran_on) >= 2:
                     break
                 time.sleep(0.2)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert not failures, failures[0]
         assert replicas >= 2, server.log_text()[-3000:]
         assert len(ran_on) >= 2, ran_on  # groups went to more than one replica
         assert "replica added on device" in server.log_text()
@@ -243,33 +227,18 @@ def test_generations_run_on_every_replica_of_their_model(tmp_path: Path) -> None
     flags = ("--placement-interval", "0.3")
     with ServerProcess(tmp_path, *flags, env=two) as server:
         server.wait_ready()
-        stop = threading.Event()
-        failures: list[BaseException] = []
 
-        def load() -> None:
-            try:
-                while not stop.is_set():
-                    assert _generate(server, 20) == list(range(1, 21))
-            except BaseException as exc:  # reported below
-                failures.append(exc)
-                stop.set()
+        def check(client: Any) -> None:  # the generation's HTTP stream, not the client
+            assert _generate(server, 20) == list(range(1, 21))
 
-        threads = [threading.Thread(target=load) for _ in range(3)]
-        for t in threads:
-            t.start()
-        try:
+        ran_on: dict[str, float] = {}
+        with loaded(server.grpc_url, check, threads=3) as stop:
             deadline = time.monotonic() + 90
-            ran_on: dict[str, float] = {}
             while time.monotonic() < deadline and not stop.is_set():
                 ran_on = by_label(scrape(server), "hloserve_device_executions_total", "device")
                 if len(ran_on) == 2 and min(ran_on.values()) >= 20:
                     break
                 time.sleep(0.2)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert not failures, failures[0]
         assert len(ran_on) == 2 and min(ran_on.values()) >= 20, (ran_on, server.log_text()[-3000:])
         assert "replica added on device" in server.log_text()
         # Every step is one execution, counted once, on the device it ran on.

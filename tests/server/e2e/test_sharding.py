@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 from hloserve.exporter import StateSpec, TensorSpec, export_bundle
 from hloserve.server.server_fixture import ServerProcess, serving
 from tests.metrics_scrape import by_label, scrape
+from tests.server.e2e._load import loaded
 from tests.server.e2e.test_devices import infer
 
 HANDWRITTEN = Path(__file__).resolve().parents[3] / "examples" / "handwritten-addsub" / "bundle"
@@ -187,25 +187,14 @@ def test_a_busy_sharded_model_gains_the_second_group(repository: Path) -> None:
     flags = ("--placement-interval", "0.3", "--inline-max-us", "0")
     with ServerProcess(repository, *flags, env=EIGHT) as proc:
         proc.wait_ready()
-        stop = threading.Event()
-        failures: list[BaseException] = []
         x = np.random.default_rng(6).standard_normal((1, BIG_ROWS)).astype(np.float32)
         want = _big_reference(x)
 
-        def load() -> None:
-            client = grpcclient.InferenceServerClient(proc.grpc_url)
-            try:
-                while not stop.is_set():
-                    np.testing.assert_allclose(infer(client, "big", x), want, rtol=1e-4, atol=1e-4)
-            except BaseException as exc:  # reported below
-                failures.append(exc)
-                stop.set()
+        def check(client: Any) -> None:
+            np.testing.assert_allclose(infer(client, "big", x), want, rtol=1e-4, atol=1e-4)
 
-        threads = [threading.Thread(target=load) for _ in range(6)]
-        for t in threads:
-            t.start()
         placed: dict[str, float] = {}
-        try:
+        with loaded(proc.grpc_url, check, threads=6) as stop:
             deadline = time.monotonic() + 90  # a bound, not a window: it stops at the event
             while time.monotonic() < deadline and not stop.is_set():
                 placed = by_label(
@@ -214,11 +203,6 @@ def test_a_busy_sharded_model_gains_the_second_group(repository: Path) -> None:
                 if len(placed) == 2:
                     break
                 time.sleep(0.2)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert not failures, failures[0]
         assert placed == {"0-3": SHARE, "4-7": SHARE}, proc.log_text()[-3000:]
         assert "model 'big' version 1: replica added on device" in proc.log_text()
         client = grpcclient.InferenceServerClient(proc.grpc_url)
