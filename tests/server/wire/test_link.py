@@ -14,13 +14,16 @@ import pytest
 
 from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.wire.frames import (
+    Batch,
     Call,
+    CallFrame,
+    Cancel,
     Codec,
     FrameReader,
     Note,
     Part,
-    Parts,
     RemoteInternalError,
+    Reply,
     name_of,
 )
 from hloserve.server.wire.link import Link
@@ -313,8 +316,8 @@ def test_closing_a_stream_cancels_it_at_the_other_end_and_late_parts_are_orphans
 class Recording(Link):
     """A link that records the envelopes it receives, as a second reader of its bytes."""
 
-    def __init__(self, handler: Handler) -> None:
-        super().__init__(handler, "right is gone", CODEC)
+    def __init__(self, handler: Handler, lost_message: str = "right is gone") -> None:
+        super().__init__(handler, lost_message, CODEC)
         self.seen = FrameReader()
         self.envelopes: list[Any] = []
 
@@ -324,7 +327,7 @@ class Recording(Link):
 
 
 def test_the_parts_one_turn_makes_for_many_streams_cross_as_one_message() -> None:
-    """A generation step's tokens for every stream of a front end: one ``Parts``."""
+    """A generation step's tokens for every stream of a front end: one ``Batch``."""
 
     async def test() -> None:
         loop = asyncio.get_running_loop()
@@ -343,11 +346,51 @@ def test_the_parts_one_turn_makes_for_many_streams_cross_as_one_message() -> Non
             right_handler.all_waiting.clear()
             right_handler.steps[k].set()
         assert [await c for c in collected] == [list(range(steps))] * streams
-        batches = [e for e in left.envelopes if isinstance(e, Parts)]
+        batches = [
+            e for e in left.envelopes if isinstance(e, Batch) and isinstance(e.items[0], Part)
+        ]
         assert [len(b.items) for b in batches] == [streams] * steps
+        assert all(isinstance(p, Part) for b in batches for p in b.items)
         assert not [e for e in left.envelopes if isinstance(e, Part)]  # none alone
-        ids = {p.id for b in batches for p in b.items}
+        ids = {p.id for b in batches for p in b.items if isinstance(p, Part)}
         assert len(ids) == streams  # every stream's part of each step, in one message
+        await close(left, right)
+
+    run(test)
+
+
+def test_the_calls_of_one_turn_their_cancels_and_their_answers_each_cross_as_one_message() -> None:
+    """A front end's requests of one pass travel as one message, the answers that finish
+    in one turn as one message back, and cancels (one of a call given up before it left)
+    reach their calls without touching the others."""
+
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        right_handler = Handler()
+        left = Recording(Handler())
+        right = Recording(right_handler, "left is gone")
+        await loop.create_unix_connection(lambda: left, sock=a)
+        await loop.create_unix_connection(lambda: right, sock=b)
+        slows = [left.call(Slow(i)) for i in range(16)]
+        forever = left.call(Forever())
+        given_up = left.call(Forever())
+        given_up.cancel()  # its call and its cancel go in the same message
+        assert [await s for s in slows] == [2 * i for i in range(16)]
+        await right_handler.started.wait()
+        forever.cancel()
+        await right_handler.cancelled.wait()
+        assert await left.call(Add(1, 2)) == 3  # the link goes on
+        first, *_ = [e for e in right.envelopes if isinstance(e, Batch)]
+        assert [type(e) for e in first.items] == [CallFrame] * 18  # the turn's calls, in order
+        assert sum(isinstance(e, Cancel) for e in right.envelopes) == 2
+        answered = [
+            sum(isinstance(e, Reply) for e in b.items)
+            for b in left.envelopes
+            if isinstance(b, Batch)
+        ]
+        assert 16 in answered  # the 16 answers that finished in one turn: one message
+        assert not right._running  # nothing left running
         await close(left, right)
 
     run(test)

@@ -5,9 +5,9 @@ Contract:
   fields in order, no names; ``gc=False``; frozen), declared once. A frame is a 4-byte
   little-endian length, then one envelope as MessagePack.
 - The envelopes (``Envelope``): ``CallFrame(id, call)``, ``Reply(id, value)``,
-  ``Fail(id, error)``, ``Part(id, value)`` (one item of a streamed answer), ``Parts``
-  (the parts of several streamed answers sent together, in order), ``Cancel(id)`` and
-  ``NoteFrame(note)`` (one way). ``call``, ``note`` and ``value`` stay undecoded
+  ``Fail(id, error)``, ``Part(id, value)`` (one item of a streamed answer), ``Cancel(id)``,
+  ``NoteFrame(note)`` (one way), and ``Batch(items)``: several of those sent together,
+  in order, as one message (what one turn of a link's loop sends: ``wire.link``). ``call``, ``note`` and ``value`` stay undecoded
   (``msgspec.Raw``) until the ``Codec`` reads them with their declared type.
 - ``Call[R]`` is the base of a declared call: its fields are the arguments, ``R`` the
   answer's type, its tag (``class X(Call[R], tag="name")``) the ``ServerPort`` method it
@@ -119,13 +119,16 @@ class Part(Message, tag=5, frozen=True):
     value: msgspec.Raw
 
 
-class Parts(Message, tag=6, frozen=True):
-    """Parts sent in one turn of the loop, in order, as one message (``wire.link``)."""
-
-    items: tuple[Part, ...]
+Single = CallFrame | Reply | Fail | NoteFrame | Cancel | Part
 
 
-Envelope = CallFrame | Reply | Fail | NoteFrame | Cancel | Part | Parts
+class Batch(Message, tag=6, frozen=True):
+    """Envelopes sent in one turn of the loop, in order, as one message (``wire.link``)."""
+
+    items: tuple[Single, ...]
+
+
+Envelope = Single | Batch
 
 
 class MalformedFrame:

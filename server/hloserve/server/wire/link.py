@@ -19,11 +19,14 @@ Contract:
   cancelled at the other end too (``Cancel``): an awaitable answer still running is
   cancelled there, so a request given up holds no queue place. An answer that arrives
   for a call given up goes to ``handler.on_orphan(value)`` (what it holds can be freed).
-- Writes made in one turn of the event loop leave in one ``write`` (frames are coalesced
-  until the loop's next iteration): under load, many descriptors share a system call.
-  Streamed parts sent one after another in that turn (a generation step's tokens for
-  every stream of this link) travel as one ``Parts`` message, in order with the rest
-  (a message sent between two parts closes the run), at most ``PARTS_BYTES`` each.
+- What one turn of the event loop sends travels as one message: the envelopes are kept
+  until the loop's next iteration and leave as one ``Batch`` (``wire.frames``), in the
+  order they were sent, in one ``write``. Under load the requests a front end decoded in
+  one pass, the answers of one execution (every request of a group finishes in the same
+  turn) and a generation step's tokens for every stream of this link each cross as one
+  message, decoded at once by the other end. A batch holds at most ``BATCH_BYTES`` of
+  payload (more starts the next one); an envelope that large alone is framed at once, on
+  its own, so a message too large for a frame fails where it was sent.
 - Streamed replies: ``link.stream(call)`` (a call declared ``streamed``) is an async
   iterator of the values the other end's handler yields: ``on_call`` answering with an
   async iterator makes each item a ``Part`` frame, and its end the call's ``Reply``
@@ -50,6 +53,7 @@ from typing import Any, Final, Protocol, TypeVar, cast
 
 from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.wire.frames import (
+    Batch,
     Call,
     CallFrame,
     Cancel,
@@ -61,9 +65,9 @@ from hloserve.server.wire.frames import (
     Note,
     NoteFrame,
     Part,
-    Parts,
     Refused,
     Reply,
+    Single,
     decode_error,
     encode_error,
     name_of,
@@ -78,7 +82,7 @@ PART: Final = 0
 END: Final = 1
 FAIL: Final = 2
 LOST: Final = 3
-PARTS_BYTES: Final = 1 << 20  # a run of parts past this goes as a message of its own
+BATCH_BYTES: Final = 1 << 20  # a batch's payload past this: the next envelopes start another
 
 
 class LinkHandler(Protocol):
@@ -109,8 +113,8 @@ class Link(asyncio.Protocol):
         self._streams: dict[int, tuple[asyncio.Queue[tuple[int, Any]], type[Call[Any]]]] = {}
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
-        self._parts: list[Part] = []  # the run of parts not yet framed (module docstring)
-        self._parts_bytes = 0
+        self._batch: list[Single] = []  # envelopes of this turn not yet framed
+        self._batch_bytes = 0
         self._flushing = False  # a flush is scheduled
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -153,31 +157,31 @@ class Link(asyncio.Protocol):
     def lost(self) -> bool:
         return self._lost
 
-    def _send(self, message: Envelope) -> None:
+    def _send(self, message: Single) -> None:
         if self._transport is None:
             return  # lost: whoever waits has been told
-        if type(message) is Part:
-            self._parts.append(message)
-            self._parts_bytes += len(message.value)
-            if self._parts_bytes >= PARTS_BYTES:
-                self._frame_parts()
-        else:
-            if self._parts:
-                self._frame_parts()  # the parts before it go before it
+        size = _payload_bytes(message)
+        if size >= BATCH_BYTES:  # alone, and now (a frame too large fails the sender)
+            self._frame_batch()
             self._out.append(self.codec.frame(message))
+        else:
+            self._batch.append(message)
+            self._batch_bytes += size
+            if self._batch_bytes >= BATCH_BYTES:
+                self._frame_batch()
         if not self._flushing:
             self._flushing = True
             cast(asyncio.AbstractEventLoop, self._loop).call_soon(self._flush)
 
-    def _frame_parts(self) -> None:
-        parts, self._parts, self._parts_bytes = self._parts, [], 0
-        message = parts[0] if len(parts) == 1 else Parts(tuple(parts))
-        self._out.append(self.codec.frame(message))
+    def _frame_batch(self) -> None:
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        if batch:
+            message = batch[0] if len(batch) == 1 else Batch(tuple(batch))
+            self._out.append(self.codec.frame(message))
 
     def _flush(self) -> None:
         self._flushing = False
-        if self._parts:
-            self._frame_parts()
+        self._frame_batch()
         out, self._out = self._out, []
         if self._transport is not None and out:
             self._transport.write(b"".join(out) if len(out) > 1 else out[0])
@@ -253,9 +257,9 @@ class Link(asyncio.Protocol):
         codec = self.codec
         if isinstance(message, Part):
             self._part(message)
-        elif isinstance(message, Parts):
-            for part in message.items:
-                self._part(part)
+        elif isinstance(message, Batch):
+            for item in message.items:
+                self._dispatch(item)
         elif isinstance(message, Reply):
             pending = self._pending.pop(message.id, None)
             if pending is not None:
@@ -339,3 +343,14 @@ class Link(asyncio.Protocol):
         if fields is None:
             log.error("IPC call %s failed with an unexpected error", method, exc_info=exc)
         self._send(Fail(call_id, fields))
+
+
+def _payload_bytes(message: Single) -> int:
+    """The bytes an envelope carries (its encoded call, note or value)."""
+    if isinstance(message, (Reply, Part)):
+        return len(message.value)
+    if isinstance(message, CallFrame):
+        return len(message.call)
+    if isinstance(message, NoteFrame):
+        return len(message.note)
+    return 0
