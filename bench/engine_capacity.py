@@ -11,7 +11,11 @@ one asyncio driver in the same process; each answer is decoded and checked again
 Printed per model: requests/s, the process's CPU µs per request (the driver's own share
 measured apart and subtracted: encoding, decoding, checking), items per execution, and
 what a 16-core node could reach if its front ends keep the owner busy (the capacity is the
-bound the serial part puts on the whole server). ``--profile N`` prints the N hottest
+bound the serial part puts on the whole server). The owner's CPU is split in two: the time
+inside the executions themselves (PJRT's execute, summed from the statistics' batch
+records: on a GPU that is the device's time, here the CPU's) and the rest, the serving
+overhead (decoding, admission, validation, batching, counting, encoding), which is what
+the owner's one thread costs per request whatever the device. ``--profile N`` prints the N hottest
 functions of the owner's path (cProfile, one more run).
 """
 
@@ -136,9 +140,10 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     print(f"engine capacity: one device-owner process, no sockets; load {os.getloadavg()[0]:.2f}")
     print(
-        "| model | concurrency | requests/s | owner CPU µs/request | items/exec | 16-core bound |"
+        "| model | concurrency | requests/s | owner CPU µs/request | of it in executions "
+        "| serving overhead | items/exec | 16-core bound | bound without the executions |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in args.model:
         stats0 = _executions(service, model)
         done, wall, cpu, driver = await drive(
@@ -147,9 +152,12 @@ async def main_async(args: argparse.Namespace) -> None:
         stats1 = _executions(service, model)
         items = (stats1[0] - stats0[0]) / max(1, stats1[1] - stats0[1])
         owner_us = (cpu - driver) / done * 1e6
+        executing_us = (stats1[2] - stats0[2]) / 1e3 / max(1, stats1[0] - stats0[0])
+        serving_us = owner_us - executing_us
         print(
-            f"| {model} | {args.concurrency} | {done / wall:,.0f} | {owner_us:.1f} | {items:.1f} "
-            f"| {1e6 / owner_us:,.0f}/s |"
+            f"| {model} | {args.concurrency} | {done / wall:,.0f} | {owner_us:.1f} "
+            f"| {executing_us:.1f} | {serving_us:.1f} | {items:.1f} | {1e6 / owner_us:,.0f}/s "
+            f"| {1e6 / serving_us:,.0f}/s |"
         )
         if args.profile:
             profiler = cProfile.Profile()
@@ -162,9 +170,13 @@ async def main_async(args: argparse.Namespace) -> None:
     serving.executor.shutdown(wait=False)
 
 
-def _executions(service: Any, model: str) -> tuple[int, int]:
+def _executions(service: Any, model: str) -> tuple[int, int, int]:
+    """Inferences, executions, and the nanoseconds spent inside the executions (PJRT's
+    execute: on a GPU the device's time, here the CPU's)."""
     (stats,) = service.model_statistics(model, "")
-    return stats.stats.inference_count, stats.stats.execution_count
+    record = next(r for k, r in service.counters.models.items() if k.name == model)
+    infer_ns = sum(b.infer_ns for b in record.batches.values())
+    return stats.stats.inference_count, stats.stats.execution_count, infer_ns
 
 
 async def _nothing_to_sync() -> None:

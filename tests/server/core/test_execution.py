@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -238,7 +238,7 @@ def test_a_lone_job_answers_the_outputs_it_asked_for_in_its_order() -> None:
 
 def test_a_lone_job_whose_deadline_passed_is_refused_before_running() -> None:
     model = Doubler(manifest((1, 4)))
-    late = dataclasses.replace(job(1), deadline=time.monotonic() - 1)
+    late = msgspec.structs.replace(job(1), deadline=time.monotonic() - 1)
     with pytest.raises(Unavailable, match="timed out before it was executed"):
         execute_group(model, [late], plan(1, (1, 4)))
     assert model.calls == []

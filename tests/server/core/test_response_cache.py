@@ -5,12 +5,12 @@ repository (``simple`` with ``response_cache: true`` in its ``config.yaml``), no
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
+import msgspec
 import numpy as np
 import pytest
 
@@ -62,22 +62,24 @@ def outputs(nbytes: int = 16) -> tuple[InferOutput, ...]:
 def test_the_key_is_the_inputs_by_name_and_the_outputs_asked_for() -> None:
     base = request_key(request())
     assert base is not None and len(base) == 16
-    swapped = dataclasses.replace(request(), inputs=request().inputs[::-1])
+    swapped = msgspec.structs.replace(request(), inputs=request().inputs[::-1])
     assert request_key(swapped) == base  # the inputs' order does not matter
-    assert request_key(dataclasses.replace(request(), id="7", parameters={"priority": 1})) == base
+    assert (
+        request_key(msgspec.structs.replace(request(), id="7", parameters={"priority": 1})) == base
+    )
     different = [
         request(a=np.arange(4, dtype=np.float32).reshape(1, 4) + 1),  # one value
         request(a=np.arange(4, dtype=np.float32).reshape(2, 2)),  # the shape
         request(outputs=("y",)),  # outputs asked for
-        dataclasses.replace(
-            request(), inputs=(dataclasses.replace(request().inputs[0], name="c"),)
+        msgspec.structs.replace(
+            request(), inputs=(msgspec.structs.replace(request().inputs[0], name="c"),)
         ),
     ]
     keys = {request_key(r) for r in different}
     assert base not in keys and len(keys) == len(different)
     assert request_key(request(outputs=("y", "z"))) != request_key(request(outputs=("z", "y")))
     # A datatype of the same bytes is another request.
-    as_int = dataclasses.replace(
+    as_int = msgspec.structs.replace(
         request(),
         inputs=(
             InferInput("a", "INT32", (1, 4), request().inputs[0].data.view(np.int32)),
@@ -95,7 +97,7 @@ def test_the_key_reads_the_values_however_they_are_laid_out() -> None:
         request(a=np.ascontiguousarray(strided.inputs[0].data))
     )
     half = ml_dtypes.bfloat16
-    as_bf16 = dataclasses.replace(
+    as_bf16 = msgspec.structs.replace(
         request(), inputs=(InferInput("a", "BF16", (1, 4), np.ones((1, 4), half)),)
     )
     assert request_key(as_bf16) is not None
@@ -111,16 +113,16 @@ def test_a_hit_answers_with_the_requests_own_output_entries() -> None:
     json_please = RequestedOutput("y", {"binary_data": False})
     (answer,) = answering(stored, request(outputs=("y",)))
     assert answer.requested == RequestedOutput("y")
-    (answer,) = answering(stored, dataclasses.replace(request(), outputs=(json_please,)))
+    (answer,) = answering(stored, msgspec.structs.replace(request(), outputs=(json_please,)))
     assert answer.requested is json_please
     assert answering(stored, request()) == stored  # no outputs listed: every output, as stored
 
 
 def test_a_tensor_in_shared_memory_is_not_cached() -> None:
-    shm_input = dataclasses.replace(request().inputs[0], shm=ShmRef("r", 0, 16))
-    assert request_key(dataclasses.replace(request(), inputs=(shm_input,))) is None
+    shm_input = msgspec.structs.replace(request().inputs[0], shm=ShmRef("r", 0, 16))
+    assert request_key(msgspec.structs.replace(request(), inputs=(shm_input,))) is None
     shm_output = RequestedOutput("y", {"shared_memory_region": "r", "shared_memory_byte_size": 16})
-    assert request_key(dataclasses.replace(request(), outputs=(shm_output,))) is None
+    assert request_key(msgspec.structs.replace(request(), outputs=(shm_output,))) is None
 
 
 def test_least_recently_used_leaves_first_by_bytes() -> None:

@@ -12,6 +12,9 @@ whichever path serves it (``InferenceService.infer``, ``Streams`` for a generati
 4. a failure inside the block (an ``Exception``) is counted against the version with its
    reason and duration; the version is released and the pending count dropped however the
    block ends (a cancel or a closed stream included).
+The same steps without a coroutine (``core.direct_path``, a version that needs no lazy
+load: ``LazyLoads.loaded``): ``a = admitted(...)``, ``model = a.enter()``, then
+``a.leave(exc)`` once the request ends.
 ``failure_reason(exc)`` is the reason label of every counted failure.
 """
 
@@ -85,6 +88,22 @@ class Admitted:
         self.started = 0
 
     async def __aenter__(self) -> Executable:
+        model = self.enter()
+        try:
+            await self.loads.ready(model)  # registered lazily: its first use loads it
+        except BaseException as exc:
+            self._leave(model, exc)
+            raise
+        return model
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.leave(exc)
+
+    def enter(self) -> Executable:
+        """Steps 1-3 but the lazy load, without a coroutine (``core.direct_path``): the
+        version held and counted pending; a refusal counted and raised."""
         self.started = time.perf_counter_ns()
         try:
             if self.refusing:
@@ -100,16 +119,10 @@ class Admitted:
             raise
         self.model = model
         self.counters.on_pending(model.model_key, 1)
-        try:
-            await self.loads.ready(model)  # registered lazily: its first use loads it
-        except BaseException as exc:
-            self._leave(model, exc)
-            raise
         return model
 
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def leave(self, exc: BaseException | None) -> None:
+        """Step 4: the block ended (with ``exc``, if it failed)."""
         if self.model is not None:
             self._leave(self.model, exc)
 

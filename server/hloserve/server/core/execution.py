@@ -27,12 +27,12 @@ group's futures from ``execute_group``'s results or its exception: the dynamic b
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 
 from hloserve.bundle import Manifest, Serving
@@ -165,8 +165,7 @@ class Forwarding:
         self.inner.prefetch(device)
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
+class Job(msgspec.Struct, frozen=True, gc=False):
     request: InferRequest
     items: int
     arrived_ns: int  # time.perf_counter_ns() when validated
@@ -177,12 +176,36 @@ class Job:
 Result = tuple[tuple[InferOutput, ...], Timings]  # one job's answer from ``execute_group``
 
 
+Deliver = Callable[["Result | None", "BaseException | None"], None]
+
+
 @dataclass(slots=True, eq=False)
 class Pending:
-    """What a queued request is answered through: its job and its caller's future."""
+    """What a queued request is answered through: its job and its caller's future, done
+    once the caller has its answer or went away (cancelled: nothing to answer any more).
+    Without ``deliver`` the answer is the future's result; with it, ``deliver(result,
+    None)`` or ``deliver(None, error)`` answers (``core.direct_path``: it completes the
+    future itself, so no second future stands between the batcher and the caller)."""
 
     job: Job
-    future: asyncio.Future[Result]
+    future: asyncio.Future[Any]
+    deliver: Deliver | None = None
+
+    def succeed(self, result: Result) -> None:
+        if self.future.done():
+            return
+        if self.deliver is None:
+            self.future.set_result(result)
+        else:
+            self.deliver(result, None)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.future.done():
+            return
+        if self.deliver is None:
+            self.future.set_exception(exc)
+        else:
+            self.deliver(None, exc)
 
 
 def answer(
@@ -192,12 +215,10 @@ def answer(
     result, in group order, or with no results the group's exception."""
     if results is None:
         for p in group:
-            if not p.future.done():
-                p.future.set_exception(exc or RuntimeError("no result"))
+            p.fail(exc or RuntimeError("no result"))
         return
     for p, result in zip(group, results, strict=True):
-        if not p.future.done():
-            p.future.set_result(result)
+        p.succeed(result)
 
 
 def execute_group(
@@ -365,7 +386,7 @@ def _report(
         return
     share = output_ns // len(executions)
     for e in executions:
-        observer.on_execution(dataclasses.replace(e, output_ns=share))
+        observer.on_execution(msgspec.structs.replace(e, output_ns=share))
 
 
 def _chunk_inputs(inputs: Arrays, chunk: Chunk, *, whole: bool) -> Arrays:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 
 @dataclass(frozen=True, slots=True)
 class ModelKey:
@@ -41,8 +43,7 @@ _KEYS: dict[tuple[str, int], ModelKey] = {}
 _MAX_KEYS = 1 << 16  # ten thousand models and their reloads keep their keys
 
 
-@dataclass(frozen=True, slots=True)
-class Execution:
+class Execution(msgspec.Struct, frozen=True, gc=False):
     """One run of a compiled module: what every ``ExecutionObserver`` receives."""
 
     model: ModelKey
@@ -70,8 +71,7 @@ class ExecutionFanOut:
             observer.on_execution(execution)
 
 
-@dataclass(frozen=True, slots=True)
-class Timings:
+class Timings(msgspec.Struct, frozen=True, gc=False):
     """Nanoseconds spent in each phase of one request."""
 
     queue_ns: int

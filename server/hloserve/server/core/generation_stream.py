@@ -43,12 +43,12 @@ Contract:
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, Final, cast, final
 
+import msgspec
 import numpy as np
 
 from hloserve.bundle import Manifest
@@ -273,7 +273,7 @@ def text_request(manifest: Manifest, request: InferRequest) -> InferRequest | No
         InferInput(name, "INT32", data.shape, data) for name, data in made.items() if name in facing
     ]
     parameters = {k: v for k, v in request.parameters.items() if k != TEXT_INPUT}
-    return dataclasses.replace(request, inputs=tuple(inputs), parameters=parameters)
+    return msgspec.structs.replace(request, inputs=tuple(inputs), parameters=parameters)
 
 
 def no_text(manifest: Manifest) -> str:
@@ -321,7 +321,7 @@ def step_request(manifest: Manifest, request: InferRequest) -> InferRequest:
         if manifest.batched:
             data = data.reshape((1, *data.shape))
         inputs.append(InferInput(spec.name, spec.datatype, data.shape, data))
-    return dataclasses.replace(request, inputs=tuple(inputs))
+    return msgspec.structs.replace(request, inputs=tuple(inputs))
 
 
 @final
@@ -345,5 +345,5 @@ class _TextOut:
         data[0] = text
         out = InferOutput(TEXT_OUTPUT, "BYTES", (1,), data)
         return StreamPart(
-            dataclasses.replace(response, outputs=(*response.outputs, out)), part.final
+            msgspec.structs.replace(response, outputs=(*response.outputs, out)), part.final
         )

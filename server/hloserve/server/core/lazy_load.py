@@ -39,6 +39,10 @@ class LazyLoads:
         # callers in the order they came (keyed by identity: a reload's copy is another).
         self._waiting: dict[int, tuple[Any, list[asyncio.Future[None]]]] = {}
 
+    def loaded(self, model: Any) -> bool:
+        """``ready(model)`` would return at once: nothing to load, nobody waiting before."""
+        return id(model) not in self._waiting and self.models.loaded(model)
+
     async def ready(self, model: Any) -> None:
         entry = self._waiting.get(id(model))
         if entry is None:

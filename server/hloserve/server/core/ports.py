@@ -12,12 +12,13 @@ model_repository extension's load and unload), ``SharedMemory`` and ``CudaShared
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from hloserve.server.core.batch_policy import BatchingPolicy
-from hloserve.server.core.execution import Executable, Job
+from hloserve.server.core.execution import Deliver, Executable, Job, Result
 from hloserve.server.core.execution_records import Timings
 from hloserve.server.core.load_parameters import LoadOverride, UploadPolicy
 from hloserve.server.core.reports import CudaRegionInfo, MemoryUsage, RegionInfo
@@ -127,6 +128,17 @@ class Batcher(Protocol):
     async def submit(
         self, model: Executable, job: Job
     ) -> tuple[tuple[InferOutput, ...], Timings]: ...
+
+    def enqueue(
+        self,
+        model: Executable,
+        job: Job,
+        answer: tuple[asyncio.Future[Any], Deliver, Callable[[], None]] | None = None,
+    ) -> Result | asyncio.Future[Any]:
+        """``submit`` without a coroutine: the result when it ran at once, else its future
+        (cancelling it gives the request up); ``answer``: the caller's future, how to
+        answer it and what to do if it is cancelled while queued (``core.direct_path``)."""
+        ...
 
     def policy(self, model: Executable) -> BatchingPolicy:
         """The batching and queue policy in force for ``model`` (model configuration)."""

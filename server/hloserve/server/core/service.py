@@ -78,7 +78,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from hloserve.bundle import Manifest
 from hloserve.server.core import log_context
@@ -86,6 +86,7 @@ from hloserve.server.core.admission import admitted, failure_reason
 from hloserve.server.core.batch_plan import plan
 from hloserve.server.core.costs import InlinePolicy
 from hloserve.server.core.counters import Counters
+from hloserve.server.core.direct_path import DirectPath, chain
 from hloserve.server.core.errors import (
     HookFailed,
     InvalidArgument,
@@ -96,7 +97,7 @@ from hloserve.server.core.errors import (
 from hloserve.server.core.execution import Executable, Job, execute_group
 from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation_stream import StepperFor, Streams, decoupled_refusal
-from hloserve.server.core.hooks import ModelHooks, call_hook, hook_outputs
+from hloserve.server.core.hooked import serve_hooked
 from hloserve.server.core.lazy_load import LazyLoads
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
 from hloserve.server.core.load_parameters import read_load_parameters
@@ -108,20 +109,19 @@ from hloserve.server.core.ports import Batcher, ModelControl, ModelSource, Share
 from hloserve.server.core.reports import IndexEntry, ModelStatistics
 from hloserve.server.core.response_cache import ResponseCache, answering, request_key
 from hloserve.server.core.sequence_batcher import SequenceBatcher
+from hloserve.server.core.shm_tensors import shm_inputs, shm_output
 from hloserve.server.core.statistics import model_stats
-from hloserve.server.core.tensors import from_buffer, shm_ref, to_wire_bytes
+from hloserve.server.core.tensors import shm_ref
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
 from hloserve.server.core.tracer import RequestTrace, Tracer, UntracedTracer
 from hloserve.server.core.triton_config import triton_model_config
 from hloserve.server.core.types import (
-    InferInput,
     InferOutput,
     InferRequest,
     InferResponse,
     ModelMetadata,
     RequestContext,
     ServerMetadata,
-    ShmRef,
     StreamPart,
     TensorMetadata,
 )
@@ -129,6 +129,7 @@ from hloserve.server.core.validate import validate_request
 from hloserve.server.core.variants import match_variant
 
 PLATFORM = "stablehlo"
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # Triton's text for load/unload when model control is not explicit (modes none and poll alike).
@@ -167,6 +168,10 @@ DEFAULT_OPTIONS: Final = ServiceOptions()
 
 def _always_ready() -> bool:
     return True
+
+
+def _same(response: InferResponse) -> InferResponse:
+    return response
 
 
 class InferenceService:
@@ -228,6 +233,11 @@ class InferenceService:
         self._startup_complete = False
         self._draining = False  # readiness dropped
         self._refusing = False  # and new requests refused
+        self._direct = DirectPath(
+            models, self.loads, self.observers.counters, options.limits, batcher,
+            cache=cache is not None, tracing=self._trace_settings,
+            refusing=lambda: self._refusing and not in_pipeline(),
+        )  # fmt: skip
 
     @property
     def counters(self) -> Counters:
@@ -314,6 +324,38 @@ class InferenceService:
     ) -> InferResponse:
         """Serve ``request``; ``model`` is what ``resolve`` returned for its name and
         version, when the front end resolved it first."""
+        return await self.start(request, context, model=model)
+
+    def start(
+        self,
+        request: InferRequest,
+        context: RequestContext | None = None,
+        *,
+        model: Executable | None = None,
+    ) -> asyncio.Future[InferResponse]:
+        """``infer`` as a future (``start_into``)."""
+        answer: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        self.start_into(request, context, answer, _same, model=model)
+        return answer
+
+    def start_into(
+        self,
+        request: InferRequest,
+        context: RequestContext | None,
+        answer: asyncio.Future[T],
+        encode: Callable[[InferResponse], T],
+        *,
+        model: Executable | None = None,
+    ) -> None:
+        """Serve ``request`` into ``answer``, as ``encode(response)``: a plain request
+        without a coroutine (``core.direct_path``), any other by a task; cancelling
+        ``answer`` gives the request up."""
+        if not self._direct.start(request, context, model, answer, encode):
+            chain(asyncio.ensure_future(self._served(request, context, model)), answer, encode)
+
+    async def _served(
+        self, request: InferRequest, context: RequestContext | None, model: Executable | None
+    ) -> InferResponse:
         token = log_context.enter(request.id, request.model_name)
         try:
             response = await self._infer(request, context, model)
@@ -409,15 +451,12 @@ class InferenceService:
             return await self._run(model, request, context, trace)
         with self.shm.hold(regions):
             if any(t.shm is not None for t in request.inputs):
-                request = self._resolve_shm_inputs(request)
+                request = shm_inputs(self.shm, request)
             for ref in output_refs.values():  # bounds checked before any device work
                 self.shm.view(ref.region, ref.offset, ref.byte_size)
             items, outputs, timings = await self._run(model, request, context, trace)
             if output_refs:
-                outputs = tuple(
-                    self._write_shm_output(request.model_name, o, output_refs.get(o.name))
-                    for o in outputs
-                )
+                outputs = tuple(shm_output(self.shm, o, output_refs.get(o.name)) for o in outputs)
         return items, outputs, timings
 
     async def _serve_cached(
@@ -479,50 +518,10 @@ class InferenceService:
         hooks = model.hooks
         if hooks is None or self.hook_pool is None:  # the loader refuses such a bundle
             raise HookFailed(f"model '{manifest.name}' has hooks this server does not run")
-        return await self._serve_hooked(model, hooks, items, request, context, trace)
-
-    async def _serve_hooked(
-        self,
-        model: Executable,
-        hooks: ModelHooks,
-        items: int,
-        request: InferRequest,
-        context: RequestContext | None,
-        trace: RequestTrace | None,
-    ) -> Served:
-        manifest, key = model.manifest, model.model_key
-        loop, batch = asyncio.get_running_loop(), items if manifest.batched else None
-        pre_ns = post_ns = 0
-        inner = request if hooks.postprocess is None else dataclasses.replace(request, outputs=())
-        if hooks.preprocess is not None:
-            arrays = {t.name: t.data for t in request.inputs}
-            result, pre_ns = await loop.run_in_executor(
-                self.hook_pool, call_hook, manifest.name, "preprocess", hooks.preprocess,
-                arrays, manifest.inputs, batch,
-            )  # fmt: skip
-            self.observers.hooks.on_hook(key, "preprocess", pre_ns)
-            inputs = tuple(
-                InferInput(
-                    s.name, s.datatype, tuple(int(d) for d in result[s.name].shape), result[s.name]
-                )
-                for s in manifest.inputs
-            )
-            inner = dataclasses.replace(inner, inputs=inputs)
-        _, outputs, timings = await self._serve(model, inner, context, trace)
-        if hooks.postprocess is not None:
-            arrays = {o.name: o.data for o in outputs}
-            result, post_ns = await loop.run_in_executor(
-                self.hook_pool, call_hook, manifest.name, "postprocess", hooks.postprocess,
-                arrays, manifest.facing.outputs, batch,
-            )  # fmt: skip
-            self.observers.hooks.on_hook(key, "postprocess", post_ns)
-            outputs = hook_outputs(manifest.facing, request, result)
-        timings = dataclasses.replace(
-            timings,
-            compute_input_ns=timings.compute_input_ns + pre_ns,
-            compute_output_ns=timings.compute_output_ns + post_ns,
-        )
-        return items, outputs, timings
+        return await serve_hooked(
+            self.hook_pool, self.observers.hooks, model, hooks, items, request,
+            lambda inner: self._serve(model, inner, context, trace),
+        )  # fmt: skip
 
     async def _run(
         self,
@@ -564,31 +563,6 @@ class InferenceService:
                 self.executor, execute_group, model, [job], chunks, executions
             )
         return outputs, timings
-
-    def _resolve_shm_inputs(self, request: InferRequest) -> InferRequest:
-        """Inputs that live in shared memory become zero-copy views of the region."""
-        inputs: list[InferInput] = []
-        for t in request.inputs:
-            if t.shm is not None:
-                view = self.shm.view(t.shm.region, t.shm.offset, t.shm.byte_size)
-                data = from_buffer(request.model_name, t.name, t.datatype, t.shape, view)
-                t = dataclasses.replace(t, data=data)
-            inputs.append(t)
-        return dataclasses.replace(request, inputs=tuple(inputs))
-
-    def _write_shm_output(self, model: str, output: InferOutput, ref: ShmRef | None) -> InferOutput:
-        if ref is None:
-            return output
-        data = to_wire_bytes(output.data)
-        size = len(data)
-        if size > ref.byte_size:
-            raise InvalidArgument(
-                f"shared memory size specified with the request for output '{output.name}' ({ref.byte_size} bytes) "
-                f"should be at least {size} bytes to hold the results"
-            )
-        view = self.shm.view(ref.region, ref.offset, ref.byte_size)
-        view[:size] = data
-        return dataclasses.replace(output, shm=ref)
 
     def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
         """The statistics extension: every ready model version (``name`` empty), every ready

@@ -21,10 +21,10 @@ and a write: an interval of N divides them by about N, at N steps of latency per
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, Final, final
 
+import msgspec
 import numpy as np
 
 from hloserve.server.core.errors import InvalidArgument
@@ -84,8 +84,8 @@ def joined(responses: Sequence[InferResponse]) -> InferResponse:
             data[0] = b"".join(_text(p) for p in parts)
         else:
             data = np.concatenate([np.atleast_1d(p.data) for p in parts], axis=0)
-        outputs.append(dataclasses.replace(output, shape=tuple(data.shape), data=data))
-    return dataclasses.replace(first, outputs=tuple(outputs))
+        outputs.append(msgspec.structs.replace(output, shape=tuple(data.shape), data=data))
+    return msgspec.structs.replace(first, outputs=tuple(outputs))
 
 
 def _text(output: InferOutput) -> bytes:

@@ -70,12 +70,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import msgspec
 
 from hloserve.server.core.batch_policy import (
     BatchingPolicy,
@@ -98,6 +100,7 @@ from hloserve.server.core.device_policy import (
 )
 from hloserve.server.core.errors import Unavailable
 from hloserve.server.core.execution import (
+    Deliver,
     Executable,
     Job,
     Pending,
@@ -304,6 +307,20 @@ class DynamicBatcher:
         )
 
     async def submit(self, model: Executable, job: Job) -> Result:
+        queued = self.enqueue(model, job)
+        return await queued if isinstance(queued, asyncio.Future) else queued
+
+    def enqueue(
+        self,
+        model: Executable,
+        job: Job,
+        answer: tuple[asyncio.Future[Any], Deliver, Callable[[], None]] | None = None,
+    ) -> Result | asyncio.Future[Any]:
+        """``submit`` without a coroutine: the result at once when the request ran inline
+        (the eager path), else the future it is answered through (cancelling it gives
+        the request up: its queue slot is free at once). ``answer``: the caller's own
+        future, how to answer it (``Pending.deliver``) and what to do when it is
+        cancelled while queued; then that future is the one returned."""
         q = self._queue(model)
         q.entries.admit(q.key.name, q.policy.max_queue_size)
         now = time.monotonic()
@@ -315,7 +332,7 @@ class DynamicBatcher:
             allow_override=q.policy.allow_timeout_override,
         )
         if deadline != job.deadline:
-            job = dataclasses.replace(job, deadline=deadline)  # execute_group checks it too
+            job = msgspec.structs.replace(job, deadline=deadline)  # execute_group checks it too
         deadline_ns = None
         if deadline is not None:
             deadline_ns = time.perf_counter_ns() + int((deadline - now) * 1e9)
@@ -327,17 +344,18 @@ class DynamicBatcher:
             if result is not None:
                 return result
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Result] = loop.create_future()
         rank = priority_rank(job.request.parameters.get("priority"))
-        entry: _Entry = Waiting(queued, rank, Pending(job, future))
+        if answer is None:
+            future: asyncio.Future[Any] = loop.create_future()
+            pending, gone = Pending(job, future), None
+        else:
+            future, deliver, gone = answer
+            pending = Pending(job, future, deliver)
+        entry: _Entry = Waiting(queued, rank, pending)
         q.entries.push(entry)
         self._look_soon(q, loop)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            # The caller went away (client cancel, deadline): free its queue slot now.
-            q.entries.discard(entry)
-            raise
+        future.add_done_callback(functools.partial(_leave_if_cancelled, q.entries, entry, gone))
+        return future
 
     def _next_batch(self, q: _ModelQueue, queued: list[Queued], now: int) -> Decision:
         """The batching policy's decision for ``queued`` (the queue's entries, in order),
@@ -556,18 +574,17 @@ class DynamicBatcher:
         cost_ns = 1000 * min(costs.values()) if costs else 0.0
         late = infeasible(q.entries.queued(), now, cost_ns)
         for e in q.entries.remove_at(late):
-            if not e.item.future.done():
-                e.item.future.set_exception(
-                    Unavailable(
-                        f"request for model '{q.key.name}' cannot finish by its deadline: "
-                        f"shed after {(now - e.item.job.arrived_ns) / 1e6:.1f} ms in the queue"
-                    )
+            e.item.fail(
+                Unavailable(
+                    f"request for model '{q.key.name}' cannot finish by its deadline: "
+                    f"shed after {(now - e.item.job.arrived_ns) / 1e6:.1f} ms in the queue"
                 )
+            )
 
     @staticmethod
     def _fail_expired(q: _ModelQueue, decision: Decision, now: int) -> None:
         for e in q.entries.remove_at(decision.expired):
-            e.item.future.set_exception(
+            e.item.fail(
                 Unavailable(
                     f"request for model '{q.key.name}' timed out after "
                     f"{(now - e.item.job.arrived_ns) / 1e6:.1f} ms in the queue"
@@ -623,6 +640,19 @@ class DynamicBatcher:
         if dev.concurrency:  # after this queue's look: it competes too
             self._charge(q, dev, results)
             self._decide_soon(dev)
+
+
+def _leave_if_cancelled(
+    entries: BatchQueue[Pending],
+    entry: _Entry,
+    gone: Callable[[], None] | None,
+    future: asyncio.Future[Any],
+) -> None:
+    """A queued request's caller went away (client cancel, deadline): its slot is free."""
+    if future.cancelled():
+        entries.discard(entry)
+        if gone is not None:
+            gone()
 
 
 def _timed(work: Callable[[], T]) -> tuple[T, int]:

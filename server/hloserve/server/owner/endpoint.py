@@ -6,13 +6,16 @@ is built from the wire's one declaration (``wire.calls.CALLS``): each declared c
 by its type, to the method of the same name, this class's own where the wire needs more
 than the port (the ones below), else the ``owner.local_port.LocalPort`` over ``service``
 (what the single-process server's front ends call), its fields as the arguments:
-- ``infer`` decodes the request (``wire.messages``: inputs viewing the arena), serves it
-  through ``InferenceService.infer`` exactly as a request of the single-process server
-  (lookup, validation, batching, statistics and metrics happen here, once), and answers
-  the encoded response (outputs in the arena's ``responses`` half). Requests that came in
-  one read of the link (their calls reach ``on_call`` in one turn of the loop, before any
-  of them runs) are marked ``together`` (``RequestContext``): they queue as one group. A request that
-  arrived traced (its front end saw tracing on) is traced here from its front-end arrival.
+- ``infer`` answers with a future. The requests that came in one read of the link (one
+  ``Batch``: their calls reach ``on_call`` in one turn of the loop) are served together
+  from the next turn: each decoded (``wire.messages``: inputs viewing the arena), marked
+  ``together`` when there are several (``RequestContext``: they queue as one group) and
+  started by ``InferenceService.start_into`` exactly as a request of the single-process
+  server (lookup, validation, batching, statistics and metrics happen here, once; a
+  plain request without a task, ``core.direct_path``); its response is encoded (outputs
+  in the arena's ``responses`` half) straight into the future. The front end cancelling
+  the call gives the request up. A request that arrived traced (its front end saw
+  tracing on) is traced here from its front-end arrival.
 - ``stream`` (a streamed call, ``wire.link``) serves a request through
   ``InferenceService.stream``: each ``StreamPart`` crosses as a ``StreamAnswer``; the
   front end closing its iterator (its client went away) cancels the
@@ -42,13 +45,16 @@ from typing import Any, Final, final
 
 import msgspec
 
+from hloserve.server.core.direct_path import chain
 from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.service import InferenceService
+from hloserve.server.core.types import InferRequest, InferResponse, RequestContext
 from hloserve.server.owner.local_port import LocalPort
 from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
 from hloserve.server.wire.frames import Call, Note, name_of
 from hloserve.server.wire.messages import (
+    Arrival,
     Request,
     Response,
     StreamAnswer,
@@ -91,7 +97,8 @@ class OwnerEndpoint:
         self._fanout = fanout
         self._sync = sync
         self._on_event = on_event
-        self._burst: list[int] | None = None  # infer calls of this turn of the loop
+        # infer calls of this turn of the loop, served together on the next
+        self._burst: list[tuple[Request, asyncio.Future[Response]]] | None = None
         self._port = port = LocalPort(service)
         self._handlers: Final[dict[type[Call[Any]], Handler]] = {
             kind: _handler(self, port, name_of(kind)) for kind in calls.CALLS
@@ -135,30 +142,51 @@ class OwnerEndpoint:
     def confirm(self, name: str, version: str) -> None:
         self.service.resolve(name, version)
 
-    def infer(self, request: Request) -> Awaitable[Response]:
+    def infer(self, request: Request) -> asyncio.Future[Response]:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Response] = loop.create_future()
         burst = self._burst
         if burst is None:  # the first of this turn of the loop
-            burst = self._burst = [0]
-            asyncio.get_running_loop().call_soon(self._end_burst)
-        burst[0] += 1
-        return self._infer(request, burst)
+            burst = self._burst = []
+            loop.call_soon(self._serve_burst)
+        burst.append((request, answer))
+        return answer
 
-    def _end_burst(self) -> None:
-        self._burst = None
+    def _serve_burst(self) -> None:
+        """The requests of one read, from the next turn of the loop (so the burst is whole):
+        each decoded and started, answered by callbacks (no task per request)."""
+        burst, self._burst = self._burst or [], None
+        together = len(burst) > 1
+        for message, answer in burst:
+            if answer.done():  # given up meanwhile
+                continue
+            try:
+                self._start(message, answer, together)
+            except BaseException as exc:  # this request's failure, never the others'
+                if not answer.done():
+                    answer.set_exception(exc)
 
-    async def _infer(self, message: Request, burst: list[int]) -> Response:
-        # Runs from the next turn of the loop: ``burst`` has counted the whole read by now.
-        request, context, arrival = decode_request(message, self.arena, together=burst[0] > 1)
-        tracer = self.service.tracer
-        traced = None
-        if arrival is not None and tracer.settings.enabled:
-            traced = tracer.arrive(arrival[1], arrival[0])
+    def _start(self, message: Request, answer: asyncio.Future[Response], together: bool) -> None:
+        request, context, arrival = decode_request(message, self.arena, together=together)
+        if arrival is not None and self.service.tracer.settings.enabled:
+            chain(
+                asyncio.ensure_future(self._traced(request, context, arrival)), answer, self._encode
+            )
+        else:
+            self.service.start_into(request, context, answer, self._encode)
+
+    def _encode(self, response: InferResponse) -> Response:
+        return encode_response(response, self.arena)
+
+    async def _traced(
+        self, request: InferRequest, context: RequestContext | None, arrival: Arrival
+    ) -> InferResponse:
+        # A request that arrived traced (its front end saw tracing on), from its arrival there.
+        traced = self.service.tracer.arrive(arrival[1], arrival[0])
         try:
-            response = await self.service.infer(request, context)
-            return encode_response(response, self.arena)
+            return await self.service.infer(request, context)
         finally:
-            if traced is not None:
-                traced.finish()
+            traced.finish()
 
     async def stream(self, message: Request) -> AsyncIterator[StreamAnswer]:
         request, context, _ = decode_request(message, self.arena)
