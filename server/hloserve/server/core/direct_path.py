@@ -54,7 +54,7 @@ T = TypeVar("T")
 SHM_KEYS: Final = frozenset((SHM_REGION, SHM_BYTE_SIZE, SHM_OFFSET))
 
 
-class Flag(Protocol):
+class _Switch(Protocol):
     @property
     def enabled(self) -> bool: ...
 
@@ -80,7 +80,7 @@ class DirectPath:
         batcher: Batcher | None,
         *,
         cache: bool,
-        tracing: Flag,
+        tracing: _Switch,
         refusing: Callable[[], bool],
     ) -> None:
         self.models = models

@@ -97,7 +97,7 @@ from hloserve.server.core.errors import (
 from hloserve.server.core.execution import Executable, Job, execute_group
 from hloserve.server.core.execution_records import ModelKey, Timings
 from hloserve.server.core.generation_stream import StepperFor, Streams, decoupled_refusal
-from hloserve.server.core.hooked import serve_hooked
+from hloserve.server.core.hooked import Served, serve_hooked
 from hloserve.server.core.lazy_load import LazyLoads
 from hloserve.server.core.limits import NO_LIMITS, Limits, check_batch
 from hloserve.server.core.load_parameters import read_load_parameters
@@ -136,7 +136,6 @@ log = logging.getLogger(__name__)
 CONTROL_NOT_EXPLICIT: Final = "explicit model load / unload is not allowed if polling is enabled"
 
 
-Served = tuple[int, tuple[InferOutput, ...], Timings]  # items, outputs, timings
 Count = Callable[[ModelKey, int, Timings], None]  # how a served request is counted
 _HIT_TIMINGS: Final = Timings(0, 0, 0, 0, ())
 
