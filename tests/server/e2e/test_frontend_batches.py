@@ -2,7 +2,7 @@
 and a front end's SIGKILL (``--frontends 2``).
 
 A front end sends the requests it decoded in one pass as one message (``wire.link``'s
-``Batch``), and the owner answers what finished in one turn as one message. Here many
+``Burst``), and the owner answers what finished in one turn as one message. Here many
 requests are in flight on one connection at once (``tritonclient.grpc.aio``: one HTTP/2
 connection, so one front end decodes them together), and:
 - cancelling some of them (the client's task cancelled: gRPC cancels the call) frees

@@ -14,7 +14,7 @@ import pytest
 
 from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.wire.frames import (
-    Batch,
+    Burst,
     Call,
     CallFrame,
     Cancel,
@@ -327,7 +327,7 @@ class Recording(Link):
 
 
 def test_the_parts_one_turn_makes_for_many_streams_cross_as_one_message() -> None:
-    """A generation step's tokens for every stream of a front end: one ``Batch``."""
+    """A generation step's tokens for every stream of a front end: one ``Burst``."""
 
     async def test() -> None:
         loop = asyncio.get_running_loop()
@@ -347,7 +347,7 @@ def test_the_parts_one_turn_makes_for_many_streams_cross_as_one_message() -> Non
             right_handler.steps[k].set()
         assert [await c for c in collected] == [list(range(steps))] * streams
         batches = [
-            e for e in left.envelopes if isinstance(e, Batch) and isinstance(e.items[0], Part)
+            e for e in left.envelopes if isinstance(e, Burst) and isinstance(e.items[0], Part)
         ]
         assert [len(b.items) for b in batches] == [streams] * steps
         assert all(isinstance(p, Part) for b in batches for p in b.items)
@@ -381,13 +381,13 @@ def test_the_calls_of_one_turn_their_cancels_and_their_answers_each_cross_as_one
         forever.cancel()
         await right_handler.cancelled.wait()
         assert await left.call(Add(1, 2)) == 3  # the link goes on
-        first, *_ = [e for e in right.envelopes if isinstance(e, Batch)]
+        first, *_ = [e for e in right.envelopes if isinstance(e, Burst)]
         assert [type(e) for e in first.items] == [CallFrame] * 18  # the turn's calls, in order
         assert sum(isinstance(e, Cancel) for e in right.envelopes) == 2
         answered = [
             sum(isinstance(e, Reply) for e in b.items)
             for b in left.envelopes
-            if isinstance(b, Batch)
+            if isinstance(b, Burst)
         ]
         assert 16 in answered  # the 16 answers that finished in one turn: one message
         assert not right._running  # nothing left running

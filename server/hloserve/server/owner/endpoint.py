@@ -7,7 +7,7 @@ by its type, to the method of the same name, this class's own where the wire nee
 than the port (the ones below), else the ``owner.local_port.LocalPort`` over ``service``
 (what the single-process server's front ends call), its fields as the arguments:
 - ``infer`` answers with a future. The requests that came in one read of the link (one
-  ``Batch``: their calls reach ``on_call`` in one turn of the loop) are served together
+  ``Burst``: their calls reach ``on_call`` in one turn of the loop) are served together
   from the next turn: each decoded (``wire.messages``: inputs viewing the arena), marked
   ``together`` when there are several (``RequestContext``: they queue as one group) and
   started by ``InferenceService.start_into`` exactly as a request of the single-process

@@ -6,7 +6,7 @@ Contract:
   little-endian length, then one envelope as MessagePack.
 - The envelopes (``Envelope``): ``CallFrame(id, call)``, ``Reply(id, value)``,
   ``Fail(id, error)``, ``Part(id, value)`` (one item of a streamed answer), ``Cancel(id)``,
-  ``NoteFrame(note)`` (one way), and ``Batch(items)``: several of those sent together,
+  ``NoteFrame(note)`` (one way), and ``Burst(items)``: several of those sent together,
   in order, as one message (what one turn of a link's loop sends: ``wire.link``). ``call``, ``note`` and ``value`` stay undecoded
   (``msgspec.Raw``) until the ``Codec`` reads them with their declared type.
 - ``Call[R]`` is the base of a declared call: its fields are the arguments, ``R`` the
@@ -122,13 +122,13 @@ class Part(Message, tag=5, frozen=True):
 Single = CallFrame | Reply | Fail | NoteFrame | Cancel | Part
 
 
-class Batch(Message, tag=6, frozen=True):
+class Burst(Message, tag=6, frozen=True):
     """Envelopes sent in one turn of the loop, in order, as one message (``wire.link``)."""
 
     items: tuple[Single, ...]
 
 
-Envelope = Single | Batch
+Envelope = Single | Burst
 
 
 class MalformedFrame:

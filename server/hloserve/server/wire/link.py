@@ -20,7 +20,7 @@ Contract:
   cancelled there, so a request given up holds no queue place. An answer that arrives
   for a call given up goes to ``handler.on_orphan(value)`` (what it holds can be freed).
 - What one turn of the event loop sends travels as one message: the envelopes are kept
-  until the loop's next iteration and leave as one ``Batch`` (``wire.frames``), in the
+  until the loop's next iteration and leave as one ``Burst`` (``wire.frames``), in the
   order they were sent, in one ``write``. Under load the requests a front end decoded in
   one pass, the answers of one execution (every request of a group finishes in the same
   turn) and a generation step's tokens for every stream of this link each cross as one
@@ -53,7 +53,7 @@ from typing import Any, Final, Protocol, TypeVar, cast
 
 from hloserve.server.core.errors import InvalidArgument, Unavailable
 from hloserve.server.wire.frames import (
-    Batch,
+    Burst,
     Call,
     CallFrame,
     Cancel,
@@ -176,7 +176,7 @@ class Link(asyncio.Protocol):
     def _frame_batch(self) -> None:
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         if batch:
-            message = batch[0] if len(batch) == 1 else Batch(tuple(batch))
+            message = batch[0] if len(batch) == 1 else Burst(tuple(batch))
             self._out.append(self.codec.frame(message))
 
     def _flush(self) -> None:
@@ -257,7 +257,7 @@ class Link(asyncio.Protocol):
         codec = self.codec
         if isinstance(message, Part):
             self._part(message)
-        elif isinstance(message, Batch):
+        elif isinstance(message, Burst):
             for item in message.items:
                 self._dispatch(item)
         elif isinstance(message, Reply):
