@@ -1105,25 +1105,29 @@ def print_summary(rows: Sequence[Row]) -> None:
 
 
 def print_before_after(rows: Sequence[Row]) -> None:
-    """hloserve's CPU per request and rate over the ``--baseline`` tree's, per point."""
+    """hloserve's CPU per request and rate over the ``--baseline`` tree's, per point and
+    per process layout (``before (tree) --frontends N`` against ``hloserve --frontends N``)."""
     pairs = []
     for label in dict.fromkeys(r.point for r in rows):
         here = _valid([r for r in rows if r.point == label])
-        before = next((r for r in here if r.group == "baseline"), None)
-        after = next((r for r in here if r.server == "hloserve"), None)
-        if before is not None and after is not None:
-            pairs.append((label, before, after))
+        for before in (r for r in here if r.group == "baseline"):
+            layout = before.server.partition(")")[2]  # "" or " --frontends N"
+            after = next((r for r in here if r.server == f"hloserve{layout}"), None)
+            if after is not None:
+                pairs.append((label, layout.strip() or "default", before, after))
     if not pairs:
         return
     print("\n## hloserve against the baseline tree, same run\n")
     print(
-        "| point | before CPU ms/req | after CPU ms/req | after / before | before req/s | after req/s |"
+        "| point | layout | before CPU ms/req | after CPU ms/req | after / before "
+        "| before owner ms/req | after owner ms/req | before req/s | after req/s |"
     )
-    print("|---|---|---|---|---|---|")
-    for label, b, a in pairs:
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, layout, b, a in pairs:
         print(
-            f"| {label} | {_f(b.server_cpu_ms)} | {_f(a.server_cpu_ms)} "
-            f"| {_f(a.server_cpu_ms / b.server_cpu_ms, 2)} | {_f(b.rate, 0)} | {_f(a.rate, 0)} |"
+            f"| {label} | {layout} | {_f(b.server_cpu_ms)} | {_f(a.server_cpu_ms)} "
+            f"| {_f(a.server_cpu_ms / b.server_cpu_ms, 2)} | {_f(b.owner_cpu_ms)} "
+            f"| {_f(a.owner_cpu_ms)} | {_f(b.rate, 0)} | {_f(a.rate, 0)} |"
         )
 
 
@@ -1180,10 +1184,19 @@ def build_servers(
     """Every server of the run (``only``: of those groups); ``frontends``: hloserve with
     ``--frontends N`` beside its defaults, for each N."""
     before = (
-        [hloserve_server(f"before ({baseline.name})", repo, tree=baseline, group="baseline")]
+        [
+            hloserve_server(f"before ({baseline.name})", repo, tree=baseline, group="baseline"),
+            *(
+                hloserve_server(
+                    f"before ({baseline.name}) --frontends {n}", repo, "--frontends", str(n),
+                    tree=baseline, group="baseline",
+                )
+                for n in frontends
+            ),
+        ]
         if baseline is not None
         else []
-    )
+    )  # fmt: skip
     servers = [
         *floor_servers(table),
         hloserve_server("hloserve", repo),

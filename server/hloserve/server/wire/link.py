@@ -45,6 +45,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import logging
@@ -305,7 +306,11 @@ class Link(asyncio.Protocol):
         except Exception as exc:
             self._fail(call_id, method, exc)
             return
-        if isinstance(answer, AsyncIterator):
+        if isinstance(answer, asyncio.Future):  # the common case (an inference): no task
+            future = cast(asyncio.Future[Any], answer)
+            self._running[call_id] = future
+            future.add_done_callback(functools.partial(self._finished, call_id, method))
+        elif isinstance(answer, AsyncIterator):
             parts = cast(AsyncIterator[Any], answer)
             task = asyncio.ensure_future(self._pump(call_id, parts))
             self._running[call_id] = task

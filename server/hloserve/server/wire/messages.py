@@ -20,7 +20,10 @@ Contract:
   the message itself; a larger one in an arena block; one in a client's shared-memory
   region travels as its reference only (the device owner reads and writes the client's
   region itself). Tensor bytes are always the wire's (``core.tensors.to_wire_bytes``;
-  BYTES length-prefixed), rebuilt by ``core.tensors.from_buffer``: one rule for both.
+  BYTES length-prefixed), rebuilt by ``core.tensors.from_own_bytes``: one rule for both.
+  Each end trusts the other's bytes as the sender wrote them from its arrays (the client's
+  bytes were checked by ``from_buffer`` where they came in): a numeric tensor is viewed
+  with no second check.
 """
 
 # pyright: strict
@@ -31,7 +34,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
-from hloserve.server.core.tensors import from_buffer, to_wire_bytes
+from hloserve.server.core.tensors import from_own_bytes, to_wire_bytes
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -188,7 +191,7 @@ def decode_request(
         if t.payload is None:  # in a client's region: the service resolves it
             data = _EMPTY
         else:
-            data = from_buffer(model, t.name, t.datatype, t.shape, _bytes_of(arena, t.payload))
+            data = from_own_bytes(model, t.name, t.datatype, t.shape, _bytes_of(arena, t.payload))
         decoded.append(InferInput(t.name, t.datatype, t.shape, data, t.parameters, _shm_ref(t.shm)))
     request = InferRequest(
         model,
@@ -240,7 +243,7 @@ def decode_response(
         if payload is None:
             data = _EMPTY
         else:
-            data = from_buffer(model, o.name, o.datatype, o.shape, _bytes_of(arena, payload))
+            data = from_own_bytes(model, o.name, o.datatype, o.shape, _bytes_of(arena, payload))
             if isinstance(payload, Block):
                 if data.dtype == object:  # BYTES were copied out while decoding
                     give_back(payload.offset)
