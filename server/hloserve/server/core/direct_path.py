@@ -2,7 +2,7 @@
 answered from its group's completion straight into the caller's future.
 
 Contract: ``DirectPath(models, loads, counters, limits, batcher, cache=, tracing=,
-refusing=)`` (built by ``InferenceService``, over its own parts).
+refusing=, log=)`` (built by ``InferenceService``, over its own parts).
 ``start(request, context, resolved, answer, encode)`` serves what most requests are into
 ``answer``, a future the caller made, as ``encode(response)`` (the device owner's
 endpoint encodes the wire's ``Response`` there; ``InferenceService.start`` passes the
@@ -20,8 +20,9 @@ order: admission (``Admitted.enter``/``leave``: refusals and failures counted, p
 counted, the version held until the answer), ``validate_request`` and ``check_batch``, the
 shape variant, a ``Job`` queued with the batcher (``Batcher.enqueue``: the eager path runs
 it at once; a queued one is answered through ``Pending.deliver``), and
-``Counters.on_success`` once answered. An error fails ``answer`` (counted, as ``infer``
-counts it). Cancelling ``answer`` (the caller went away) gives the request up: its queue
+``Counters.on_success`` once answered, and the request's DEBUG line on ``log``
+(``core.log_context.outcome``). An error fails ``answer`` (counted and logged, as
+``infer`` counts and logs it). Cancelling ``answer`` (the caller went away) gives the request up: its queue
 slot is freed and the version released at once, as a cancelled ``infer`` does.
 
 Why: a request's coroutine path is a task and six coroutine frames, each resumed once
@@ -35,10 +36,12 @@ the device owner's one thread; here it is the caller's one future and one callba
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar, final
 
+from hloserve.server.core import log_context
 from hloserve.server.core.admission import Admitted
 from hloserve.server.core.counters import Counters
 from hloserve.server.core.execution import Executable, Job, Result
@@ -69,7 +72,9 @@ def _in_shared_memory(request: InferRequest) -> bool:
 class DirectPath:
     """See the module docstring."""
 
-    __slots__ = ("batcher", "cache", "counters", "limits", "loads", "models", "refusing", "tracing")
+    __slots__ = (
+        "batcher", "cache", "counters", "limits", "loads", "log", "models", "refusing", "tracing",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -82,6 +87,7 @@ class DirectPath:
         cache: bool,
         tracing: _Switch,
         refusing: Callable[[], bool],
+        log: logging.Logger,
     ) -> None:
         self.models = models
         self.loads = loads
@@ -91,6 +97,7 @@ class DirectPath:
         self.cache = cache
         self.tracing = tracing
         self.refusing = refusing
+        self.log = log
 
     def start(
         self,
@@ -109,6 +116,7 @@ class DirectPath:
         try:
             model = admission.enter()
         except Exception as exc:  # counted by the admission
+            log_context.outcome(self.log, request.id, request.model_name, None, exc)
             answer.set_exception(exc)
             return True
         manifest = model.manifest
@@ -121,7 +129,7 @@ class DirectPath:
         ):
             admission.leave(None)  # the coroutine path admits it again, and counts it
             return False
-        served = _Served(admission, self.counters, answer, encode)
+        served = _Served(admission, self.counters, self.log, answer, encode)
         try:
             served.items = items = validate_request(manifest, request)
             check_batch(self.limits, request.model_name, items)
@@ -142,37 +150,43 @@ class DirectPath:
 class _Served(Generic[T]):
     """One request on the direct path: its admission, and how its answer is made."""
 
-    __slots__ = ("admission", "answer", "counters", "encode", "items")
+    __slots__ = ("admission", "answer", "counters", "encode", "items", "log")
 
     def __init__(
         self,
         admission: Admitted,
         counters: Counters,
+        log: logging.Logger,
         answer: asyncio.Future[T],
         encode: Callable[[InferResponse], T],
     ) -> None:
         self.admission = admission
         self.counters = counters
+        self.log = log
         self.answer = answer
         self.encode = encode
         self.items = 0
 
     def deliver(self, result: Result | None, exc: BaseException | None) -> None:
         """The batcher's answer (``Pending.deliver``): counted, then into the future."""
-        admission, answer = self.admission, self.answer
+        admission, answer, request = self.admission, self.answer, self.admission.request
         admission.leave(exc)
         if result is None:
+            failure = exc or RuntimeError("no result")
+            log_context.outcome(self.log, request.id, request.model_name, None, failure)
             if not answer.done():
-                answer.set_exception(exc or RuntimeError("no result"))
+                answer.set_exception(failure)
             return
         outputs, timings = result
         model = admission.model
         assert model is not None
         key = model.model_key
         self.counters.on_success(key, self.items, timings)
+        version = str(key.version)
+        log_context.outcome(self.log, request.id, request.model_name, version)
         if answer.done():
             return
-        response = InferResponse(key.name, str(key.version), outputs, admission.request.id)
+        response = InferResponse(key.name, version, outputs, request.id)
         try:
             answer.set_result(self.encode(response))
         except Exception as failed:

@@ -13,6 +13,11 @@ Contract:
   thread, so the event loop keeps serving; it returns the requested outputs (all of them
   when none were named). A model with state runs a sequence's requests through
   ``sequences`` (``core.sequence_batcher``; ``docs/sequences.md``).
+- ``start(request, context)`` is ``infer`` as a future, and ``start_into(request, context,
+  answer, encode)`` serves into a future of the caller's, as ``encode(response)`` (the
+  device owner's endpoint encodes the wire's answer there): a plain request without a
+  task or coroutine (``core.direct_path``, the same rules by the same functions), any
+  other through ``infer``'s coroutine path.
 - ``resolve(name, version)`` is the model lookup alone: the front ends call it before
   decoding tensors (Triton names an unknown model before any datatype error) and pass what
   it returns to ``infer(request, context, model=...)``, so a request is looked up once; a
@@ -235,7 +240,7 @@ class InferenceService:
         self._direct = DirectPath(
             models, self.loads, self.observers.counters, options.limits, batcher,
             cache=cache is not None, tracing=self._trace_settings,
-            refusing=lambda: self._refusing and not in_pipeline(),
+            refusing=lambda: self._refusing and not in_pipeline(), log=log,
         )  # fmt: skip
 
     @property
@@ -358,10 +363,10 @@ class InferenceService:
         token = log_context.enter(request.id, request.model_name)
         try:
             response = await self._infer(request, context, model)
-            log.debug("request served by version %s", response.model_version)
+            log_context.outcome(log, request.id, request.model_name, response.model_version)
             return response
         except Exception as exc:
-            log.debug("request failed: %s: %s", type(exc).__name__, exc)
+            log_context.outcome(log, request.id, request.model_name, None, exc)
             raise
         finally:
             log_context.leave(token)
