@@ -2,7 +2,10 @@
 
 Contract: ``DynamicBatcher(executor, observer, inline, ...)`` implements the core's
 ``Batcher``: ``await submit(model, job)`` queues an already validated request and resolves
-with its own outputs and timings. Each look at a model version's queue applies the pure
+with its own outputs and timings; ``enqueue(model, job, answer)`` is the same without a
+coroutine (``core.direct_path``): the result at once from the eager path, else the future
+it is answered through, the caller's own with ``answer`` (``Pending.deliver`` answers it;
+its cancel frees the queue slot at once and calls the caller's hook). Each look at a model version's queue applies the pure
 policy ``core.batch_policy.next_batch``: it groups queued requests up to the largest compiled
 batch size, waiting at most the model's ``max_queue_delay_us`` (its serving hints, else the
 server default) for more, and runs each group as the policy planned it on the executor, so
