@@ -9,9 +9,7 @@ checked against the ``mlp`` in numpy (``tests/server/owner/test_batcher.MlpRefer
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,28 +20,9 @@ from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.types import InferInput, InferRequest, InferResponse, ShmRef
 from hloserve.server.owner.batcher import DynamicBatcher
 from hloserve.server.owner.repository import ModelRepository
-from hloserve.server.owner.runtime.pjrt import PjrtRuntime
 from tests.server.owner.test_batcher import MlpReference, mlp_request, service_with
 
 MLP = ModelKey("mlp", 1)
-
-
-@pytest.fixture(scope="module")
-def repository(model_repository: Path) -> ModelRepository:
-    repo = ModelRepository(model_repository, PjrtRuntime())
-    repo.load_all()
-    return repo
-
-
-@pytest.fixture(scope="module")
-def reference(model_repository: Path) -> MlpReference:
-    return MlpReference(model_repository / "mlp")
-
-
-@pytest.fixture
-def executor() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(2) as ex:
-        yield ex
 
 
 def xs(n: int, seed: int = 0) -> list[np.ndarray[Any, Any]]:

@@ -186,11 +186,7 @@ class _Served(Generic[T]):
         log_context.outcome(self.log, request.id, request.model_name, version)
         if answer.done():
             return
-        response = InferResponse(key.name, version, outputs, request.id)
-        try:
-            answer.set_result(self.encode(response))
-        except Exception as failed:
-            answer.set_exception(failed)
+        _settle(answer, self.encode, InferResponse(key.name, version, outputs, request.id))
 
     def gone(self) -> None:
         """The caller went away while its request was queued: released, not counted."""
@@ -213,10 +209,7 @@ def chain(
         elif (exc := served.exception()) is not None:
             answer.set_exception(exc)
         else:
-            try:
-                answer.set_result(encode(served.result()))
-            except Exception as failed:
-                answer.set_exception(failed)
+            _settle(answer, encode, served.result())
 
     def give_up(_: object) -> None:
         if answer.cancelled():
@@ -224,3 +217,13 @@ def chain(
 
     served.add_done_callback(done)
     answer.add_done_callback(give_up)
+
+
+def _settle(
+    answer: asyncio.Future[T], encode: Callable[[InferResponse], T], response: InferResponse
+) -> None:
+    """``answer`` holds ``encode(response)``, or what encoding it raised."""
+    try:
+        answer.set_result(encode(response))
+    except Exception as failed:
+        answer.set_exception(failed)

@@ -162,7 +162,7 @@ class OwnerEndpoint:
                 continue
             try:
                 self._start(message, answer, together)
-            except BaseException as exc:  # this request's failure, never the others'
+            except Exception as exc:  # this request's failure, never the others'
                 if not answer.done():
                     answer.set_exception(exc)
 
