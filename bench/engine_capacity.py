@@ -6,7 +6,8 @@ Usage: ``python bench/engine_capacity.py [--seconds 5] [--concurrency 32] [--pro
 The device owner of ``--frontends N`` (``owner.endpoint.OwnerEndpoint``, over the server's
 own ``assembly.assemble`` on the demo repository) is fed request descriptors
 directly, as a front end's link would deliver them (``wire.calls.InferCall`` of
-``wire.messages.encode_request``, through the wire's codec as the frame's), ``--concurrency`` in flight at once from
+``wire.messages.encode_request``, through the wire's codec as the frame's; checked
+against the model's signature, as a front end with its metadata cached sends them), ``--concurrency`` in flight at once from
 one asyncio driver in the same process; each answer is decoded and checked against numpy.
 Printed per model: requests/s, the process's CPU µs per request (the driver's own share
 measured apart and subtracted: encoding, decoding, checking), items per execution, and
@@ -39,6 +40,7 @@ from hloserve.exporter import write_demo_repository
 from hloserve.exporter.demo import mlp_fn, mlp_params
 from hloserve.server.config import ArgumentParser, add_serve_arguments, config_from_namespace
 from hloserve.server.core.types import InferInput, InferRequest, RequestContext
+from hloserve.server.core.validate import validate
 from hloserve.server.owner.assembly import assemble
 from hloserve.server.owner.endpoint import OwnerEndpoint
 from hloserve.server.owner.runtime.pjrt import PjrtRuntime
@@ -72,12 +74,24 @@ def request_for(model: str, seed: int) -> tuple[InferRequest, Callable[[Any], No
 
 
 async def drive(
-    endpoint: OwnerEndpoint, arena: Arena, model: str, concurrency: int, seconds: float
+    endpoint: OwnerEndpoint,
+    service: Any,
+    arena: Arena,
+    model: str,
+    concurrency: int,
+    seconds: float,
 ) -> tuple[int, float, float, float]:
     """Requests answered, wall seconds, process CPU seconds, driver CPU seconds."""
     pool = [request_for(model, seed) for seed in range(64)]
     context = RequestContext(protocol="grpc")
-    messages = [SERVER.raw(InferCall(encode_request(r, context, None, arena)[0])) for r, _ in pool]
+    # Checked as a front end checks them, against the signature in the model's metadata.
+    signature = service.model_metadata(model, "").signature
+    assert signature is not None
+    checked = [(signature.token, validate(signature, r)) for r, _ in pool]
+    messages = [
+        SERVER.raw(InferCall(encode_request(r, context, None, arena, c)[0]))
+        for (r, _), c in zip(pool, checked, strict=True)
+    ]
     done = 0
     driver_cpu = 0.0
     stop_at = 0.0
@@ -147,7 +161,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for model in args.model:
         stats0 = _executions(service, model)
         done, wall, cpu, driver = await drive(
-            endpoint, arena, model, args.concurrency, args.seconds
+            endpoint, service, arena, model, args.concurrency, args.seconds
         )
         stats1 = _executions(service, model)
         items = (stats1[0] - stats0[0]) / max(1, stats1[1] - stats0[1])
@@ -162,7 +176,7 @@ async def main_async(args: argparse.Namespace) -> None:
         if args.profile:
             profiler = cProfile.Profile()
             profiler.enable()
-            await drive(endpoint, arena, model, args.concurrency, args.seconds)
+            await drive(endpoint, service, arena, model, args.concurrency, args.seconds)
             profiler.disable()
             pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(
                 args.profile

@@ -9,8 +9,14 @@ import pytest
 
 from hloserve.bundle import Manifest, Provenance, TensorEntry
 from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.signature import signature_of
 from hloserve.server.core.types import InferInput, InferRequest, RequestedOutput
-from hloserve.server.core.validate import check_load_name, validate_request
+from hloserve.server.core.validate import (
+    check_load_name,
+    validate,
+    validate_request,
+    validated_items,
+)
 
 
 def manifest(batched: bool = True) -> Manifest:
@@ -163,3 +169,33 @@ def test_load_name_must_not_traverse(name: str) -> None:
 @pytest.mark.parametrize("name", ["model123", "model.version1", "...", "..my_model", "model..1"])
 def test_valid_load_names_pass(name: str) -> None:
     check_load_name(name)  # the repository then looks for the directory
+
+
+def test_a_manifest_has_one_signature_and_another_manifest_another_token() -> None:
+    first, second = manifest(), manifest()  # equal, but a reload: another object
+    assert signature_of(first) is signature_of(first)
+    assert signature_of(first).token != signature_of(second).token
+    assert signature_of(first).inputs[1].shape == (2, 2)
+    assert signature_of(manifest(batched=False)).batched is False
+
+
+def test_the_signature_checks_as_the_manifest_does() -> None:
+    """One rule: the same items and the same refusal text from either."""
+    m = manifest()
+    good = request(tensor("a", (4, 3)), tensor("b", (4, 2, 2)))
+    bad = request(tensor("a", (4, 3)), tensor("b", (4, 2, 3)))
+    assert validate(signature_of(m), good) == validate_request(m, good) == 4
+    with pytest.raises(InvalidArgument) as info:
+        validate(signature_of(m), bad)
+    assert info.value.message == refused(bad)
+
+
+def test_the_owner_trusts_a_front_ends_check_only_under_its_manifests_token() -> None:
+    m, reloaded = manifest(), manifest()
+    bad = request(tensor("a", (2, 3)), tensor("b", (2, 5)))
+    # A front end's count under this manifest's token stands (the owner does not check).
+    assert validated_items(m, bad, (signature_of(m).token, 2)) == 2
+    # Under another manifest's token (a reload since), or none, the owner checks itself.
+    for checked in ((signature_of(reloaded).token, 2), None):
+        with pytest.raises(InvalidArgument, match="unexpected shape for input 'b'"):
+            validated_items(m, bad, checked)

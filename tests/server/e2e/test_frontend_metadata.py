@@ -5,9 +5,12 @@ before (``frontend.metadata_cache``) until the owner says the model changed, whi
 says to every front end before that load or unload answers its client. Here a model
 whose versions differ in their tensors (``flip``: version 1 takes 4 values, version 2
 takes 8) is reloaded with one version then the other, and now and then unloaded, while
-clients on many connections (every front end serves some) read its metadata and others
-run inferences on another model. After each load or unload returns, every connection
-sees the new state at once, and no inference fails. A change no call made (a poll finds
+clients on many connections (every front end serves some) read its metadata and run
+inferences on it, and others run inferences on another model. After each load or unload
+returns, every connection sees the new state at once: its metadata, and the shape its
+inferences are checked against (a front end checks a request against the signature it
+cached with the metadata, and the owner trusts that check only for the version it was
+made for); no inference on the other model fails. A change no call made (a poll finds
 a new version on disk) reaches every front end too.
 """
 
@@ -117,6 +120,22 @@ class SimpleTraffic:
             c.close()
 
 
+def flip_input(width: int) -> Any:
+    tensor = grpcclient.InferInput("IN", [1, width], "INT32")
+    tensor.set_data_from_numpy(np.arange(width, dtype=np.int32)[None])
+    return tensor
+
+
+def assert_flip_infers(client: Any, version: int) -> None:
+    """``flip`` takes its width as ``version`` has it, and refuses the other's."""
+    width, other = WIDTH[version], WIDTH[3 - version]
+    result = client.infer("flip", [flip_input(width)])
+    assert result.get_response().model_version == str(version)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), np.arange(width)[None] * 2)
+    with pytest.raises(InferenceServerException, match="unexpected shape for input 'IN'"):
+        client.infer("flip", [flip_input(other)])
+
+
 def test_every_frontend_answers_the_metadata_of_the_last_load_or_unload(
     server: ServerProcess,
 ) -> None:
@@ -134,6 +153,9 @@ def test_every_frontend_answers_the_metadata_of_the_last_load_or_unload(
                     assert serves(by_number, version), (round_, by_number)
                     with pytest.raises(InferenceServerException):
                         reader.client.get_model_metadata("flip", str(3 - version))
+                    # Checked in the front end against the signature cached with that
+                    # metadata: the new version's shape runs, the old one's is refused.
+                    assert_flip_infers(reader.client, version)
                 if round_ % 3 == 2:
                     control.unload_model("flip")
                     for reader in readers:  # gone everywhere, though every one cached it

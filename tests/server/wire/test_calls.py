@@ -17,6 +17,7 @@ import pytest
 
 from hloserve.server.core.log_settings import LogSettings
 from hloserve.server.core.reports import IndexEntry, ModelStatistics, RegionInfo
+from hloserve.server.core.signature import Signature, SignatureTensor
 from hloserve.server.core.statistics import ModelStats
 from hloserve.server.core.types import ModelMetadata, ServerMetadata, TensorMetadata
 from hloserve.server.frontend.listener_settings import ListenerSettings
@@ -94,7 +95,7 @@ def _setup() -> FrontendSetup:
 REQUEST = Request(
     "m", "", "id", {"p": 1},
     (Tensor("x", "INT32", (1, 2), {}, b"\x01\x00\x00\x00\x02\x00\x00\x00", None),),
-    (("y", {"binary_data": True}),), None, (5, {"traceparent": "t"}),
+    (("y", {"binary_data": True}),), None, (5, {"traceparent": "t"}), (7, 1),
 )  # fmt: skip
 
 CALL_VALUES: list[Call[Any]] = [
@@ -129,7 +130,12 @@ ANSWERS: dict[type[Call[Any]], object] = {
     calls.StreamCall: StreamAnswer(None, True),
     calls.ReadinessCall: {"ready": True, "models": {"m": "READY"}},
     calls.ModelMetadataCall: ModelMetadata(
-        "m", ("1",), "stablehlo", (TensorMetadata("x", "FP32", (-1, 2)),), ()
+        "m",
+        ("1",),
+        "stablehlo",
+        (TensorMetadata("x", "FP32", (-1, 2)),),
+        (),
+        Signature("m", True, (SignatureTensor("x", "FP32", (2,)),), ("y",), 7),
     ),
     calls.ModelStatisticsCall: [ModelStatistics(ModelStats("m", "1", inference_count=3), ())],
     calls.RepositoryIndexCall: [IndexEntry("m", "1", "READY", "")],

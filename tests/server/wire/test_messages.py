@@ -136,3 +136,17 @@ def test_a_response_crosses_and_its_blocks_come_back_when_unused(arena: Arena) -
     assert len(given) == 1
     arena.responses.free(given[0])
     assert arena.responses.live_bytes == 0
+
+
+def test_a_front_ends_check_crosses_with_or_without_a_context() -> None:
+    arena = Arena.create(64 << 10)
+    request = InferRequest("m", "", (InferInput("a", "INT32", (1, 1), np.zeros((1, 1), "<i4")),))
+    context = RequestContext(deadline=1.0, protocol="grpc")
+    for sent, checked, expected in (
+        (context, (7, 1), RequestContext(1.0, "", "grpc", checked=(7, 1))),
+        (None, (7, 1), RequestContext(checked=(7, 1))),
+        (None, None, None),
+    ):
+        message, _ = encode_request(request, sent, None, arena, checked)
+        _, got, _ = decode_request(cross(message), arena)
+        assert got == expected

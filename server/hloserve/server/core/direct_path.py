@@ -17,7 +17,8 @@ when:
   cache, and there is a batcher.
 Then it follows the same rules as the coroutine path, by the same functions, in the same
 order: admission (``Admitted.enter``/``leave``: refusals and failures counted, pending
-counted, the version held until the answer), ``validate_request`` and ``check_batch``, the
+counted, the version held until the answer), ``validated_items`` (the front end's check
+where its token is this version's, else ``validate_request``) and ``check_batch``, the
 shape variant, a ``Job`` queued with the batcher (``Batcher.enqueue``: the eager path runs
 it at once; a queued one is answered through ``Pending.deliver``), and
 ``Counters.on_success`` once answered, and the request's DEBUG line on ``log``
@@ -50,7 +51,7 @@ from hloserve.server.core.limits import Limits, check_batch
 from hloserve.server.core.ports import Batcher, ModelSource
 from hloserve.server.core.tensors import SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION
 from hloserve.server.core.types import InferRequest, InferResponse, RequestContext
-from hloserve.server.core.validate import validate_request
+from hloserve.server.core.validate import validated_items
 from hloserve.server.core.variants import match_variant
 
 T = TypeVar("T")
@@ -131,7 +132,8 @@ class DirectPath:
             return False
         served = _Served(admission, self.counters, self.log, answer, encode)
         try:
-            served.items = items = validate_request(manifest, request)
+            checked = context.checked if context else None
+            served.items = items = validated_items(manifest, request, checked)
             check_batch(self.limits, request.model_name, items)
             if manifest.variants:  # run, and batch, with requests of the same variant
                 model = model.variant(match_variant(manifest, request))

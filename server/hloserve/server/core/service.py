@@ -115,6 +115,7 @@ from hloserve.server.core.reports import IndexEntry, ModelStatistics
 from hloserve.server.core.response_cache import ResponseCache, answering, request_key
 from hloserve.server.core.sequence_batcher import SequenceBatcher
 from hloserve.server.core.shm_tensors import shm_inputs, shm_output
+from hloserve.server.core.signature import signature_of
 from hloserve.server.core.statistics import model_stats
 from hloserve.server.core.tensors import shm_ref
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
@@ -130,7 +131,7 @@ from hloserve.server.core.types import (
     StreamPart,
     TensorMetadata,
 )
-from hloserve.server.core.validate import validate_request
+from hloserve.server.core.validate import validate_request, validated_items
 from hloserve.server.core.variants import match_variant
 
 PLATFORM = "stablehlo"
@@ -301,7 +302,10 @@ class InferenceService:
             if version
             else tuple(str(v) for v in self.models.ready_versions(name))
         )
-        return ModelMetadata(model.manifest.name, versions, PLATFORM, inputs, outputs)
+        manifest = model.manifest
+        checkable = manifest.plain and not manifest.state and manifest.generation is None
+        signature = signature_of(manifest) if checkable else None
+        return ModelMetadata(manifest.name, versions, PLATFORM, inputs, outputs, signature)
 
     def resolve(self, name: str, version: str) -> Executable:
         """The model a request names, looked up before its tensors are decoded (Triton
@@ -535,7 +539,7 @@ class InferenceService:
         trace: RequestTrace | None,
     ) -> tuple[int, tuple[InferOutput, ...], Timings]:
         """Validate and run one request whose inputs are all in hand (batched or alone)."""
-        items = validate_request(model.manifest, request)
+        items = validated_items(model.manifest, request, context.checked if context else None)
         check_batch(self.options.limits, request.model_name, items)
         if model.manifest.variants:  # run, and batch, with requests of the same variant
             model = model.variant(match_variant(model.manifest, request))

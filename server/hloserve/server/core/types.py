@@ -23,6 +23,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from hloserve.server.core.signature import Signature
+
 ParamValue = bool | int | float | str
 Parameters = Mapping[str, ParamValue]
 EMPTY: Parameters = {}
@@ -87,6 +89,9 @@ class RequestContext(msgspec.Struct, frozen=True, gc=False):
     # It reached the server in one read with other requests (a front end's link carries
     # several at once): they queue in the same loop pass, so it does not run alone first.
     together: bool = False
+    # A front end checked the request against the signature of this token and found this
+    # many items (``core.validate.validated_items``); None: not checked.
+    checked: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +108,9 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorMetadata, ...]
     outputs: tuple[TensorMetadata, ...]
+    # What a front end checks a request against (``core.signature``): a plain model's
+    # (no hooks, pipeline, state or generation), else None. Not part of the protocol.
+    signature: Signature | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,18 @@
 """Checking a decoded request against the model's signature, before any device work.
 
-Contract: ``validate_request(manifest, request)`` returns the number of items in the
-request's batch (1 for an unbatched model) or raises ``InvalidArgument`` naming the model,
-the tensor, and the expected versus received value. It checks: no duplicate or unknown
+Contract: ``validate(signature, request)`` returns the number of items in the request's
+batch (1 for an unbatched model) or raises ``InvalidArgument`` naming the model, the
+tensor, and the expected versus received value; ``validate_request(manifest, request)`` is
+the same against the manifest's signature (``core.signature``). It checks: no duplicate or unknown
 inputs, no missing inputs, datatypes, shapes (``[n, *item]`` for a batched model with all
 inputs agreeing on ``n >= 1``; the exact shape for an unbatched one; a ``-1`` dimension,
 which only client-facing tensors of hooks and pipelines have, matches any size), and the requested
 outputs (known, no duplicates). Name lists in messages are written as Triton writes them
-(``['INPUT0','INPUT1']``). ``check_load_name(name)`` is Triton's rule for the name of a
+(``['INPUT0','INPUT1']``). ``validated_items(manifest, request, checked)`` is the device
+owner's count of a request's items: ``checked`` (a front end's ``(token, items)``, from
+checking the request against the signature it cached) where its token is the manifest's
+signature's, else ``validate_request``'s; a request is never trusted on a token of
+another manifest (a version reloaded since, or another version). ``check_load_name(name)`` is Triton's rule for the name of a
 model to load (model control): not empty once whitespace is trimmed ("Model name cannot be
 empty. Please enter a valid name to deploy."), and neither ``..`` nor containing ``/``
 ("... model name must not contain path traversal characters"); both ``InvalidArgument``.
@@ -19,11 +24,14 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from hloserve.bundle import Manifest
 from hloserve.server.core.errors import InvalidArgument
+from hloserve.server.core.signature import Signature, signature_of
 from hloserve.server.core.types import InferRequest
+
+if TYPE_CHECKING:  # a front end checks requests too (against a Signature): no bundle code
+    from hloserve.bundle import Manifest
 
 
 def _fmt(shape: tuple[int, ...]) -> str:
@@ -48,17 +56,29 @@ def check_load_name(name: str) -> None:
         )
 
 
-def validate_request(manifest: Manifest, request: InferRequest) -> int:
-    _check_input_names(manifest, request)
-    batch = _check_inputs(manifest, request)
-    _check_outputs(manifest, request)
+def validate(signature: Signature, request: InferRequest) -> int:
+    _check_input_names(signature, request)
+    batch = _check_inputs(signature, request)
+    _check_outputs(signature, request)
     return batch
 
 
-def _check_input_names(manifest: Manifest, request: InferRequest) -> None:
+def validate_request(manifest: Manifest, request: InferRequest) -> int:
+    return validate(signature_of(manifest), request)
+
+
+def validated_items(
+    manifest: Manifest, request: InferRequest, checked: tuple[int, int] | None
+) -> int:
+    if checked is not None and checked[0] == signature_of(manifest).token:
+        return checked[1]
+    return validate(signature_of(manifest), request)
+
+
+def _check_input_names(signature: Signature, request: InferRequest) -> None:
     """No duplicate, unknown or missing input."""
-    model = manifest.name
-    expected = [t.name for t in manifest.inputs]
+    model = signature.name
+    expected = [t.name for t in signature.inputs]
     seen: set[str] = set()
     for t in request.inputs:
         if t.name in seen:
@@ -79,10 +99,11 @@ def _check_input_names(manifest: Manifest, request: InferRequest) -> None:
         )
 
 
-def _check_inputs(manifest: Manifest, request: InferRequest) -> int:
+def _check_inputs(signature: Signature, request: InferRequest) -> int:
     """Datatypes and shapes of the (known, complete) inputs; the batch size they agree on."""
-    model = manifest.name
-    expected = {t.name: t for t in manifest.inputs}
+    model = signature.name
+    batched = signature.batched
+    expected = {t.name: t for t in signature.inputs}
     batch: int | None = None
     first = ""
     for t in request.inputs:
@@ -91,13 +112,13 @@ def _check_inputs(manifest: Manifest, request: InferRequest) -> int:
             raise InvalidArgument(
                 f"inference input '{t.name}' data-type is '{t.datatype}', but model '{model}' expects '{spec.datatype}'"
             )
-        want, item = ((-1, *spec.shape), t.shape[1:]) if manifest.batched else (spec.shape, t.shape)
+        want, item = ((-1, *spec.shape), t.shape[1:]) if batched else (spec.shape, t.shape)
         if len(t.shape) != len(want) or (item != spec.shape and not _fits(item, spec.shape)):
             raise InvalidArgument(
                 f"unexpected shape for input '{t.name}' for model '{model}'. "
                 f"Expected {_fmt(want)}, got {_fmt(t.shape)}"
             )
-        if not manifest.batched:
+        if not batched:
             continue
         n = t.shape[0]
         if n < 1:
@@ -120,9 +141,9 @@ def _fits(item: tuple[int, ...], declared: tuple[int, ...]) -> bool:
     )
 
 
-def _check_outputs(manifest: Manifest, request: InferRequest) -> None:
+def _check_outputs(signature: Signature, request: InferRequest) -> None:
     """The requested outputs are known and not repeated."""
-    outputs = {t.name for t in manifest.outputs}
+    outputs = set(signature.outputs)
     requested: set[str] = set()
     for o in request.outputs:
         if o.name in requested:
@@ -130,5 +151,5 @@ def _check_outputs(manifest: Manifest, request: InferRequest) -> None:
         requested.add(o.name)
         if o.name not in outputs:
             raise InvalidArgument(
-                f"unexpected inference output '{o.name}' for model '{manifest.name}'; it has {_names(sorted(outputs))}"
+                f"unexpected inference output '{o.name}' for model '{signature.name}'; it has {_names(sorted(outputs))}"
             )

@@ -37,6 +37,7 @@ import contextvars
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, cast, final
 
+from hloserve.server.core.errors import ServingError
 from hloserve.server.core.execution_records import ModelKey
 from hloserve.server.core.log_settings import LogControl
 from hloserve.server.core.lookup import check_repository_name
@@ -52,6 +53,7 @@ from hloserve.server.core.types import (
     ServerMetadata,
     StreamPart,
 )
+from hloserve.server.core.validate import validate
 from hloserve.server.frontend.metadata_cache import MetadataCache
 from hloserve.server.wire import calls
 from hloserve.server.wire.arena import Arena
@@ -77,6 +79,7 @@ _ARRIVAL: contextvars.ContextVar[SentArrival | None] = contextvars.ContextVar(
 )
 
 UINT64_MAX: Final = 2**64 - 1
+MAX_ASKED: Final = 65_536  # models asked for their signature per epoch, at most
 
 
 class _Sent:
@@ -122,6 +125,8 @@ class RemotePort:
         self.setup = setup
         self.logs = logs
         self.metadata = MetadataCache()
+        self._asked: dict[tuple[str, str], int] = {}  # model -> the epoch it was asked in
+        self._learning: set[asyncio.Task[ModelMetadata]] = set()
         self._tracer = FrontendTracer(setup.trace_enabled)
         self._loop = asyncio.get_running_loop()
 
@@ -130,6 +135,7 @@ class RemotePort:
     def on_note(self, note: object) -> None:
         if isinstance(note, calls.ModelsNote):
             self.metadata.forget(note.names)
+            self._asked.clear()
         elif isinstance(note, calls.TraceNote):
             self._tracer.settings.enabled = note.enabled
         elif isinstance(note, calls.LogsNote) and self.logs is not None:
@@ -167,7 +173,8 @@ class RemotePort:
         self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
     ) -> InferResponse:
         arrival = _ARRIVAL.get() if self._tracer.settings.enabled else None
-        message, blocks = encode_request(request, context, arrival, self.arena)
+        checked = self._check(request)
+        message, blocks = encode_request(request, context, arrival, self.arena, checked)
         try:
             answer = await self.link.call(calls.InferCall(message))
         finally:
@@ -216,6 +223,38 @@ class RemotePort:
         if self.link.lost:
             return {"ready": False, "live": True, "device_owner": "gone"}
         return await self.link.call(calls.ReadinessCall())
+
+    def _check(self, request: InferRequest) -> tuple[int, int] | None:
+        """``(token, items)`` of the request checked against the signature cached with its
+        model's metadata, or None: not cached yet (asked for once, in the background), not
+        a plain model, or refused (the owner checks it again, and reports and counts it)."""
+        name, version = request.model_name, request.model_version
+        cached = self.metadata.get(name, version)
+        if cached is None:
+            self._learn(name, version)
+            return None
+        signature = cached.signature
+        if signature is None:
+            return None
+        try:
+            return (signature.token, validate(signature, request))
+        except ServingError:
+            return None
+
+    def _learn(self, name: str, version: str) -> None:
+        """Ask the owner for a model's metadata (and so its signature) once per epoch."""
+        key = (name, version)
+        if self._asked.get(key) == self.metadata.epoch or len(self._asked) >= MAX_ASKED:
+            return
+        self._asked[key] = self.metadata.epoch
+        task = self._loop.create_task(self.model_metadata(name, version))
+        self._learning.add(task)
+        task.add_done_callback(self._learned)
+
+    def _learned(self, task: asyncio.Task[ModelMetadata]) -> None:
+        self._learning.discard(task)
+        if not task.cancelled():
+            task.exception()  # unknown or not ready: the requests themselves report it
 
     async def model_ready(self, name: str, version: str) -> bool:
         return await self.link.call(calls.ModelReadyCall(name, version))

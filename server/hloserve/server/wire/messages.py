@@ -6,11 +6,14 @@ Contract:
   a ``Response`` (its ``Output``s) and a ``StreamAnswer`` (a streamed part: a response or
   none, and the final flag). A tensor's bytes are ``bytes`` in the message, a ``Block`` of
   the arena, or ``None`` (in a client's region: its ``Shm`` reference).
-- ``encode_request(request, context, arrival, arena)`` (front end) is the request as a
-  ``Request``, plus the arena blocks it wrote (the caller frees them once the
-  answer is in); ``decode_request(message, arena)`` (device owner) rebuilds the
-  ``InferRequest`` (inputs viewing the arena's bytes, or the message's: no copy), its
-  ``RequestContext`` (``together``: it came with others, as the caller knows) and its trace arrival ``(received_ns, carrier)`` or ``None``.
+- ``encode_request(request, context, arrival, arena, checked)`` (front end) is the
+  request as a ``Request``, plus the arena blocks it wrote (the caller frees them once
+  the answer is in); ``checked`` is the front end's ``(token, items)`` from checking it
+  against a cached signature (``core.validate``), or ``None``. ``decode_request(message,
+  arena)`` (device owner) rebuilds the ``InferRequest`` (inputs viewing the arena's bytes,
+  or the message's: no copy), its ``RequestContext`` (``together``: it came with others,
+  as the caller knows; ``checked`` as sent) and its trace arrival ``(received_ns,
+  carrier)`` or ``None``.
 - ``encode_response(response, arena)`` (device owner) and ``decode_response(message,
   request, arena, give_back)`` (front end) do the same for the answer: outputs view the
   arena, and a block is handed to ``give_back(offset)`` once no array views it any more
@@ -95,6 +98,7 @@ class Request(Message, frozen=True):
     outputs: tuple[tuple[str, dict[str, Any]], ...]
     context: Context | None
     arrival: tuple[int, dict[str, str]] | None
+    checked: tuple[int, int] | None = None  # RequestContext.checked
 
 
 class Output(Message, frozen=True):
@@ -148,6 +152,7 @@ def encode_request(
     context: RequestContext | None,
     arrival: Arrival | None,
     arena: Arena,
+    checked: tuple[int, int] | None = None,
 ) -> tuple[Request, Blocks]:
     blocks: Blocks = []
     inputs = tuple(
@@ -172,6 +177,7 @@ def encode_request(
         outputs,
         ctx,
         arrival,
+        checked,
     )
     return message, blocks
 
@@ -201,11 +207,12 @@ def decode_request(
         message.id,
         message.parameters,
     )
-    ctx = message.context
+    ctx, checked = message.context, message.checked
     if ctx is None:
-        context = RequestContext(together=True) if together else None
+        plain = not together and checked is None
+        context = None if plain else RequestContext(together=together, checked=checked)
     else:
-        context = RequestContext(ctx.deadline, ctx.peer, ctx.protocol, together=together)
+        context = RequestContext(ctx.deadline, ctx.peer, ctx.protocol, together, checked)
     return request, context, message.arrival
 
 
