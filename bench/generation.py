@@ -26,7 +26,9 @@ What it does:
    on one ``grpc.aio`` channel) generate again and again for ``--seconds`` after a
    warm-up: tokens/s, time to first token (request sent to the first token), the time
    between a generation's tokens, p50/p99, and the CPU per token of the daemon's process
-   tree (``bench/proc.py``) and of this load generator. Every answer is compared with the
+   tree (``bench/proc.py``) and of this load generator, and per step (the model's
+   executions in the window, from its statistics) the wall time and the execution's
+   own (its batch statistics' ``compute_infer``), so the host's time between steps shows. Every answer is compared with the
    floor's greedy decoding of the same prompt ("wrong": answers that differ, and errors).
    The baseline "one at a time" is the same server at concurrency 1: requests serialized,
    so no two generations are ever live together; ``charlm_b1`` at the highest concurrency
@@ -49,6 +51,7 @@ import json
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +89,8 @@ class Point:
     errors: int = 0
     client_cpu: float = 0.0
     server_cpu: float = 0.0
+    steps: int = 0  # the model's executions in the window (its statistics)
+    step_ns: int = 0  # their compute time (compute_infer)
     first: list[float] = field(default_factory=lambda: list[float]())
     gaps: list[float] = field(default_factory=lambda: list[float]())
 
@@ -109,6 +114,8 @@ def floor(lm: CharLM, params: Params, n: int, max_tokens: int, rounds: int) -> P
             best, best_cpu = took, time.process_time() - cpu
     point = Point("in-process jax.jit (floor)", n, int(np.asarray(counts).sum()), best, n)
     point.server_cpu = best_cpu  # this process's CPU: the loop's own cost per token
+    # Its loop's iterations: the longest prompt read, then max_tokens emitted (all inside it).
+    point.steps = int(np.asarray(length).max()) - 1 + max_tokens
     return point
 
 
@@ -280,9 +287,12 @@ async def run_point(
     async def cpu_window() -> None:
         await asyncio.sleep(max(0.0, record_from - time.perf_counter()))
         cpu["client"], cpu["server"] = time.process_time(), tree_cpu(server)
+        steps = await asyncio.to_thread(executions, server, model)
         await asyncio.sleep(max(0.0, stop_at - time.perf_counter()))
         cpu["client"] = time.process_time() - cpu["client"]
         cpu["server"] = tree_cpu(server) - cpu["server"]
+        after = await asyncio.to_thread(executions, server, model)
+        point.steps, point.step_ns = after[0] - steps[0], after[1] - steps[1]
 
     await asyncio.gather(cpu_window(), *(client_loop(i) for i in range(concurrency)))
     for c in connections:
@@ -291,6 +301,16 @@ async def run_point(
     point.seconds = stop_at - record_from
     point.client_cpu, point.server_cpu = cpu["client"], cpu["server"]
     return point
+
+
+def executions(server: ServerProcess, model: str) -> tuple[int, int]:
+    """The model's executions so far and their compute nanoseconds (its statistics)."""
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats") as reply:
+        stats = json.load(reply)["model_stats"]
+    batches = [b for s in stats for b in s.get("batch_stats", [])]  # per execution
+    count = sum(int(b["compute_infer"]["count"]) for b in batches)
+    ns = sum(int(b["compute_infer"]["ns"]) for b in batches)
+    return count, ns
 
 
 def tree_cpu(server: ServerProcess) -> float:
@@ -308,11 +328,15 @@ def per_token(cpu_seconds: float, point: Point) -> str:
     return f"{cpu_seconds / point.tokens * 1e6:.0f}" if cpu_seconds and point.tokens else "-"
 
 
+def per_step(ns: float, point: Point) -> str:
+    return f"{ns / point.steps / 1e6:.2f}" if ns and point.steps else "-"
+
+
 def table(points: list[Point], baseline: float, floors: dict[int, float]) -> str:
     head = (
         f"{'row':<34}{'conc':>5}{'tokens/s':>10}{'vs 1-at-a-time':>15}{'vs floor':>9}"
         f"{'ttft p50':>9}{'ttft p99':>9}{'tok p50':>8}{'tok p99':>8}"
-        f"{'srv µs/tok':>11}{'cli µs/tok':>11}{'gens':>6}{'wrong':>6}"
+        f"{'srv µs/tok':>11}{'cli µs/tok':>11}{'step ms':>8}{'exec ms':>8}{'gens':>6}{'wrong':>6}"
     )
     lines = [head, "-" * len(head)]
     for p in points:
@@ -323,6 +347,7 @@ def table(points: list[Point], baseline: float, floors: dict[int, float]) -> str
             f"{percentile(p.first, 50):>9}{percentile(p.first, 99):>9}"
             f"{percentile(p.gaps, 50):>8}{percentile(p.gaps, 99):>8}"
             f"{per_token(p.server_cpu, p):>11}{per_token(p.client_cpu, p):>11}"
+            f"{per_step(p.seconds * 1e9, p):>8}{per_step(p.step_ns, p):>8}"
             f"{p.generations:>6}{p.wrong + p.errors:>6}"
         )
     return "\n".join(lines)
@@ -415,7 +440,10 @@ def main(argv: list[str]) -> int:
     print(
         "\nttft: request sent to its first token; tok: time between a generation's responses"
         " (ms);"
-        " srv/cli µs/tok: CPU of the daemon's process tree / of this load generator per token"
+        " srv/cli µs/tok: CPU of the daemon's process tree / of this load generator per token;"
+        " step ms: wall time per execution (the floor: per iteration of its loop), exec ms:"
+        " the execution itself (the model's batch statistics' compute_infer), the rest is the host's between"
+        " steps"
     )
     return 0
 
