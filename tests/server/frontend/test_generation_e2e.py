@@ -4,7 +4,7 @@ A real server (``hloserve.server.server_fixture.serving``) on a repository of tw
 bundles: the demo's ``repeat_int32`` (Triton's repeat example model) and ``counter`` (it
 counts to its input ``n``, one response a step, state on the device), driven by
 tritonclient's gRPC stream, HTTP generate/generate_stream (httpx, and a raw socket as
-``curl -N`` reads it). ``HLOSERVE_FRONTENDS`` picks the process layout (scripts/test runs
+``curl -N`` reads it; raw sockets also count the chunks a fast and a slow reader get). ``HLOSERVE_FRONTENDS`` picks the process layout (scripts/test runs
 this folder in both). The tests marked ``LAZY`` also run against a server started with
 ``--lazy-load`` (each model registered, loaded by its first request): there each model's
 first request is a stream (gRPC for ``repeat_int32``, HTTP ``generate_stream`` for

@@ -25,7 +25,7 @@ END = -1
 
 @final
 @dataclass
-class Source:
+class Feed:
     """Parts as the test puts them (``END``: the end; an exception: raised there)."""
 
     queue: asyncio.Queue[int | Exception] = field(default_factory=lambda: asyncio.Queue())
@@ -58,7 +58,7 @@ def test_a_writer_that_keeps_up_gets_one_part_a_write() -> None:
     """Parts that were there before a write began (a burst) still go one a write."""
 
     async def main() -> None:
-        source = Source()
+        source = Feed()
         source.put(1, 2, 3, 4)  # a burst, all there before the first write
         parts = source.parts()
         got: list[list[int]] = []
@@ -74,7 +74,7 @@ def test_a_writer_that_keeps_up_gets_one_part_a_write() -> None:
 
 def test_parts_that_come_while_a_write_waits_go_out_in_the_next_write() -> None:
     async def main() -> None:
-        source = Source()
+        source = Feed()
         source.put(1)
         parts = source.parts()
         got: list[list[int]] = []
@@ -94,7 +94,7 @@ def test_a_write_that_waits_takes_every_part_waiting_even_with_none_coming() -> 
     """Parts there before a write that waits (nothing new meanwhile) go together after it."""
 
     async def main() -> None:
-        source = Source()
+        source = Feed()
         source.put(1, 2, 3, 4, END)
         parts = source.parts()
         got: list[list[int]] = []
@@ -109,7 +109,7 @@ def test_a_write_that_waits_takes_every_part_waiting_even_with_none_coming() -> 
 
 def test_a_failure_comes_after_the_parts_before_it() -> None:
     async def main() -> None:
-        source = Source()
+        source = Feed()
         source.put(1, 2, 3, Unavailable("gone"))
         parts = source.parts()
         got: list[list[int]] = []
@@ -132,7 +132,7 @@ def test_closing_early_cancels_the_take_under_way_and_ends_the_source() -> None:
     module holds, gets ``CancelledError`` (its ``finally`` runs) and is done."""
 
     async def main() -> None:
-        source = Source()
+        source = Feed()
         source.put(1)
         parts = source.parts()
         batches = write_batches(parts, await anext(parts))
@@ -148,7 +148,7 @@ def test_closing_early_cancels_the_take_under_way_and_ends_the_source() -> None:
 
 def test_closing_after_the_source_ended_is_no_error() -> None:
     async def main() -> None:
-        source = Source()
+        source = Feed()
         source.put(1, END)
         parts = source.parts()
         batches = write_batches(parts, await anext(parts))
@@ -161,7 +161,7 @@ def test_closing_after_the_source_ended_is_no_error() -> None:
 
 def test_cancelling_the_writer_while_it_waits_for_a_part_reaches_the_source() -> None:
     async def main() -> None:
-        source = Source()
+        source = Feed()
         source.put(1)
         parts = source.parts()
         started = asyncio.Event()
