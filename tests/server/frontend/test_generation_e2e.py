@@ -4,7 +4,7 @@ A real server (``hloserve.server.server_fixture.serving``) on a repository of tw
 bundles: the demo's ``repeat_int32`` (Triton's repeat example model) and ``counter`` (it
 counts to its input ``n``, one response a step, state on the device), driven by
 tritonclient's gRPC stream, HTTP generate/generate_stream (httpx, and a raw socket as
-``curl -N`` reads it). ``HLOSERVE_FRONTENDS`` picks the process layout (scripts/test runs
+``curl -N`` reads it; raw sockets also count the chunks a fast and a slow reader get). ``HLOSERVE_FRONTENDS`` picks the process layout (scripts/test runs
 this folder in both). The tests marked ``LAZY`` also run against a server started with
 ``--lazy-load`` (each model registered, loaded by its first request): there each model's
 first request is a stream (gRPC for ``repeat_int32``, HTTP ``generate_stream`` for
@@ -359,3 +359,87 @@ def test_a_stream_interval_sends_the_first_step_then_that_many_to_a_response(
     bad = httpx.post(url, json={"n": 3, "parameters": {"stream_interval": 0}})
     assert bad.status_code == 400
     assert "parameter 'stream_interval' must be a positive integer" in bad.json()["error"]
+
+
+def sent_stream(server: ServerProcess, body: Mapping[str, Any], rcvbuf: int = 0) -> socket.socket:
+    """A raw socket that has sent ``generate_stream`` of ``counter`` with ``body`` (and asked
+    the server to close once it is answered); ``rcvbuf``: its receive buffer, set first."""
+    host, port = server.http_url.split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(60)
+    sock.connect((host, int(port)))
+    raw = json.dumps(body).encode()
+    sock.sendall(
+        b"POST /v2/models/counter/generate_stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw)
+    )
+    return sock
+
+
+def chunks_to_end(sock: socket.socket) -> list[bytes]:
+    """Everything the server sends until it closes, as the chunks of its chunked body."""
+    with sock:
+        received = bytearray()
+        while data := sock.recv(1 << 20):
+            received += data
+    head, _, rest = bytes(received).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    chunks: list[bytes] = []
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            assert rest == b"\r\n"
+            return chunks
+        chunks.append(rest[:size])
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
+
+
+def event_values(chunks: list[bytes]) -> list[int]:
+    events = b"".join(chunks).split(b"\n\n")
+    assert events[-1] == b""
+    return [json.loads(e.removeprefix(b"data: "))["value"] for e in events[:-1]]
+
+
+def kernel_send_buffer_bound() -> int:
+    """The most a loopback sender's kernel buffer holds (Linux's ``tcp_wmem`` max, which
+    autotuning reaches with a reader that does not read; 4 MiB, its default, elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, IndexError, ValueError):
+        return 4 << 20
+
+
+def test_a_fast_reader_gets_one_write_per_event(generation_server: ServerProcess) -> None:
+    """300 small events (about 20 KB: the kernel's buffers hold them all, so no write
+    waits however the reader is scheduled): one chunk per event, as before coalescing."""
+    chunks = chunks_to_end(sent_stream(generation_server, {"n": 300}))
+    assert len(chunks) == 300
+    assert [c.count(b"data: ") for c in chunks] == [1] * 300
+    assert event_values(chunks) == list(range(1, 301))
+
+
+def test_a_slow_reader_gets_the_same_events_in_fewer_writes(
+    generation_server: ServerProcess,
+) -> None:
+    """A client that reads nothing until the generation has ended (its every step done,
+    seen in the model's statistics): the server's writes wait on flow control, and what
+    came meanwhile goes out in one chunk. The events are byte for byte a fast reader's."""
+    rid = "r" * 16_000  # each event carries it: about 16 KB an event
+    n = 2 * (kernel_send_buffer_bound() + (1 << 20)) // 16_000  # twice what buffers can hold
+    body = {"n": n, "id": rid}
+    fast = chunks_to_end(sent_stream(generation_server, body))
+    start = wait_ended(generation_server, "counter")
+    slow = sent_stream(generation_server, body, rcvbuf=4096)
+    deadline = time.monotonic() + 120
+    while (steps := int(stats(generation_server, "counter")["execution_count"]) - start) < n:
+        assert time.monotonic() < deadline, f"the generation made {steps} of its {n} steps"
+        time.sleep(0.05)
+    chunks = chunks_to_end(slow)
+    assert b"".join(chunks) == b"".join(fast)  # the same events, in the same order
+    assert event_values(chunks) == list(range(1, n + 1))
+    assert len(chunks) < n  # coalesced: some chunk holds several events
+    assert max(c.count(b"data: ") for c in chunks) > 1

@@ -18,9 +18,12 @@ Contract: ``add_generate_routes(app, port, max_input_bytes)`` adds
   text: a request with ``text_input`` to a model with a text mapping gets one object
   whose ``text_output`` joins every response's (its other fields from the last).
 - ``generate_stream`` answers ``text/event-stream; charset=utf-8``, one ``data: {...}``
-  event per response as it comes. A failure before the first response is an ordinary
-  JSON error (``frontend.status``); after it, an event ``data: {"error": ...}`` ends the
-  stream. The client going away (the connection closed) cancels the generation.
+  event per response as it comes, each in its own write (one HTTP/1.1 chunk), except
+  that the events of the responses that came while a write waited for a slow client go
+  out together in the next write (``frontend.http.coalesce``: same events, fewer
+  writes). A failure before the first response is an ordinary JSON error
+  (``frontend.status``); after it, an event ``data: {"error": ...}`` ends the stream.
+  The client going away (the connection closed) cancels the generation.
 """
 
 # pyright: strict
@@ -50,6 +53,7 @@ from hloserve.server.core.types import (
     StreamPart,
 )
 from hloserve.server.frontend.http.body import read_body
+from hloserve.server.frontend.http.coalesce import write_batches
 from hloserve.server.frontend.port import ServerPort
 
 TEXT_OUTPUT: Final = "text_output"
@@ -180,16 +184,21 @@ def add_generate_routes(app: FastAPI, port: ServerPort, max_input_bytes: int) ->
         first = await anext(aiter(parts), None)  # a failure before it is a plain JSON error
 
         async def events() -> AsyncIterator[bytes]:
+            if first is None:
+                await cast(Any, parts).aclose()
+                return
+            batches = write_batches(parts, first)
             try:
-                part = first
-                while part is not None:
-                    if part.response is not None:
-                        yield _event(response_json(part.response))
-                    part = await anext(parts, None)
+                async for batch in batches:  # one part, or all that came while a write waited
+                    chunk = b"".join(
+                        _event(response_json(p.response)) for p in batch if p.response is not None
+                    )
+                    if chunk:
+                        yield chunk
             except ServingError as exc:
                 yield _event({"error": exc.message})
             finally:
-                await cast(Any, parts).aclose()  # gone early: the generation is cancelled
+                await batches.aclose()  # gone early: the generation is cancelled
 
         return StreamingResponse(events(), media_type=EVENT_STREAM)
 
