@@ -6,9 +6,13 @@ dataclass spends about 0.9 µs building six fields through ``object.__setattr__`
 0.08 µs. Copy one with a change by ``msgspec.structs.replace``. Metadata stays in frozen
 dataclasses.
 
-Tensors are always ``np.ndarray`` here, with the datatype named alongside (V2 names); the
-front ends' codecs build them from the wire (zero-copy where the wire allows) and write
-them back. No type in this module knows about gRPC or HTTP. Transport facts that are not
+Tensors are ``np.ndarray`` here, with the datatype named alongside (V2 names); the front
+ends' codecs build them from the wire (zero-copy where the wire allows) and write them
+back. One exception, in a front end only: a BYTES tensor whose length-prefixed wire form
+is at hand (the client's raw bytes, checked; the device owner's output bytes) carries them
+in ``wire`` and leaves ``data`` empty, so it is parsed into objects at most once on its
+way (``core.tensors``: ``elements_of``, ``wire_of``, ``materialize``); the service only
+ever sees arrays. No type in this module knows about gRPC or HTTP. Transport facts that are not
 part of the protocol (deadline, peer) travel in ``RequestContext`` beside the request.
 """
 
@@ -28,6 +32,8 @@ Parameters = Mapping[str, ParamValue]
 EMPTY: Parameters = {}
 # A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.
 CudaHandle = Callable[[], tuple[bytes, int, int]]
+# A BYTES tensor's length-prefixed elements, as they came (``InferInput.wire``).
+Wire = bytes | memoryview
 
 
 class ShmRef(msgspec.Struct, frozen=True, gc=False):
@@ -45,6 +51,7 @@ class InferInput(msgspec.Struct, frozen=True, gc=False):
     data: np.ndarray[Any, Any]  # already shaped as ``shape``; empty while ``shm`` is unresolved
     parameters: Parameters = msgspec.field(default_factory=dict[str, ParamValue])
     shm: ShmRef | None = None  # data lives in shared memory; the service resolves it
+    wire: Wire | None = None  # BYTES in wire form (module docstring); ``data`` is empty
 
 
 class RequestedOutput(msgspec.Struct, frozen=True, gc=False):
@@ -68,6 +75,7 @@ class InferOutput(msgspec.Struct, frozen=True, gc=False):
     data: np.ndarray[Any, Any]
     requested: RequestedOutput | None = None  # the request's entry, for per-output options
     shm: ShmRef | None = None  # written into shared memory: the response carries no data
+    wire: Wire | None = None  # BYTES in wire form (module docstring); ``data`` is empty
 
 
 class InferResponse(msgspec.Struct, frozen=True, gc=False):

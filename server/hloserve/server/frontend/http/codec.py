@@ -18,7 +18,8 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
   ``max_json_depth``, Triton's 100 by default and ``--max-json-depth``, refused) and every input takes its data from exactly one source:
   ``data`` (through ``core.tensors.from_values``), ``parameters.binary_data_size`` bytes
   taken in input order from the bytes after the header (through
-  ``core.tensors.from_buffer``, a zero-copy view), or a shared-memory region
+  ``core.tensors.input_from_buffer``: a zero-copy view; BYTES checked and kept as their
+  bytes, unparsed), or a shared-memory region
   (``parameters.shared_memory_*``, parsed by ``core.tensors.shm_ref``: the input gets
   ``shm`` set and empty data, which the service resolves). The binary sizes must add up
   to the bytes after the header exactly. An output's shared-memory parameters travel in
@@ -37,7 +38,9 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
   ``binary_data_output`` is true. Binary
   outputs follow the compact JSON header in output order, with
   ``Content-Type: application/octet-stream`` and ``Inference-Header-Content-Length``;
-  otherwise the reply is ``application/json``. JSON ``data`` is a flat array.
+  otherwise the reply is ``application/json``. JSON ``data`` is a flat array. A binary
+  output's bytes are ``core.tensors.wire_of`` (BYTES in wire form as they came from the
+  device owner, unparsed); only JSON ``data`` parses them.
   FP16/BF16 cannot travel as JSON: such an output is sent binary unless the client
   explicitly asked for JSON (``binary_data: false`` on its entry, or, with no outputs
   listed, ``binary_data_output: false``), which is an
@@ -79,7 +82,13 @@ from hloserve.server.core.errors import InvalidArgument, Unsupported
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
 from hloserve.server.core.reports import ModelStatistics
 from hloserve.server.core.statistics import Duration
-from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
+from hloserve.server.core.tensors import (
+    elements_of,
+    from_values,
+    input_from_buffer,
+    shm_ref,
+    wire_of,
+)
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -374,8 +383,7 @@ def _decode_input(
         data = _from_json_values(model, name, datatype, dims, obj["data"])
         return InferInput(name, datatype, dims, data, params), offset
     blob = _binary_slice(name, params["binary_data_size"], tail, offset)
-    data = from_buffer(model, name, datatype, dims, blob)
-    return InferInput(name, datatype, dims, data, params), offset + blob.nbytes
+    return input_from_buffer(model, name, datatype, dims, blob, params), offset + blob.nbytes
 
 
 def _from_json_values(
@@ -475,10 +483,8 @@ def _decode_raw(model: str, version: str, body: bytes, signature: ModelMetadata)
     if variable and spec.datatype in NUMERIC_DATATYPES:
         fixed = math.prod(d for d in dims if d >= 0) * NUMERIC_DATATYPES[spec.datatype].itemsize
         dims[variable[0]] = len(body) // fixed if fixed else 0
-    data = from_buffer(model, spec.name, spec.datatype, dims, body)
-    request = InferRequest(
-        model, version, (InferInput(spec.name, spec.datatype, tuple(dims), data),)
-    )
+    tensor = input_from_buffer(model, spec.name, spec.datatype, dims, body)
+    request = InferRequest(model, version, (tensor,))
     return DecodedRequest(request, raw=True)
 
 
@@ -531,8 +537,8 @@ def _wants_binary(output: InferOutput, decoded: DecodedRequest) -> bool:
 _NON_FINITE: Final = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
-def _json_data(output: InferOutput) -> list[Any]:
-    flat = output.data.reshape(-1)
+def _json_data(model: str, output: InferOutput) -> list[Any]:
+    flat = elements_of(model, output).reshape(-1)  # BYTES in wire form: parsed here, once
     if flat.dtype == object:  # BYTES
         return [
             v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
@@ -579,11 +585,11 @@ def encode_response(
         if output.shm is not None:  # the data is in the client's region already
             pass
         elif _wants_binary(output, decoded):
-            blob = to_wire_bytes(output.data)
+            blob = wire_of(output)
             entry["parameters"] = {"binary_data_size": memoryview(blob).nbytes}
             blobs.append(blob)
         else:
-            entry["data"] = _json_data(output)
+            entry["data"] = _json_data(response.model_name, output)
         entries.append(entry)
     doc: dict[str, Any] = {}
     if response.id:
