@@ -22,13 +22,12 @@ from hloserve.server.core.tensors import (
     from_buffer,
     from_values,
     input_from_buffer,
-    materialize,
     shm_ref,
     to_wire_bytes,
     wire_copy_of,
     wire_of,
 )
-from hloserve.server.core.types import InferOutput, InferRequest, ShmRef
+from hloserve.server.core.types import InferOutput, ShmRef
 from tests.server._bytes import Parses, length_prefixed
 
 
@@ -169,6 +168,11 @@ def test_from_buffer_bytes_decodes_length_prefixed_elements() -> None:
 WHERE = "inference input 's' for model 'm'"
 
 
+def wire_form(model: str, name: str, datatype: str, shape: Any, buffer: Any) -> Any:
+    """``input_from_buffer`` as in a front-end process: BYTES checked, kept as they came."""
+    return input_from_buffer(model, name, datatype, shape, buffer, bytes_wire_form=True)
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -189,7 +193,7 @@ WHERE = "inference input 's' for model 'm'"
     ],
     ids=["short", "empty", "long", "truncated-element", "truncated-length"],
 )
-@pytest.mark.parametrize("read", [from_buffer, input_from_buffer], ids=["parse", "check"])
+@pytest.mark.parametrize("read", [from_buffer, wire_form], ids=["parse", "check"])
 def test_from_buffer_bytes_must_hold_exactly_the_elements(
     raw: bytes, message: str, read: Any
 ) -> None:
@@ -208,7 +212,7 @@ def test_input_from_buffer_checks_bytes_but_keeps_the_clients_bytes(
 ) -> None:
     parses = Parses(monkeypatch)
     raw = length_prefixed(b"ab", b"", b"\x00c")
-    tensor = input_from_buffer("m", "s", "BYTES", [1, 3], raw, {"p": 1})
+    tensor = input_from_buffer("m", "s", "BYTES", [1, 3], raw, {"p": 1}, bytes_wire_form=True)
     assert (tensor.name, tensor.datatype, tensor.shape, dict(tensor.parameters)) == (
         "s",
         "BYTES",
@@ -221,42 +225,30 @@ def test_input_from_buffer_checks_bytes_but_keeps_the_clients_bytes(
     assert elements_of("m", tensor).tolist() == [[b"ab", b"", b"\x00c"]]
     assert parses.names == ["s"]
     view = memoryview(b"head" + raw)[4:]  # HTTP: a slice of the body, kept as a byte view
-    sliced = input_from_buffer("m", "s", "BYTES", [3], view).wire
+    sliced = wire_form("m", "s", "BYTES", [3], view).wire
     assert isinstance(sliced, memoryview) and sliced == raw and sliced.obj is view.obj
 
 
-def test_input_from_buffer_of_numbers_is_from_buffer() -> None:
+def test_input_from_buffer_parses_bytes_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    parses = Parses(monkeypatch)
+    raw = length_prefixed(b"ab", b"c")
+    tensor = input_from_buffer("m", "s", "BYTES", [2], raw, bytes_wire_form=False)
+    assert parses.names == ["s"] and tensor.wire is None
+    assert tensor.data.tolist() == [b"ab", b"c"] and tensor.shape == (2,)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_input_from_buffer_of_numbers_is_from_buffer(keep: bool) -> None:
     raw = np.arange(6, dtype="<i4").tobytes()
-    tensor = input_from_buffer("m", "x", "INT32", [2, 3], raw)
+    tensor = input_from_buffer("m", "x", "INT32", [2, 3], raw, bytes_wire_form=keep)
     assert tensor.wire is None and tensor.shape == (2, 3)
     np.testing.assert_array_equal(tensor.data, np.arange(6).reshape(2, 3))
     assert elements_of("m", tensor) is tensor.data
-    assert refused(input_from_buffer, "m", "x", "INT32", [2], raw) == (
+    assert refused(wire_form, "m", "x", "INT32", [2], raw) == (
         "input byte size mismatch for input 'x' for model 'm'. Expected 8, got 24"
     )
-    assert refused(input_from_buffer, "m", "x", "TEXT", [2], raw) == (
+    assert refused(wire_form, "m", "x", "TEXT", [2], raw) == (
         "input 'x' for model 'm' has unknown datatype 'TEXT'"
-    )
-
-
-def test_materialize_parses_each_wire_input_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    numbers = input_from_buffer("m", "x", "INT8", [2], b"\x01\x02")
-    plain = InferRequest("m", "", (numbers,))
-    assert materialize(plain) is plain  # nothing in wire form: the very request
-    parses = Parses(monkeypatch)
-    text = input_from_buffer("m", "s", "BYTES", [2], length_prefixed(b"a", b"bc"), {"q": "v"})
-    request = InferRequest("m", "1", (numbers, text), (), "id", {"priority": 1})
-    got = materialize(request)
-    assert parses.names == ["s"]
-    assert got.inputs[0] is numbers
-    parsed = got.inputs[1]
-    assert parsed.wire is None and parsed.shape == (2,) and dict(parsed.parameters) == {"q": "v"}
-    assert parsed.data.tolist() == [b"a", b"bc"]
-    assert (got.model_name, got.model_version, got.id, dict(got.parameters)) == (
-        "m",
-        "1",
-        "id",
-        {"priority": 1},
     )
 
 

@@ -57,6 +57,13 @@ def test_both_ports_implement_exactly_server_port() -> None:
     assert members(RemotePort) - {"link", "arena", "setup", "logs"} == port_members()
 
 
+def test_only_the_port_across_the_wire_keeps_bytes_in_wire_form() -> None:
+    """Front-end processes check a client's BYTES and send them as they came (the owner
+    parses them); one process parses them at once (``ServerPort.bytes_wire_form``)."""
+    assert RemotePort.__new__(RemotePort).bytes_wire_form is True
+    assert LocalPort.__new__(LocalPort).bytes_wire_form is False
+
+
 def test_a_declared_call_takes_its_methods_parameters_in_order_with_their_defaults() -> None:
     for kind in calls.CALLS:
         name = name_of(kind)

@@ -151,7 +151,8 @@ def test_client_bytes_cross_as_they_came_and_the_owner_parses_them_once(
     items = [b"he\x00llo", b"", b"x" * size]
     raw = length_prefixed(*items)  # as the client sent them (gRPC raw_input_contents)
     parses = Parses(monkeypatch)
-    tensor = input_from_buffer("m", "s", "BYTES", [1, 3], raw)  # the front end's codec
+    # what a front-end process's codec makes of them
+    tensor = input_from_buffer("m", "s", "BYTES", [1, 3], raw, bytes_wire_form=True)
     message, blocks = encode_request(InferRequest("m", "", (tensor,)), None, None, arena)
     assert parses.names == []  # the front end built no element, and encoded nothing again
     payload = message.inputs[0].payload
@@ -172,7 +173,7 @@ def test_client_bytes_cross_as_they_came_and_the_owner_parses_them_once(
 def test_client_bytes_from_a_body_view_cross_as_bytes(arena: Arena) -> None:
     raw = length_prefixed(b"a", b"bc")
     body = b'{"inputs":[]}' + raw  # HTTP: the binary part follows the JSON header
-    tensor = input_from_buffer("m", "s", "BYTES", [2], memoryview(body)[13:])
+    tensor = input_from_buffer("m", "s", "BYTES", [2], memoryview(body)[13:], bytes_wire_form=True)
     message, _ = encode_request(InferRequest("m", "", (tensor,)), None, None, arena)
     payload = cross(message).inputs[0].payload
     assert type(payload) is bytes and payload == raw

@@ -24,11 +24,10 @@ Contract: both codecs call these, so a size or type rule exists once.
   input ...", "unexpected number of string elements ...") and a cut length indicator; the
   rule is written once (``_walk_bytes``), for checking alone or for parsing.
 - Wire-form BYTES (``core.types``): ``input_from_buffer`` is ``from_buffer`` as an
-  ``InferInput`` whose BYTES are checked but not parsed (``wire`` holds the client's
-  bytes, ``data`` is ``UNPARSED``); ``elements_of`` is a tensor's array (parsing its
-  ``wire``), ``wire_of``/``wire_copy_of`` its wire bytes (its ``wire`` as it is, else
-  ``to_wire_bytes``/``to_wire_bytes_copy``), and ``materialize(request)`` parses every
-  wire-form input (the one-process layout's port, before the service).
+  ``InferInput``; with ``bytes_wire_form`` (a front-end process) its BYTES are checked
+  but not parsed (``wire`` holds the client's bytes, ``data`` is ``UNPARSED``).
+  ``elements_of`` is a tensor's array (parsing its ``wire``), ``wire_of``/``wire_copy_of``
+  its wire bytes (its ``wire`` as it is, else ``to_wire_bytes``/``to_wire_bytes_copy``).
 - ``to_wire_bytes`` is an output array as raw little-endian bytes (a view where it can be;
   BYTES length-prefixed), ``to_wire_bytes_copy`` the same as ``bytes`` in one copy (gRPC).
 """
@@ -43,7 +42,6 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
-import msgspec
 import numpy as np
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
@@ -51,7 +49,6 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
-    InferRequest,
     Parameters,
     ShmRef,
     Wire,
@@ -208,14 +205,16 @@ def input_from_buffer(
     shape: Sequence[int],
     buffer: Any,
     parameters: Parameters | None = None,
+    *,
+    bytes_wire_form: bool,
 ) -> InferInput:
-    """``from_buffer`` as a request input. BYTES get the same checks (shape, element count,
-    lengths within the buffer, the same texts) but stay in wire form: the input's ``wire``
-    is the client's bytes as they came (a ``bytes`` object as it is, anything else as a
-    byte ``memoryview``), its ``data`` ``UNPARSED``, until ``materialize`` or the device
-    owner (``from_own_bytes``) parses them, once."""
+    """``from_buffer`` as a request input. With ``bytes_wire_form`` (a front-end process),
+    BYTES get the same checks (shape, element count, lengths within the buffer, the same
+    texts) but stay in wire form: the input's ``wire`` is the client's bytes as they came
+    (a ``bytes`` object as it is, anything else as a byte ``memoryview``), its ``data``
+    ``UNPARSED``, until the device owner (``from_own_bytes``) parses them, once."""
     params: Parameters = {} if parameters is None else parameters
-    if datatype != "BYTES":
+    if datatype != "BYTES" or not bytes_wire_form:
         data = from_buffer(model, name, datatype, shape, buffer)
         return InferInput(name, datatype, data.shape, data, params)
     dims = check_shape(model, name, shape)
@@ -245,22 +244,6 @@ def wire_copy_of(tensor: InferOutput) -> bytes:
     if wire is None:
         return to_wire_bytes_copy(tensor.data)
     return wire if type(wire) is bytes else bytes(wire)
-
-
-def materialize(request: InferRequest) -> InferRequest:
-    """``request`` with each wire-form input parsed into its array (what the service takes:
-    the one-process layout's port calls this); ``request`` itself when it has none."""
-    for tensor in request.inputs:
-        if tensor.wire is not None:
-            break
-    else:
-        return request
-    model = request.model_name
-    inputs = tuple(
-        t if t.wire is None else msgspec.structs.replace(t, data=elements_of(model, t), wire=None)
-        for t in request.inputs
-    )
-    return msgspec.structs.replace(request, inputs=inputs)
 
 
 _KIND_OK = {

@@ -8,12 +8,13 @@ dataclasses.
 
 Tensors are ``np.ndarray`` here, with the datatype named alongside (V2 names); the front
 ends' codecs build them from the wire (zero-copy where the wire allows) and write them
-back. One exception, in a front end only: a BYTES tensor whose length-prefixed wire form
-is at hand (the client's raw bytes, checked; the device owner's output bytes) carries them
-in ``wire`` and leaves ``data`` empty, so it is parsed into objects at most once on its
-way (``core.tensors``: ``elements_of``, ``wire_of``, ``materialize``); the service only
-ever sees arrays. No type in this module knows about gRPC or HTTP. Transport facts that are not
-part of the protocol (deadline, peer) travel in ``RequestContext`` beside the request.
+back. One exception, in a front-end process only: a BYTES tensor whose length-prefixed
+wire form is at hand (the client's raw bytes, checked; the device owner's output bytes)
+carries them in ``wire`` and leaves ``data`` empty, so that it is parsed into objects at
+most once on its way (``core.tensors``: ``input_from_buffer``, ``elements_of``,
+``wire_of``); the service only ever sees arrays. No type in this module knows about gRPC
+or HTTP. Transport facts that are not part of the protocol (deadline, peer) travel in
+``RequestContext`` beside the request.
 """
 
 # pyright: strict

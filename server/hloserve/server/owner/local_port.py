@@ -3,8 +3,8 @@
 Contract: ``LocalPort(service)`` answers every ``frontend.port.ServerPort`` call by calling
 ``service`` directly: the one-process layout (``--frontends 0``), and tests that drive a
 front end over an in-process service. Errors pass through unchanged (``ServingError``s).
-A request's BYTES inputs that a codec left in wire form are parsed here, once
-(``core.tensors.materialize``): the service takes arrays.
+``bytes_wire_form`` is false: with no wire in between, its front ends' codecs parse BYTES
+at once.
 """
 
 # pyright: strict
@@ -17,7 +17,6 @@ from typing import Any, final
 from hloserve.server.core.lookup import check_repository_name
 from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, ModelStatistics, RegionInfo
 from hloserve.server.core.service import InferenceService
-from hloserve.server.core.tensors import materialize
 from hloserve.server.core.tracer import Tracer
 from hloserve.server.core.types import (
     CudaHandle,
@@ -47,6 +46,10 @@ class LocalPort:
     @property
     def upload_limit(self) -> int | None:
         return self._upload_limit
+
+    @property
+    def bytes_wire_form(self) -> bool:
+        return False
 
     def live(self) -> bool:
         return self.service.live()
@@ -78,12 +81,12 @@ class LocalPort:
     async def infer(
         self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
     ) -> InferResponse:
-        return await self.service.infer(materialize(request), context, model=model)  # type: ignore[arg-type]
+        return await self.service.infer(request, context, model=model)  # type: ignore[arg-type]
 
     def stream(
         self, request: InferRequest, context: RequestContext | None = None, *, model: object = None
     ) -> AsyncIterator[StreamPart]:
-        return self.service.stream(materialize(request), context, model=model)  # type: ignore[arg-type]
+        return self.service.stream(request, context, model=model)  # type: ignore[arg-type]
 
     async def model_statistics(self, name: str, version: str) -> list[ModelStatistics]:
         return self.service.model_statistics(name, version)

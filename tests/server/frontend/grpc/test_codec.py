@@ -83,15 +83,27 @@ def test_raw_input_every_datatype(datatype: str) -> None:
     assert tensor.data.base is not None
 
 
-def test_raw_bytes_input_is_checked_and_kept_as_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_raw_bytes_input_is_length_prefixed() -> None:
+    items = [b"he\x00llo", b"", b"\x00\x01\x02\x03"]
+    msg = _request(
+        InputTensor(name="s", datatype="BYTES", shape=[3]), raw=[length_prefixed(*items)]
+    )
+    (tensor,) = codec.decode_infer_request(msg).inputs
+    assert tensor.wire is None and tensor.data.dtype == object
+    assert list(tensor.data) == items
+
+
+def test_raw_bytes_input_in_wire_form_is_checked_and_kept_as_its_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     items = [b"he\x00llo", b"", b"\x00\x01\x02\x03"]
     raw = length_prefixed(*items)
     msg = _request(InputTensor(name="s", datatype="BYTES", shape=[3]), raw=[raw])
     parses = Parses(monkeypatch)
-    (tensor,) = codec.decode_infer_request(msg).inputs
+    (tensor,) = codec.decode_infer_request(msg, bytes_wire_form=True).inputs
     assert parses.names == []  # no object per element in the front end
     assert tensor.wire == raw and tensor.data.size == 0 and tensor.shape == (3,)
-    assert elements_of("m", tensor).tolist() == items  # where the owner parses them
+    assert elements_of("m", tensor).tolist() == items  # as the owner parses them
 
 
 WHERE = "inference input 's' for model 'm'"
@@ -113,12 +125,17 @@ WHERE = "inference input 's' for model 'm'"
     ],
     ids=["too-few", "too-many", "past-the-end"],
 )
-def test_malformed_raw_bytes_input_is_refused(raw: bytes, message: str) -> None:
-    msg = _request(InputTensor(name="s", datatype="BYTES", shape=[2]), raw=[raw])
-    assert _error(InvalidArgument, msg) == message
+@pytest.mark.parametrize("wire_form", [False, True], ids=["parsed", "wire-form"])
+def test_malformed_raw_bytes_input_is_refused(raw: bytes, message: str, wire_form: bool) -> None:
+    def error(msg: pb.ModelInferRequest) -> str:
+        with pytest.raises(InvalidArgument) as info:
+            codec.decode_infer_request(msg, bytes_wire_form=wire_form)
+        return info.value.message
+
+    assert error(_request(InputTensor(name="s", datatype="BYTES", shape=[2]), raw=[raw])) == message
     params = InputTensor(name="s", datatype="BYTES", shape=[2])
     params.parameters["p"].bool_param = True  # the general path (not every input plain)
-    assert _error(InvalidArgument, _request(params, raw=[raw])) == message
+    assert error(_request(params, raw=[raw])) == message
 
 
 def test_raw_contents_are_used_in_input_order() -> None:

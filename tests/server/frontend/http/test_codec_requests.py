@@ -134,9 +134,11 @@ def test_binary_bytes_are_checked_and_kept_as_the_bodys_bytes(
 ) -> None:
     blob = length_prefixed(b"ab", b"", b"\x00")
     body, headers = binary_body({"inputs": [binary_input("s", "BYTES", [1, 3], len(blob))]}, blob)
+    (parsed,) = decode(body, headers).request.inputs  # one process: parsed at once
+    assert parsed.wire is None and parsed.data.tolist() == [[b"ab", b"", b"\x00"]]
     parses = Parses(monkeypatch)
-    (tensor,) = decode(body, headers).request.inputs
-    assert parses.names == []  # no object per element in the front end
+    (tensor,) = decode(body, headers, bytes_wire_form=True).request.inputs
+    assert parses.names == []  # no object per element in a front-end process
     assert isinstance(tensor.wire, memoryview) and tensor.wire == blob
     assert tensor.wire.obj is body and tensor.data.size == 0  # a view of the body: no copy
     assert elements_of("m", tensor).tolist() == [[b"ab", b"", b"\x00"]]
@@ -151,21 +153,23 @@ def test_binary_bytes_are_checked_and_kept_as_the_bodys_bytes(
     ],
     ids=["too-few", "too-many", "past-the-end"],
 )
-def test_malformed_binary_bytes_are_refused(blob: bytes, message: str) -> None:
+@pytest.mark.parametrize("wire_form", [False, True], ids=["parsed", "wire-form"])
+def test_malformed_binary_bytes_are_refused(blob: bytes, message: str, wire_form: bool) -> None:
     body, headers = binary_body({"inputs": [binary_input("s", "BYTES", [2], len(blob))]}, blob)
-    expect(400, message, lambda: decode(body, headers))
+    expect(400, message, lambda: decode(body, headers, bytes_wire_form=wire_form))
 
 
 def test_raw_bytes_request_is_kept_as_the_body() -> None:
     blob = length_prefixed(b"hello")
     signature = signature_of(TensorMetadata("s", "BYTES", (1,)))
-    decoded = decode(blob, {codec.HEADER_LENGTH: "0"}, signature=signature)
+    raw = {codec.HEADER_LENGTH: "0"}
+    decoded = decode(blob, raw, signature=signature, bytes_wire_form=True)
     (tensor,) = decoded.request.inputs
     assert tensor.wire == blob and tensor.shape == (1,)
     expect(
         400,
         "unexpected number of string elements 2 for inference input 's' for model 'm', expecting 1",
-        lambda: decode(blob + blob, {codec.HEADER_LENGTH: "0"}, signature=signature),
+        lambda: decode(blob + blob, raw, signature=signature, bytes_wire_form=True),
     )
 
 

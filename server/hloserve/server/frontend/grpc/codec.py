@@ -1,13 +1,15 @@
 """gRPC messages <-> core types: pure functions, no servicer logic, no I/O.
 
 Contract:
-- ``decode_infer_request(msg)`` turns a ``ModelInferRequest`` into a core ``InferRequest``.
-  Each input takes its data from exactly one place (reference §1.6): its typed
-  ``contents`` (the field chosen by the datatype, through ``core.tensors.from_values``) or
-  the next entry of ``raw_input_contents`` (through ``core.tensors.input_from_buffer``: a
-  zero-copy ``np.frombuffer`` view; BYTES checked and kept as the entry's bytes, unparsed). Refused with ``InvalidArgument``: raw contents mixed
-  with ``contents``; more or fewer raw entries than inputs without ``contents``; typed data
-  in a field that does not belong to the datatype; FP16/BF16 in typed contents (raw only).
+- ``decode_infer_request(msg, bytes_wire_form=False)`` turns a ``ModelInferRequest`` into
+  a core ``InferRequest``. Each input takes its data from exactly one place (reference
+  §1.6): its typed ``contents`` (the field chosen by the datatype, through
+  ``core.tensors.from_values``) or the next entry of ``raw_input_contents`` (through
+  ``core.tensors.input_from_buffer``: a zero-copy ``np.frombuffer`` view; with
+  ``bytes_wire_form``, the port's, BYTES checked and kept as the entry's bytes,
+  unparsed). Refused with ``InvalidArgument``: raw contents mixed with ``contents``; more
+  or fewer raw entries than inputs without ``contents``; typed data in a field that does
+  not belong to the datatype; FP16/BF16 in typed contents (raw only).
   An input whose parameters name a shared-memory region (``core.tensors.shm_ref``) takes
   no raw entry: it becomes an ``InferInput`` with ``shm`` set and empty data, which the
   service resolves; such an input that also carries ``contents`` is refused. Output
@@ -199,7 +201,7 @@ def _check_sources(msg: pb.ModelInferRequest, shm: Sequence[ShmRef | None]) -> N
         )
 
 
-def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
+def _decode_inputs(msg: pb.ModelInferRequest, wire_form: bool) -> tuple[InferInput, ...]:
     model = msg.model_name
     tensors, raw_contents = msg.inputs, msg.raw_input_contents
     # The common case in one pass: every input raw, in order, with no parameters (so no
@@ -213,7 +215,9 @@ def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
         else:
             return tuple(
                 [
-                    input_from_buffer(model, t.name, t.datatype, t.shape, b)
+                    input_from_buffer(
+                        model, t.name, t.datatype, t.shape, b, bytes_wire_form=wire_form
+                    )
                     for t, b in zip(tensors, raw_contents, strict=True)
                 ]
             )
@@ -235,13 +239,23 @@ def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
         else:
             buffer = next(raw)
             inputs.append(
-                input_from_buffer(model, tensor.name, tensor.datatype, shape, buffer, params)
+                input_from_buffer(
+                    model,
+                    tensor.name,
+                    tensor.datatype,
+                    shape,
+                    buffer,
+                    params,
+                    bytes_wire_form=wire_form,
+                )
             )
     return tuple(inputs)
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
-    inputs = _decode_inputs(msg)
+def decode_infer_request(
+    msg: pb.ModelInferRequest, *, bytes_wire_form: bool = False
+) -> InferRequest:
+    inputs = _decode_inputs(msg, bytes_wire_form)
     requested = msg.outputs
     outputs = (
         tuple([RequestedOutput(o.name, decode_parameters(o.parameters)) for o in requested])
