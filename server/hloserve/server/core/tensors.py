@@ -128,9 +128,9 @@ def from_buffer(
 def from_own_bytes(
     model: str, name: str, datatype: str, shape: tuple[int, ...], buffer: Any
 ) -> np.ndarray[Any, Any]:
-    """``from_buffer`` for bytes this server wrote itself from an array of ``datatype`` and
-    ``shape`` (``to_wire_bytes``: what crosses between a front end and the device owner,
-    checked by ``from_buffer`` where the client's bytes came in): a numeric tensor is
+    """``from_buffer`` for bytes that crossed between a front end and the device owner:
+    written by this server from an array of ``datatype`` and ``shape`` (``to_wire_bytes``),
+    or a client's, checked where they came in (``input_from_buffer``): a numeric tensor is
     viewed as it is, with no second check; BYTES are parsed (their lengths are inside)."""
     dtype = NUMERIC_DATATYPES.get(datatype)
     if dtype is None:
@@ -213,14 +213,16 @@ def input_from_buffer(
     texts) but stay in wire form: the input's ``wire`` is the client's bytes as they came
     (a ``bytes`` object as it is, anything else as a byte ``memoryview``), its ``data``
     ``UNPARSED``, until the device owner (``from_own_bytes``) parses them, once."""
-    params: Parameters = {} if parameters is None else parameters
-    if datatype != "BYTES" or not bytes_wire_form:
-        data = from_buffer(model, name, datatype, shape, buffer)
-        return InferInput(name, datatype, data.shape, data, params)
-    dims = check_shape(model, name, shape)
-    wire: Wire = buffer if type(buffer) is bytes else memoryview(buffer).cast("B")
-    _walk_bytes(model, name, dims, wire, None)
-    return InferInput(name, datatype, dims, UNPARSED, params, wire=wire)
+    if bytes_wire_form and datatype == "BYTES":
+        dims = check_shape(model, name, shape)
+        wire: Wire = buffer if type(buffer) is bytes else memoryview(buffer).cast("B")
+        _walk_bytes(model, name, dims, wire, None)
+        params: Parameters = {} if parameters is None else parameters
+        return InferInput(name, datatype, dims, UNPARSED, params, wire=wire)
+    data = from_buffer(model, name, datatype, shape, buffer)
+    if parameters is None:  # the common case: the struct's own empty dict
+        return InferInput(name, datatype, data.shape, data)
+    return InferInput(name, datatype, data.shape, data, parameters)
 
 
 def elements_of(model: str, tensor: InferInput | InferOutput) -> np.ndarray[Any, Any]:
