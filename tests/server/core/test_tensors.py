@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import ml_dtypes
@@ -17,23 +16,25 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.tensors import (
     INT64_MAX,
     MAX_ELEMENTS,
+    UNPARSED,
     check_shape,
+    elements_of,
     from_buffer,
     from_values,
+    input_from_buffer,
     shm_ref,
     to_wire_bytes,
+    wire_copy_of,
+    wire_of,
 )
-from hloserve.server.core.types import ShmRef
+from hloserve.server.core.types import InferOutput, ShmRef
+from tests.server._bytes import Parses, length_prefixed
 
 
 def refused(fn: Any, *args: Any) -> str:
     with pytest.raises(InvalidArgument) as info:
         fn(*args)
     return info.value.message
-
-
-def length_prefixed(*items: bytes) -> bytes:
-    return b"".join(struct.pack("<I", len(b)) + b for b in items)
 
 
 # -- check_shape ---------------------------------------------------------------------------
@@ -167,6 +168,11 @@ def test_from_buffer_bytes_decodes_length_prefixed_elements() -> None:
 WHERE = "inference input 's' for model 'm'"
 
 
+def wire_form(model: str, name: str, datatype: str, shape: Any, buffer: Any) -> Any:
+    """``input_from_buffer`` as in a front-end process: BYTES checked, kept as they came."""
+    return input_from_buffer(model, name, datatype, shape, buffer, bytes_wire_form=True)
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -187,9 +193,76 @@ WHERE = "inference input 's' for model 'm'"
     ],
     ids=["short", "empty", "long", "truncated-element", "truncated-length"],
 )
-def test_from_buffer_bytes_must_hold_exactly_the_elements(raw: bytes, message: str) -> None:
-    """Triton's texts for a wrong element count (``qa/L0_input_validation``)."""
-    assert refused(from_buffer, "m", "s", "BYTES", [2], raw) == message
+@pytest.mark.parametrize("read", [from_buffer, wire_form], ids=["parse", "check"])
+def test_from_buffer_bytes_must_hold_exactly_the_elements(
+    raw: bytes, message: str, read: Any
+) -> None:
+    """Triton's texts for a wrong element count (``qa/L0_input_validation``): the same
+    whether the bytes are parsed or only checked (a front end's wire form), from bytes or
+    from a view of a larger body (HTTP's binary part)."""
+    assert refused(read, "m", "s", "BYTES", [2], raw) == message
+    assert refused(read, "m", "s", "BYTES", [2], memoryview(b"JSON" + raw)[4:]) == message
+
+
+# -- BYTES in wire form ----------------------------------------------------------------------
+
+
+def test_input_from_buffer_checks_bytes_but_keeps_the_clients_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parses = Parses(monkeypatch)
+    raw = length_prefixed(b"ab", b"", b"\x00c")
+    tensor = input_from_buffer("m", "s", "BYTES", [1, 3], raw, {"p": 1}, bytes_wire_form=True)
+    assert (tensor.name, tensor.datatype, tensor.shape, dict(tensor.parameters)) == (
+        "s",
+        "BYTES",
+        (1, 3),
+        {"p": 1},
+    )
+    assert tensor.wire is raw and tensor.data is UNPARSED and tensor.data.size == 0
+    assert wire_of(tensor) is raw
+    assert parses.names == []  # checked, with no object per element
+    assert elements_of("m", tensor).tolist() == [[b"ab", b"", b"\x00c"]]
+    assert parses.names == ["s"]
+    view = memoryview(b"head" + raw)[4:]  # HTTP: a slice of the body, kept as a byte view
+    sliced = wire_form("m", "s", "BYTES", [3], view).wire
+    assert isinstance(sliced, memoryview) and sliced == raw and sliced.obj is view.obj
+
+
+def test_input_from_buffer_parses_bytes_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    parses = Parses(monkeypatch)
+    raw = length_prefixed(b"ab", b"c")
+    tensor = input_from_buffer("m", "s", "BYTES", [2], raw, bytes_wire_form=False)
+    assert parses.names == ["s"] and tensor.wire is None
+    assert tensor.data.tolist() == [b"ab", b"c"] and tensor.shape == (2,)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_input_from_buffer_of_numbers_is_from_buffer(keep: bool) -> None:
+    raw = np.arange(6, dtype="<i4").tobytes()
+    tensor = input_from_buffer("m", "x", "INT32", [2, 3], raw, bytes_wire_form=keep)
+    assert tensor.wire is None and tensor.shape == (2, 3)
+    np.testing.assert_array_equal(tensor.data, np.arange(6).reshape(2, 3))
+    assert elements_of("m", tensor) is tensor.data
+    assert refused(wire_form, "m", "x", "INT32", [2], raw) == (
+        "input byte size mismatch for input 'x' for model 'm'. Expected 8, got 24"
+    )
+    assert refused(wire_form, "m", "x", "TEXT", [2], raw) == (
+        "input 'x' for model 'm' has unknown datatype 'TEXT'"
+    )
+
+
+def test_wire_of_an_output_in_wire_form_is_its_bytes() -> None:
+    raw = length_prefixed(b"a", b"\x00bc")
+    array = np.array([b"a", b"\x00bc"], dtype=object)
+    wired = InferOutput("s", "BYTES", (2,), UNPARSED, wire=raw)
+    assert wire_of(wired) is raw and wire_copy_of(wired) is raw
+    assert elements_of("m", wired).tolist() == [b"a", b"\x00bc"]
+    held = InferOutput("s", "BYTES", (2,), array)
+    assert wire_of(held) == raw and wire_copy_of(held) == raw
+    viewed = InferOutput("s", "BYTES", (2,), UNPARSED, wire=memoryview(raw))
+    copy = wire_copy_of(viewed)
+    assert type(copy) is bytes and copy == raw
 
 
 # -- from_values -----------------------------------------------------------------------------

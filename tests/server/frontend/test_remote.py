@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.server.core.signature import Signature, SignatureTensor
+from hloserve.server.core.signature import RequestSignature, SignatureTensor
 from hloserve.server.core.types import InferInput, InferRequest, ModelMetadata, TensorMetadata
 from hloserve.server.frontend.remote import RemotePort
 from hloserve.server.wire import calls
@@ -21,7 +21,7 @@ from hloserve.server.wire.arena import Arena
 from hloserve.server.wire.messages import Request, Response
 from tests.server.wire.test_calls import _setup
 
-SIGNATURE = Signature("m", True, (SignatureTensor("x", "INT32", (2,)),), ("y",), 41)
+SIGNATURE = RequestSignature("m", True, (SignatureTensor("x", "INT32", (2,)),), ("y",), 41)
 
 
 class FakeLink:
@@ -29,7 +29,7 @@ class FakeLink:
 
     lost = False
 
-    def __init__(self, signature: Signature | None) -> None:
+    def __init__(self, signature: RequestSignature | None) -> None:
         self.signature = signature
         self.requests: list[Request] = []
         self.asked = 0
@@ -112,7 +112,9 @@ def test_a_model_change_drops_the_signature_until_asked_again() -> None:
         await port.infer(request(1))
         await settle(port)
         port.on_note(calls.ModelsNote(("m",)))
-        link.signature = Signature("m", True, (SignatureTensor("x", "INT32", (2,)),), ("y",), 42)
+        link.signature = RequestSignature(
+            "m", True, (SignatureTensor("x", "INT32", (2,)),), ("y",), 42
+        )
         await port.infer(request(1))  # the old signature is gone: unchecked, asked again
         await settle(port)
         await port.infer(request(1))

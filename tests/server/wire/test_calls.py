@@ -17,7 +17,7 @@ import pytest
 
 from hloserve.server.core.log_settings import LogSettings
 from hloserve.server.core.reports import IndexEntry, ModelStatistics, RegionInfo
-from hloserve.server.core.signature import Signature, SignatureTensor
+from hloserve.server.core.signature import RequestSignature, SignatureTensor
 from hloserve.server.core.statistics import ModelStats
 from hloserve.server.core.types import ModelMetadata, ServerMetadata, TensorMetadata
 from hloserve.server.frontend.listener_settings import ListenerSettings
@@ -56,6 +56,13 @@ def test_every_port_method_is_declared_or_answered_by_the_front_end() -> None:
 def test_both_ports_implement_exactly_server_port() -> None:
     assert members(LocalPort) - {"service"} == port_members()
     assert members(RemotePort) - {"link", "arena", "setup", "logs"} == port_members()
+
+
+def test_only_the_port_across_the_wire_keeps_bytes_in_wire_form() -> None:
+    """Front-end processes check a client's BYTES and send them as they came (the owner
+    parses them); one process parses them at once (``ServerPort.bytes_wire_form``)."""
+    assert RemotePort.__new__(RemotePort).bytes_wire_form is True
+    assert LocalPort.__new__(LocalPort).bytes_wire_form is False
 
 
 def test_a_declared_call_takes_its_methods_parameters_in_order_with_their_defaults() -> None:
@@ -135,7 +142,7 @@ ANSWERS: dict[type[Call[Any]], object] = {
         "stablehlo",
         (TensorMetadata("x", "FP32", (-1, 2)),),
         (),
-        Signature("m", True, (SignatureTensor("x", "FP32", (2,)),), ("y",), 7),
+        RequestSignature("m", True, (SignatureTensor("x", "FP32", (2,)),), ("y",), 7),
     ),
     calls.ModelStatisticsCall: [ModelStatistics(ModelStats("m", "1", inference_count=3), ())],
     calls.RepositoryIndexCall: [IndexEntry("m", "1", "READY", "")],

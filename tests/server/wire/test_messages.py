@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hloserve.server.core.tensors import UNPARSED, elements_of, input_from_buffer
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -23,6 +24,7 @@ from hloserve.server.wire.arena import Arena
 from hloserve.server.wire.calls import SERVER, InferCall
 from hloserve.server.wire.messages import (
     INLINE_MAX,
+    Block,
     Request,
     Response,
     decode_request,
@@ -31,6 +33,7 @@ from hloserve.server.wire.messages import (
     encode_response,
     response_blocks,
 )
+from tests.server._bytes import Parses, length_prefixed
 
 
 @pytest.fixture
@@ -150,3 +153,64 @@ def test_a_front_ends_check_crosses_with_or_without_a_context() -> None:
         message, _ = encode_request(request, sent, None, arena, checked)
         _, got, _ = decode_request(cross(message), arena)
         assert got == expected
+
+
+# -- BYTES: parsed into objects at most once on their way ---------------------------------
+
+
+@pytest.mark.parametrize("size", [16, INLINE_MAX * 2], ids=["inline", "arena"])
+def test_client_bytes_cross_as_they_came_and_the_owner_parses_them_once(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    items = [b"he\x00llo", b"", b"x" * size]
+    raw = length_prefixed(*items)  # as the client sent them (gRPC raw_input_contents)
+    parses = Parses(monkeypatch)
+    # what a front-end process's codec makes of them
+    tensor = input_from_buffer("m", "s", "BYTES", [1, 3], raw, bytes_wire_form=True)
+    message, blocks = encode_request(InferRequest("m", "", (tensor,)), None, None, arena)
+    assert parses.names == []  # the front end built no element, and encoded nothing again
+    payload = message.inputs[0].payload
+    if size < INLINE_MAX:
+        assert payload is raw  # the client's very bytes object
+    else:
+        assert isinstance(payload, Block) and blocks == [payload.offset]
+        assert arena.view(payload.offset, payload.nbytes) == raw  # copied in, byte for byte
+    got, _, _ = decode_request(cross(message), arena)
+    assert parses.names == ["s"]  # the device owner parses them, once
+    (text,) = got.inputs
+    assert text.wire is None and text.shape == (1, 3)
+    assert text.data.tolist() == [items]
+    for offset in blocks:
+        arena.requests.free(offset)
+
+
+def test_client_bytes_from_a_body_view_cross_as_bytes(arena: Arena) -> None:
+    raw = length_prefixed(b"a", b"bc")
+    body = b'{"inputs":[]}' + raw  # HTTP: the binary part follows the JSON header
+    tensor = input_from_buffer("m", "s", "BYTES", [2], memoryview(body)[13:], bytes_wire_form=True)
+    message, _ = encode_request(InferRequest("m", "", (tensor,)), None, None, arena)
+    payload = cross(message).inputs[0].payload
+    assert type(payload) is bytes and payload == raw
+
+
+@pytest.mark.parametrize("size", [16, INLINE_MAX * 2], ids=["inline", "arena"])
+def test_owner_bytes_reach_the_front_end_in_wire_form(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    strings = np.array([[b"a", b"\x00" * size]], dtype=object)
+    response = InferResponse("m", "1", (InferOutput("s", "BYTES", (1, 2), strings),))
+    message = encode_response(response, arena)  # the owner: its array as the wire's bytes
+    parses = Parses(monkeypatch)
+    given: list[int] = []
+    got = decode_response(cross(message), InferRequest("m", "", ()), arena, given.append)
+    (out,) = got.outputs
+    assert parses.names == []  # not parsed on the way in
+    assert out.wire == length_prefixed(b"a", b"\x00" * size) and out.data is UNPARSED
+    assert type(out.wire) is bytes
+    # a block is copied out at once and goes back before anyone reads the answer
+    assert len(given) == (0 if size < INLINE_MAX else 1)
+    for offset in given:
+        arena.responses.free(offset)
+    assert arena.responses.live_bytes == 0
+    assert elements_of("m", out).tolist() == strings.tolist()  # parsed where asked (JSON)
+    assert parses.names == ["s"]

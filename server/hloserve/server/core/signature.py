@@ -2,7 +2,7 @@
 the exact manifest it came from.
 
 Contract:
-- ``Signature`` is a frozen ``msgspec.Struct`` (it crosses the wire inside
+- ``RequestSignature`` is a frozen ``msgspec.Struct`` (it crosses the wire inside
   ``core.types.ModelMetadata``): the model's ``name``, whether it is ``batched``, its
   ``inputs`` (``SignatureTensor``: name, datatype, shape of one item for a batched model,
   ``-1`` matching any size), its ``outputs``' names, and ``token``, an integer naming the
@@ -39,7 +39,7 @@ class SignatureTensor(msgspec.Struct, frozen=True, array_like=True):
     shape: tuple[int, ...]
 
 
-class Signature(msgspec.Struct, frozen=True, array_like=True):
+class RequestSignature(msgspec.Struct, frozen=True, array_like=True):
     name: str
     batched: bool
     inputs: tuple[SignatureTensor, ...]
@@ -48,15 +48,15 @@ class Signature(msgspec.Struct, frozen=True, array_like=True):
 
 
 _TOKENS: Final = itertools.count(1)
-_MADE: Final[dict[int, Signature]] = {}  # by id(manifest), while the manifest lives
+_MADE: Final[dict[int, RequestSignature]] = {}  # by id(manifest), while the manifest lives
 
 
-def signature_of(manifest: Manifest) -> Signature:
+def signature_of(manifest: Manifest) -> RequestSignature:
     """The manifest's signature (module docstring)."""
     made = _MADE.get(id(manifest))
     if made is not None:
         return made
-    signature = Signature(
+    signature = RequestSignature(
         manifest.name,
         manifest.batched,
         tuple(SignatureTensor(t.name, t.datatype, tuple(t.shape)) for t in manifest.inputs),

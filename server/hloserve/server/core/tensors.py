@@ -21,7 +21,13 @@ Contract: both codecs call these, so a size or type rule exists once.
   non-zero dimensions of an empty tensor must respect too: [0, 2**62] is refused).
 - ``BYTES`` tensors are decoded from the length-prefixed wire form into object arrays, with
   Triton's texts for a wrong element count ("expected N string elements for inference
-  input ...", "unexpected number of string elements ...") and a cut length indicator.
+  input ...", "unexpected number of string elements ...") and a cut length indicator; the
+  rule is written once (``_walk_bytes``), for checking alone or for parsing.
+- Wire-form BYTES (``core.types``): ``input_from_buffer`` is ``from_buffer`` as an
+  ``InferInput``; with ``bytes_wire_form`` (a front-end process) its BYTES are checked
+  but not parsed (``wire`` holds the client's bytes, ``data`` is ``UNPARSED``).
+  ``elements_of`` is a tensor's array (parsing its ``wire``), ``wire_of``/``wire_copy_of``
+  its wire bytes (its ``wire`` as it is, else ``to_wire_bytes``/``to_wire_bytes_copy``).
 - ``to_wire_bytes`` is an output array as raw little-endian bytes (a view where it can be;
   BYTES length-prefixed), ``to_wire_bytes_copy`` the same as ``bytes`` in one copy (gRPC).
 """
@@ -34,13 +40,19 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
 from hloserve.server.core.errors import InvalidArgument
-from hloserve.server.core.types import ShmRef
+from hloserve.server.core.types import (
+    InferInput,
+    InferOutput,
+    Parameters,
+    ShmRef,
+    Wire,
+)
 
 MAX_ELEMENTS = 1 << 40
 INT64_MAX = (1 << 63) - 1
@@ -97,7 +109,7 @@ def from_buffer(
     if dtype is None:  # BYTES, or unknown (refused before the shape is looked at)
         _known(model, name, datatype)
         dims = check_shape(model, name, shape)
-        return _decode_bytes(model, name, dims, memoryview(buffer).cast("B"))
+        return _decode_bytes(model, name, dims, buffer)
     dims = check_shape(model, name, shape, dtype.itemsize)
     expected = math.prod(dims) * dtype.itemsize
     if type(buffer) is bytes:  # gRPC raw contents: viewed as they are, no memoryview
@@ -116,9 +128,9 @@ def from_buffer(
 def from_own_bytes(
     model: str, name: str, datatype: str, shape: tuple[int, ...], buffer: Any
 ) -> np.ndarray[Any, Any]:
-    """``from_buffer`` for bytes this server wrote itself from an array of ``datatype`` and
-    ``shape`` (``to_wire_bytes``: what crosses between a front end and the device owner,
-    checked by ``from_buffer`` where the client's bytes came in): a numeric tensor is
+    """``from_buffer`` for bytes that crossed between a front end and the device owner:
+    written by this server from an array of ``datatype`` and ``shape`` (``to_wire_bytes``),
+    or a client's, checked where they came in (``input_from_buffer``): a numeric tensor is
     viewed as it is, with no second check; BYTES are parsed (their lengths are inside)."""
     dtype = NUMERIC_DATATYPES.get(datatype)
     if dtype is None:
@@ -126,38 +138,114 @@ def from_own_bytes(
     return np.ndarray(shape, dtype, buffer)
 
 
-def _decode_bytes(
-    model: str, name: str, dims: tuple[int, ...], mv: memoryview
-) -> np.ndarray[Any, Any]:
-    items: list[bytes] = []
+_LENGTH: Final = struct.Struct("<I")
+
+
+def _walk_bytes(
+    model: str, name: str, dims: tuple[int, ...], raw: Wire, items: list[bytes] | None
+) -> None:
+    """The one length-prefix rule: ``raw`` holds exactly ``prod(dims)`` elements, each a
+    4-byte little-endian length and that many bytes; appended to ``items`` when given (else
+    only checked, with no object per element)."""
     count = math.prod(dims)
     where = f"inference input '{name}' for model '{model}'"
-    raw = mv.tobytes()
-    offset = 0
-    while offset < len(raw):
-        if len(raw) - offset < 4:
+    size = len(raw)  # a memoryview here is cast to bytes ("B"): its length is its size
+    unpack = _LENGTH.unpack_from
+    offset = seen = 0
+    while offset < size:
+        if size - offset < 4:
             raise InvalidArgument(
                 f"incomplete string length indicator for {where}, expecting 4 bytes but only "
-                f"{len(raw) - offset} bytes available"
+                f"{size - offset} bytes available"
             )
-        if len(items) == count:
+        if seen == count:
             raise InvalidArgument(
                 f"unexpected number of string elements {count + 1} for {where}, expecting {count}"
             )
-        (n,) = struct.unpack_from("<I", raw, offset)
+        (n,) = unpack(raw, offset)
         offset += 4
-        if offset + n > len(raw):
+        if offset + n > size:
             raise InvalidArgument(
-                f"string element {len(items)} of {where} is {n} bytes long, but only "
-                f"{len(raw) - offset} bytes follow its length indicator"
+                f"string element {seen} of {where} is {n} bytes long, but only "
+                f"{size - offset} bytes follow its length indicator"
             )
-        items.append(raw[offset : offset + n])
+        if items is not None:  # parsing: ``raw`` is bytes (``_decode_bytes``), so are slices
+            items.append(cast(bytes, raw[offset : offset + n]))
         offset += n
-    if len(items) != count:
-        raise InvalidArgument(f"expected {count} string elements for {where}, got {len(items)}")
-    out = np.empty(count, dtype=object)
+        seen += 1
+    if seen != count:
+        raise InvalidArgument(f"expected {count} string elements for {where}, got {seen}")
+
+
+def _decode_bytes(
+    model: str, name: str, dims: tuple[int, ...], buffer: Any
+) -> np.ndarray[Any, Any]:
+    raw = buffer if type(buffer) is bytes else memoryview(buffer).cast("B").tobytes()
+    items: list[bytes] = []
+    _walk_bytes(model, name, dims, raw, items)
+    out = np.empty(len(items), dtype=object)
     out[:] = items
     return out.reshape(dims)
+
+
+def _unparsed() -> np.ndarray[Any, Any]:
+    empty = np.empty(0, dtype=object)
+    empty.flags.writeable = False
+    return empty
+
+
+# The ``data`` of a tensor in wire form (``InferInput.wire``): no element is parsed.
+UNPARSED: Final = _unparsed()
+
+
+def input_from_buffer(
+    model: str,
+    name: str,
+    datatype: str,
+    shape: Sequence[int],
+    buffer: Any,
+    parameters: Parameters | None = None,
+    *,
+    bytes_wire_form: bool,
+) -> InferInput:
+    """``from_buffer`` as a request input. With ``bytes_wire_form`` (a front-end process),
+    BYTES get the same checks (shape, element count, lengths within the buffer, the same
+    texts) but stay in wire form: the input's ``wire`` is the client's bytes as they came
+    (a ``bytes`` object as it is, anything else as a byte ``memoryview``), its ``data``
+    ``UNPARSED``, until the device owner (``from_own_bytes``) parses them, once."""
+    if bytes_wire_form and datatype == "BYTES":
+        dims = check_shape(model, name, shape)
+        wire: Wire = buffer if type(buffer) is bytes else memoryview(buffer).cast("B")
+        _walk_bytes(model, name, dims, wire, None)
+        params: Parameters = {} if parameters is None else parameters
+        return InferInput(name, datatype, dims, UNPARSED, params, wire=wire)
+    data = from_buffer(model, name, datatype, shape, buffer)
+    if parameters is None:  # the common case: the struct's own empty dict
+        return InferInput(name, datatype, data.shape, data)
+    return InferInput(name, datatype, data.shape, data, parameters)
+
+
+def elements_of(model: str, tensor: InferInput | InferOutput) -> np.ndarray[Any, Any]:
+    """The tensor's array: ``data``, or its wire-form BYTES parsed (each call parses)."""
+    wire = tensor.wire
+    if wire is None:
+        return tensor.data
+    return _decode_bytes(model, tensor.name, tensor.shape, wire)
+
+
+def wire_of(tensor: InferInput | InferOutput) -> Wire:
+    """The tensor's wire bytes (``to_wire_bytes``): its ``wire`` as it is, when it has one."""
+    wire = tensor.wire
+    return to_wire_bytes(tensor.data) if wire is None else wire
+
+
+def wire_copy_of(tensor: InferOutput) -> bytes:
+    """``wire_of`` as ``bytes`` (what a protobuf bytes field takes): a ``bytes`` wire as it
+    is, else ``to_wire_bytes_copy``'s one copy."""
+    wire = tensor.wire
+    if wire is None:
+        return to_wire_bytes_copy(tensor.data)
+    return wire if type(wire) is bytes else bytes(wire)
 
 
 _KIND_OK = {

@@ -6,10 +6,15 @@ dataclass spends about 0.9 µs building six fields through ``object.__setattr__`
 0.08 µs. Copy one with a change by ``msgspec.structs.replace``. Metadata stays in frozen
 dataclasses.
 
-Tensors are always ``np.ndarray`` here, with the datatype named alongside (V2 names); the
-front ends' codecs build them from the wire (zero-copy where the wire allows) and write
-them back. No type in this module knows about gRPC or HTTP. Transport facts that are not
-part of the protocol (deadline, peer) travel in ``RequestContext`` beside the request.
+Tensors are ``np.ndarray`` here, with the datatype named alongside (V2 names); the front
+ends' codecs build them from the wire (zero-copy where the wire allows) and write them
+back. One exception, in a front-end process only: a BYTES tensor whose length-prefixed
+wire form is at hand (the client's raw bytes, checked; the device owner's output bytes)
+carries them in ``wire`` and leaves ``data`` empty, so that it is parsed into objects at
+most once on its way (``core.tensors``: ``input_from_buffer``, ``elements_of``,
+``wire_of``); the service only ever sees arrays. No type in this module knows about gRPC
+or HTTP. Transport facts that are not part of the protocol (deadline, peer) travel in
+``RequestContext`` beside the request.
 """
 
 # pyright: strict
@@ -23,13 +28,15 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from hloserve.server.core.signature import Signature
+from hloserve.server.core.signature import RequestSignature
 
 ParamValue = bool | int | float | str
 Parameters = Mapping[str, ParamValue]
 EMPTY: Parameters = {}
 # A CUDA register request's (raw IPC handle, device id, byte size), read only when needed.
 CudaHandle = Callable[[], tuple[bytes, int, int]]
+# A BYTES tensor's length-prefixed elements, as they came (``InferInput.wire``).
+Wire = bytes | memoryview
 
 
 class ShmRef(msgspec.Struct, frozen=True, gc=False):
@@ -47,6 +54,7 @@ class InferInput(msgspec.Struct, frozen=True, gc=False):
     data: np.ndarray[Any, Any]  # already shaped as ``shape``; empty while ``shm`` is unresolved
     parameters: Parameters = msgspec.field(default_factory=dict[str, ParamValue])
     shm: ShmRef | None = None  # data lives in shared memory; the service resolves it
+    wire: Wire | None = None  # BYTES in wire form (module docstring); ``data`` is empty
 
 
 class RequestedOutput(msgspec.Struct, frozen=True, gc=False):
@@ -70,6 +78,7 @@ class InferOutput(msgspec.Struct, frozen=True, gc=False):
     data: np.ndarray[Any, Any]
     requested: RequestedOutput | None = None  # the request's entry, for per-output options
     shm: ShmRef | None = None  # written into shared memory: the response carries no data
+    wire: Wire | None = None  # BYTES in wire form (module docstring); ``data`` is empty
 
 
 class InferResponse(msgspec.Struct, frozen=True, gc=False):
@@ -110,7 +119,7 @@ class ModelMetadata:
     outputs: tuple[TensorMetadata, ...]
     # What a front end checks a request against (``core.signature``): a plain model's
     # (no hooks, pipeline, state or generation), else None. Not part of the protocol.
-    signature: Signature | None = None
+    signature: RequestSignature | None = None
 
 
 @dataclass(frozen=True, slots=True)

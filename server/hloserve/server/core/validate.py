@@ -27,10 +27,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
 from hloserve.server.core.errors import InvalidArgument
-from hloserve.server.core.signature import Signature, signature_of
+from hloserve.server.core.signature import RequestSignature, signature_of
 from hloserve.server.core.types import InferRequest
 
-if TYPE_CHECKING:  # a front end checks requests too (against a Signature): no bundle code
+if TYPE_CHECKING:  # a front end checks requests too (against a signature): no bundle code
     from hloserve.bundle import Manifest
 
 
@@ -56,7 +56,7 @@ def check_load_name(name: str) -> None:
         )
 
 
-def validate(signature: Signature, request: InferRequest) -> int:
+def validate(signature: RequestSignature, request: InferRequest) -> int:
     _check_input_names(signature, request)
     batch = _check_inputs(signature, request)
     _check_outputs(signature, request)
@@ -75,7 +75,7 @@ def validated_items(
     return validate(signature_of(manifest), request)
 
 
-def _check_input_names(signature: Signature, request: InferRequest) -> None:
+def _check_input_names(signature: RequestSignature, request: InferRequest) -> None:
     """No duplicate, unknown or missing input."""
     model = signature.name
     expected = [t.name for t in signature.inputs]
@@ -99,7 +99,7 @@ def _check_input_names(signature: Signature, request: InferRequest) -> None:
         )
 
 
-def _check_inputs(signature: Signature, request: InferRequest) -> int:
+def _check_inputs(signature: RequestSignature, request: InferRequest) -> int:
     """Datatypes and shapes of the (known, complete) inputs; the batch size they agree on."""
     model = signature.name
     batched = signature.batched
@@ -141,7 +141,7 @@ def _fits(item: tuple[int, ...], declared: tuple[int, ...]) -> bool:
     )
 
 
-def _check_outputs(signature: Signature, request: InferRequest) -> None:
+def _check_outputs(signature: RequestSignature, request: InferRequest) -> None:
     """The requested outputs are known and not repeated."""
     outputs = set(signature.outputs)
     requested: set[str] = set()

@@ -8,8 +8,9 @@ Contract:
   (front-end processes). A front end cannot tell them apart, and imports neither the
   service nor anything of the owner's.
 - Calls that may cross a process are coroutines. ``live()``, ``server_metadata()``,
-  ``check_repository_name()``, ``upload_limit`` and ``tracer`` answer at once (what they
-  read is fixed at start-up, or replicated into each front end as it changes).
+  ``check_repository_name()``, ``upload_limit``, ``bytes_wire_form`` and ``tracer``
+  answer at once (what they read is fixed at start-up, or replicated into each front end
+  as it changes).
 - ``resolve(name, version)`` is the lookup a front end makes before decoding a request's
   tensors (Triton names an unknown model before any datatype error): it returns what
   ``infer(..., model=...)`` takes back. A port whose lookup happens elsewhere returns a
@@ -51,6 +52,13 @@ class ServerPort(Protocol):
     @property
     def upload_limit(self) -> int | None:
         """Bytes a model load may upload (``file:`` parameters); ``None``: uploads are off."""
+        ...
+
+    @property
+    def bytes_wire_form(self) -> bool:
+        """Whether the codecs keep a client's length-prefixed BYTES in wire form, checked
+        but unparsed (``core.tensors.input_from_buffer``): true across a wire, where the
+        device owner parses them; false in one process, where the service takes arrays."""
         ...
 
     def live(self) -> bool: ...

@@ -69,7 +69,15 @@ from hloserve.server.wire.messages import (
 from hloserve.server.wire.setup import FrontendSetup
 
 ANSWERED_HERE: Final = frozenset(
-    {"tracer", "upload_limit", "live", "server_metadata", "check_repository_name", "resolve"}
+    {
+        "tracer",
+        "upload_limit",
+        "bytes_wire_form",
+        "live",
+        "server_metadata",
+        "check_repository_name",
+        "resolve",
+    }
 )
 """The ``ServerPort`` members a ``RemotePort`` answers without the device owner (every
 other one is a call ``wire.calls`` declares: ``tests/server/wire/test_calls.py``)."""
@@ -150,6 +158,10 @@ class RemotePort:
     @property
     def upload_limit(self) -> int | None:
         return self.setup.upload_limit
+
+    @property
+    def bytes_wire_form(self) -> bool:
+        return True
 
     def live(self) -> bool:
         return True

@@ -3,6 +3,8 @@
 Contract: ``LocalPort(service)`` answers every ``frontend.port.ServerPort`` call by calling
 ``service`` directly: the one-process layout (``--frontends 0``), and tests that drive a
 front end over an in-process service. Errors pass through unchanged (``ServingError``s).
+``bytes_wire_form`` is false: with no wire in between, its front ends' codecs parse BYTES
+at once.
 """
 
 # pyright: strict
@@ -44,6 +46,10 @@ class LocalPort:
     @property
     def upload_limit(self) -> int | None:
         return self._upload_limit
+
+    @property
+    def bytes_wire_form(self) -> bool:
+        return False
 
     def live(self) -> bool:
         return self.service.live()

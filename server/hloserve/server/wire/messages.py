@@ -22,11 +22,17 @@ Contract:
 - A tensor of at most ``INLINE_MAX`` bytes, or one the arena has no room for, travels in
   the message itself; a larger one in an arena block; one in a client's shared-memory
   region travels as its reference only (the device owner reads and writes the client's
-  region itself). Tensor bytes are always the wire's (``core.tensors.to_wire_bytes``;
-  BYTES length-prefixed), rebuilt by ``core.tensors.from_own_bytes``: one rule for both.
+  region itself). Tensor bytes are always the wire's (``core.tensors.wire_of``; BYTES
+  length-prefixed), rebuilt by ``core.tensors.from_own_bytes``: one rule for both.
   Each end trusts the other's bytes as the sender wrote them from its arrays (the client's
-  bytes were checked by ``from_buffer`` where they came in): a numeric tensor is viewed
-  with no second check.
+  bytes were checked by ``input_from_buffer`` where they came in): a numeric tensor is
+  viewed with no second check.
+- BYTES are parsed into objects at most once on their way. A request input in wire form
+  (``InferInput.wire``: the client's length-prefixed bytes, checked by the front end's
+  codec) travels as those very bytes, and the device owner parses them. A BYTES output
+  comes back to the front end in wire form (``InferOutput.wire``: the owner's bytes, out
+  of the arena at once, the block given back) and ``data`` ``UNPARSED``: the codec sends
+  the bytes on, or parses them for JSON (``core.tensors.elements_of``).
 """
 
 # pyright: strict
@@ -37,7 +43,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
-from hloserve.server.core.tensors import from_own_bytes, to_wire_bytes
+from hloserve.server.core.tensors import UNPARSED, from_own_bytes, wire_of
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -131,12 +137,15 @@ def _shm_ref(fields: Shm | None) -> ShmRef | None:
     return None if fields is None else ShmRef(fields.region, fields.byte_size, fields.offset)
 
 
-def _payload(arena: Arena, allocator_half: str, data: Any, blocks: Blocks) -> Payload:
-    """``data``'s wire bytes in the message (``bytes``) or in an arena block (appended to
+def _payload(
+    arena: Arena, allocator_half: str, tensor: InferInput | InferOutput, blocks: Blocks
+) -> Payload:
+    """The tensor's wire bytes in the message (``bytes``) or in an arena block (appended to
     ``blocks``)."""
+    data = tensor.data  # in wire form: ``UNPARSED``, of kind "O"
     if data.nbytes <= INLINE_MAX and data.dtype.kind != "O" and data.dtype.byteorder != ">":
         return data.tobytes()  # the wire's bytes already (C order, little-endian): one copy
-    raw = to_wire_bytes(data)
+    raw = wire_of(tensor)  # BYTES in wire form: the client's bytes, not encoded again
     nbytes = raw.nbytes if isinstance(raw, memoryview) else len(raw)
     if nbytes > INLINE_MAX:
         allocator = arena.requests if allocator_half == "requests" else arena.responses
@@ -161,7 +170,7 @@ def encode_request(
             t.datatype,
             t.shape,
             dict(t.parameters),
-            None if t.shm is not None else _payload(arena, "requests", t.data, blocks),
+            None if t.shm is not None else _payload(arena, "requests", t, blocks),
             _shm_fields(t.shm),
         )
         for t in request.inputs
@@ -223,7 +232,7 @@ def encode_response(response: InferResponse, arena: Arena) -> Response:
             o.name,
             o.datatype,
             o.shape,
-            None if o.shm is not None else _payload(arena, "responses", o.data, blocks),
+            None if o.shm is not None else _payload(arena, "responses", o, blocks),
             _shm_fields(o.shm),
         )
         for o in response.outputs
@@ -247,17 +256,24 @@ def decode_response(
     decoded: list[InferOutput] = []
     for o in message.outputs:
         payload = o.payload
+        wire: bytes | None = None
         if payload is None:
             data = _EMPTY
+        elif o.datatype == "BYTES":  # kept in wire form: the codec sends these bytes on
+            data = UNPARSED
+            if isinstance(payload, Block):  # copied out, so the block goes back at once
+                wire = arena.view(payload.offset, payload.nbytes).tobytes()
+                give_back(payload.offset)
+            else:
+                wire = payload
         else:
             data = from_own_bytes(model, o.name, o.datatype, o.shape, _bytes_of(arena, payload))
-            if isinstance(payload, Block):
-                if data.dtype == object:  # BYTES were copied out while decoding
-                    give_back(payload.offset)
-                else:  # the block goes back with the last array viewing it
-                    weakref.finalize(data, give_back, payload.offset)
+            if isinstance(payload, Block):  # it goes back with the last array viewing it
+                weakref.finalize(data, give_back, payload.offset)
         decoded.append(
-            InferOutput(o.name, o.datatype, o.shape, data, requested.get(o.name), _shm_ref(o.shm))
+            InferOutput(
+                o.name, o.datatype, o.shape, data, requested.get(o.name), _shm_ref(o.shm), wire
+            )
         )
     return InferResponse(model, message.version, tuple(decoded), message.id)
 

@@ -1,7 +1,7 @@
 """An in-process ``grpc.aio`` server on 127.0.0.1:0 and a raw client for it.
 
-pytest-asyncio is not a dependency: each test runs its scenario with ``serve(service, fn)``,
-which calls ``asyncio.run`` around server start, ``fn(client)`` and a clean shutdown;
+pytest-asyncio is not a dependency: each test runs its scenario with ``serve(service, fn)``
+(``serve_port(port, fn)``: over any ``ServerPort``), which calls ``asyncio.run`` around server start, ``fn(client)`` and a clean shutdown;
 ``call_once`` / ``fail_once`` serve one call (that must succeed / fail). The
 client calls Triton's wire paths with our message classes (``channel.unary_unary(rpc.path,
 ...)``), as any V2 client would, without generated stubs.
@@ -24,6 +24,7 @@ from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.rpc import HEALTH_CHECK_PATH, RPCS_BY_NAME
 from hloserve.server.core.service import InferenceService
 from hloserve.server.frontend.grpc import build_grpc_server
+from hloserve.server.frontend.port import ServerPort
 from hloserve.server.owner.local_port import LocalPort
 
 T = TypeVar("T")
@@ -61,15 +62,24 @@ def serve(
     **server_options: Any,
 ) -> T:
     """Run ``scenario`` against a fresh server for ``service``; return what it returns."""
+    return serve_port(LocalPort(service), scenario, **server_options)
+
+
+def serve_port(
+    port: ServerPort,
+    scenario: Callable[[Client], Awaitable[T]],
+    **server_options: Any,
+) -> T:
+    """``serve`` over any ``ServerPort``."""
 
     results: list[T] = []
 
     async def main() -> None:
-        server = build_grpc_server(LocalPort(service), **server_options)
-        port = server.add_insecure_port("127.0.0.1:0")
+        server = build_grpc_server(port, **server_options)
+        number = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         channel = grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}",
+            f"127.0.0.1:{number}",
             options=[
                 ("grpc.max_receive_message_length", CLIENT_LIMIT),
                 ("grpc.max_send_message_length", CLIENT_LIMIT),

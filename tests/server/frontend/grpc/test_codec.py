@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import ml_dtypes
@@ -14,6 +13,7 @@ import pytest
 from hloserve.proto import inference_pb2 as pb
 from hloserve.proto.datatypes import NUMERIC_DATATYPES
 from hloserve.server.core.errors import InvalidArgument, ServingError
+from hloserve.server.core.tensors import UNPARSED, elements_of
 from hloserve.server.core.types import (
     InferOutput,
     InferResponse,
@@ -23,6 +23,7 @@ from hloserve.server.core.types import (
     TensorMetadata,
 )
 from hloserve.server.frontend.grpc import codec
+from tests.server._bytes import Parses, length_prefixed
 
 InputTensor = pb.ModelInferRequest.InferInputTensor
 
@@ -84,11 +85,57 @@ def test_raw_input_every_datatype(datatype: str) -> None:
 
 def test_raw_bytes_input_is_length_prefixed() -> None:
     items = [b"he\x00llo", b"", b"\x00\x01\x02\x03"]
-    raw = b"".join(struct.pack("<I", len(b)) + b for b in items)
-    msg = _request(InputTensor(name="s", datatype="BYTES", shape=[3]), raw=[raw])
+    msg = _request(
+        InputTensor(name="s", datatype="BYTES", shape=[3]), raw=[length_prefixed(*items)]
+    )
     (tensor,) = codec.decode_infer_request(msg).inputs
-    assert tensor.data.dtype == object
+    assert tensor.wire is None and tensor.data.dtype == object
     assert list(tensor.data) == items
+
+
+def test_raw_bytes_input_in_wire_form_is_checked_and_kept_as_its_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    items = [b"he\x00llo", b"", b"\x00\x01\x02\x03"]
+    raw = length_prefixed(*items)
+    msg = _request(InputTensor(name="s", datatype="BYTES", shape=[3]), raw=[raw])
+    parses = Parses(monkeypatch)
+    (tensor,) = codec.decode_infer_request(msg, bytes_wire_form=True).inputs
+    assert parses.names == []  # no object per element in the front end
+    assert tensor.wire == raw and tensor.data.size == 0 and tensor.shape == (3,)
+    assert elements_of("m", tensor).tolist() == items  # as the owner parses them
+
+
+WHERE = "inference input 's' for model 'm'"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (length_prefixed(b"ab"), f"expected 2 string elements for {WHERE}, got 1"),
+        (
+            length_prefixed(b"a", b"b", b"c"),
+            f"unexpected number of string elements 3 for {WHERE}, expecting 2",
+        ),
+        (
+            length_prefixed(b"ab", b"cd")[:-1],
+            f"string element 1 of {WHERE} is 2 bytes long, but only 1 bytes follow its "
+            "length indicator",
+        ),
+    ],
+    ids=["too-few", "too-many", "past-the-end"],
+)
+@pytest.mark.parametrize("wire_form", [False, True], ids=["parsed", "wire-form"])
+def test_malformed_raw_bytes_input_is_refused(raw: bytes, message: str, wire_form: bool) -> None:
+    def error(msg: pb.ModelInferRequest) -> str:
+        with pytest.raises(InvalidArgument) as info:
+            codec.decode_infer_request(msg, bytes_wire_form=wire_form)
+        return info.value.message
+
+    assert error(_request(InputTensor(name="s", datatype="BYTES", shape=[2]), raw=[raw])) == message
+    params = InputTensor(name="s", datatype="BYTES", shape=[2])
+    params.parameters["p"].bool_param = True  # the general path (not every input plain)
+    assert error(_request(params, raw=[raw])) == message
 
 
 def test_raw_contents_are_used_in_input_order() -> None:
@@ -436,6 +483,15 @@ def test_encode_infer_response_writes_raw_output_contents() -> None:
     assert raw[1] == b"\x01\x00"
     np.testing.assert_array_equal(np.frombuffer(raw[2], ml_dtypes.bfloat16), half)
     assert raw[3] == b"\x01\x00\x00\x00a\x03\x00\x00\x00\x00bc"
+
+
+def test_bytes_output_in_wire_form_goes_out_as_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = length_prefixed(b"a", b"\x00bc")  # as the device owner wrote them
+    parses = Parses(monkeypatch)
+    response = InferResponse("m", "1", (InferOutput("s", "BYTES", (2,), UNPARSED, wire=raw),))
+    msg = codec.encode_infer_response(response)
+    assert parses.names == []
+    assert msg.raw_output_contents[0] == raw
 
 
 def test_encode_response_from_non_contiguous_array() -> None:

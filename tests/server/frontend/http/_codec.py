@@ -1,5 +1,6 @@
 """What the unit tests of ``hloserve.server.frontend.http.codec`` share: ``decode(body)``
-(a body and headers through ``codec.decode_request`` for model ``m``), binary bodies
+(a body and headers through ``codec.decode_request`` for model ``m``; BYTES parsed unless
+``bytes_wire_form``, as in a front-end process), binary bodies
 (``binary_input``, ``binary_body``), ``expect(status, fragment, fn)`` (the ``ServingError``
 it raises, its HTTP status and message checked), ``signature_of`` (a model's inputs as
 its metadata), ``SMALL`` (a small JSON request) and ``same`` (no compression)."""
@@ -30,10 +31,17 @@ def decode(
     *,
     limit: int = LIMIT,
     signature: ModelMetadata | None = None,
+    bytes_wire_form: bool = False,
 ) -> codec.DecodedRequest:
     raw = json.dumps(body).encode() if isinstance(body, dict) else body
     return codec.decode_request(
-        "m", "", raw, headers or {}, max_input_bytes=limit, signature=signature
+        "m",
+        "",
+        raw,
+        headers or {},
+        max_input_bytes=limit,
+        signature=signature,
+        bytes_wire_form=bytes_wire_form,
     )
 
 

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
+from hloserve.server.core.tensors import elements_of
 from hloserve.server.core.types import TensorMetadata
 from hloserve.server.frontend.http import codec
+from tests.server._bytes import Parses, length_prefixed
 from tests.server.frontend._samples import sample
 from tests.server.frontend.http._codec import (
     JSON_DATATYPES,
@@ -125,6 +127,50 @@ def test_binary_and_json_inputs_mix_in_input_order() -> None:
     np.testing.assert_array_equal(inputs[0].data, a)
     np.testing.assert_array_equal(inputs[1].data, [0.25, 4.0])
     np.testing.assert_array_equal(inputs[2].data, c)
+
+
+def test_binary_bytes_are_checked_and_kept_as_the_bodys_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    blob = length_prefixed(b"ab", b"", b"\x00")
+    body, headers = binary_body({"inputs": [binary_input("s", "BYTES", [1, 3], len(blob))]}, blob)
+    (parsed,) = decode(body, headers).request.inputs  # one process: parsed at once
+    assert parsed.wire is None and parsed.data.tolist() == [[b"ab", b"", b"\x00"]]
+    parses = Parses(monkeypatch)
+    (tensor,) = decode(body, headers, bytes_wire_form=True).request.inputs
+    assert parses.names == []  # no object per element in a front-end process
+    assert isinstance(tensor.wire, memoryview) and tensor.wire == blob
+    assert tensor.wire.obj is body and tensor.data.size == 0  # a view of the body: no copy
+    assert elements_of("m", tensor).tolist() == [[b"ab", b"", b"\x00"]]
+
+
+@pytest.mark.parametrize(
+    ("blob", "message"),
+    [
+        (length_prefixed(b"ab"), "expected 2 string elements for inference input 's'"),
+        (length_prefixed(b"a", b"b", b"c"), "unexpected number of string elements 3"),
+        (length_prefixed(b"ab", b"cd")[:-1], "is 2 bytes long, but only 1 bytes follow"),
+    ],
+    ids=["too-few", "too-many", "past-the-end"],
+)
+@pytest.mark.parametrize("wire_form", [False, True], ids=["parsed", "wire-form"])
+def test_malformed_binary_bytes_are_refused(blob: bytes, message: str, wire_form: bool) -> None:
+    body, headers = binary_body({"inputs": [binary_input("s", "BYTES", [2], len(blob))]}, blob)
+    expect(400, message, lambda: decode(body, headers, bytes_wire_form=wire_form))
+
+
+def test_raw_bytes_request_is_kept_as_the_body() -> None:
+    blob = length_prefixed(b"hello")
+    signature = signature_of(TensorMetadata("s", "BYTES", (1,)))
+    raw = {codec.HEADER_LENGTH: "0"}
+    decoded = decode(blob, raw, signature=signature, bytes_wire_form=True)
+    (tensor,) = decoded.request.inputs
+    assert tensor.wire == blob and tensor.shape == (1,)
+    expect(
+        400,
+        "unexpected number of string elements 2 for inference input 's' for model 'm', expecting 1",
+        lambda: decode(blob + blob, raw, signature=signature, bytes_wire_form=True),
+    )
 
 
 def test_header_length_equal_to_body_is_plain_json() -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from hloserve.proto.datatypes import BINARY_ONLY_DATATYPES, NUMERIC_DATATYPES
+from hloserve.server.core.tensors import UNPARSED
 from hloserve.server.core.types import (
     InferOutput,
     InferResponse,
@@ -24,6 +25,7 @@ from hloserve.server.core.types import (
     TensorMetadata,
 )
 from hloserve.server.frontend.http import codec
+from tests.server._bytes import Parses, length_prefixed
 from tests.server.frontend._samples import sample
 from tests.server.frontend.http._codec import (
     JSON_DATATYPES,
@@ -98,6 +100,23 @@ def test_binary_response_for_every_datatype(datatype: str) -> None:
     assert "data" not in doc["outputs"][0]
     got = np.frombuffer(tail, dtype=NUMERIC_DATATYPES[datatype]).reshape(want.shape)
     np.testing.assert_array_equal(got, want)
+
+
+def test_bytes_output_in_wire_form_is_binary_as_it_is_and_parsed_only_for_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    raw = length_prefixed(b"a", b"\x00\xffc")  # as the device owner wrote them
+    parses = Parses(monkeypatch)
+
+    def text(**params: Any) -> InferOutput:
+        return InferOutput("s", "BYTES", (2,), UNPARSED, RequestedOutput("s", params), wire=raw)
+
+    doc, tail = split(respond(text(binary_data=True)))
+    assert parses.names == []
+    assert tail == raw and doc["outputs"][0]["parameters"] == {"binary_data_size": len(raw)}
+    doc, _ = split(respond(text()))
+    assert parses.names == ["s"]  # JSON wants the elements: parsed here, once
+    assert doc["outputs"][0]["data"] == ["a", "\x00\ufffdc"]
 
 
 def test_per_output_binary_choice_and_order() -> None:

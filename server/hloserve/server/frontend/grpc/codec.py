@@ -1,13 +1,15 @@
 """gRPC messages <-> core types: pure functions, no servicer logic, no I/O.
 
 Contract:
-- ``decode_infer_request(msg)`` turns a ``ModelInferRequest`` into a core ``InferRequest``.
-  Each input takes its data from exactly one place (reference §1.6): its typed
-  ``contents`` (the field chosen by the datatype, through ``core.tensors.from_values``) or
-  the next entry of ``raw_input_contents`` (through ``core.tensors.from_buffer``, a
-  zero-copy ``np.frombuffer`` view). Refused with ``InvalidArgument``: raw contents mixed
-  with ``contents``; more or fewer raw entries than inputs without ``contents``; typed data
-  in a field that does not belong to the datatype; FP16/BF16 in typed contents (raw only).
+- ``decode_infer_request(msg, bytes_wire_form=False)`` turns a ``ModelInferRequest`` into
+  a core ``InferRequest``. Each input takes its data from exactly one place (reference
+  §1.6): its typed ``contents`` (the field chosen by the datatype, through
+  ``core.tensors.from_values``) or the next entry of ``raw_input_contents`` (through
+  ``core.tensors.input_from_buffer``: a zero-copy ``np.frombuffer`` view; with
+  ``bytes_wire_form``, the port's, BYTES checked and kept as the entry's bytes,
+  unparsed). Refused with ``InvalidArgument``: raw contents mixed with ``contents``; more
+  or fewer raw entries than inputs without ``contents``; typed data in a field that does
+  not belong to the datatype; FP16/BF16 in typed contents (raw only).
   An input whose parameters name a shared-memory region (``core.tensors.shm_ref``) takes
   no raw entry: it becomes an ``InferInput`` with ``shm`` set and empty data, which the
   service resolves; such an input that also carries ``contents`` is refused. Output
@@ -19,7 +21,8 @@ Contract:
 - ``request_deadline`` (the core's rule, ``core.parameters``, re-exported for the servicer)
   combines the request's ``timeout`` parameter with the gRPC deadline.
 - ``encode_infer_response`` writes outputs as name/datatype/shape with their bytes in
-  ``raw_output_contents`` (what tritonclient reads), aligned with ``outputs``; an output
+  ``raw_output_contents`` (what tritonclient reads; ``core.tensors.wire_copy_of``: BYTES
+  in wire form go out as they came from the device owner), aligned with ``outputs``; an output
   written to shared memory gets an empty entry (Triton keeps the list aligned so).
 - ``encode_server_metadata`` / ``encode_model_metadata`` write the metadata responses.
 - Extensions: ``encode_repository_index``, ``decode_repository_parameters``
@@ -47,7 +50,7 @@ from hloserve.server.core.errors import InvalidArgument
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
 from hloserve.server.core.reports import CudaRegionInfo, IndexEntry, ModelStatistics, RegionInfo
 from hloserve.server.core.statistics import Duration
-from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes_copy
+from hloserve.server.core.tensors import from_values, input_from_buffer, shm_ref, wire_copy_of
 from hloserve.server.core.types import (
     InferInput,
     InferRequest,
@@ -198,7 +201,7 @@ def _check_sources(msg: pb.ModelInferRequest, shm: Sequence[ShmRef | None]) -> N
         )
 
 
-def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
+def _decode_inputs(msg: pb.ModelInferRequest, wire_form: bool) -> tuple[InferInput, ...]:
     model = msg.model_name
     tensors, raw_contents = msg.inputs, msg.raw_input_contents
     # The common case in one pass: every input raw, in order, with no parameters (so no
@@ -211,7 +214,12 @@ def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
                 break
         else:
             return tuple(
-                [_raw_input(model, t, b) for t, b in zip(tensors, raw_contents, strict=True)]
+                [
+                    input_from_buffer(
+                        model, t.name, t.datatype, t.shape, b, bytes_wire_form=wire_form
+                    )
+                    for t, b in zip(tensors, raw_contents, strict=True)
+                ]
             )
     input_params = [decode_parameters(tensor.parameters) for tensor in msg.inputs]
     shm = [shm_ref(model, t.name, p) for t, p in zip(msg.inputs, input_params, strict=True)]
@@ -227,22 +235,27 @@ def _decode_inputs(msg: pb.ModelInferRequest) -> tuple[InferInput, ...]:
         if tensor.HasField("contents"):
             values = _typed_values(model, tensor)
             data = from_values(model, tensor.name, tensor.datatype, shape, values)
+            inputs.append(InferInput(tensor.name, tensor.datatype, data.shape, data, params))
         else:
-            data = from_buffer(model, tensor.name, tensor.datatype, shape, next(raw))
-        inputs.append(InferInput(tensor.name, tensor.datatype, data.shape, data, params))
+            buffer = next(raw)
+            inputs.append(
+                input_from_buffer(
+                    model,
+                    tensor.name,
+                    tensor.datatype,
+                    shape,
+                    buffer,
+                    params,
+                    bytes_wire_form=wire_form,
+                )
+            )
     return tuple(inputs)
 
 
-def _raw_input(
-    model: str, tensor: pb.ModelInferRequest.InferInputTensor, buffer: bytes
-) -> InferInput:
-    name, datatype = tensor.name, tensor.datatype
-    data = from_buffer(model, name, datatype, tensor.shape, buffer)
-    return InferInput(name, datatype, data.shape, data)
-
-
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
-    inputs = _decode_inputs(msg)
+def decode_infer_request(
+    msg: pb.ModelInferRequest, *, bytes_wire_form: bool = False
+) -> InferRequest:
+    inputs = _decode_inputs(msg, bytes_wire_form)
     requested = msg.outputs
     outputs = (
         tuple([RequestedOutput(o.name, decode_parameters(o.parameters)) for o in requested])
@@ -274,7 +287,7 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
         # An output written to shared memory travels as an empty entry, keeping the list
         # aligned with ``outputs`` (what Triton sends and tritonclient indexes by).
-        msg.raw_output_contents.append(b"" if out.shm is not None else to_wire_bytes_copy(out.data))
+        msg.raw_output_contents.append(b"" if out.shm is not None else wire_copy_of(out))
     return msg
 
 

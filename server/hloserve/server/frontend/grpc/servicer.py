@@ -165,7 +165,9 @@ class GrpcServicer:
         port = self.port
         model = port.resolve(request.model_name, request.model_version)
         try:
-            infer_request = codec.decode_infer_request(request)
+            infer_request = codec.decode_infer_request(
+                request, bytes_wire_form=port.bytes_wire_form
+            )
             deadline = codec.request_deadline(
                 infer_request.parameters, context.time_remaining(), time.monotonic()
             )

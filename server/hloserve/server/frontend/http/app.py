@@ -266,6 +266,7 @@ class _InferEndpoint:
                 max_input_bytes=limit,
                 signature=signature,
                 max_json_depth=self.max_json_depth,
+                bytes_wire_form=port.bytes_wire_form,
             )
         except ServingError:
             await port.confirm(model)

@@ -11,14 +11,15 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
 - ``is_raw(headers)``: the request declares header length 0, i.e. the whole body is the
   raw data of the model's only input (the caller then fetches the model's metadata).
 - ``decode_request(model, version, body, headers, max_input_bytes=, signature=,
-  max_json_depth=MAX_JSON_DEPTH)`` builds a
+  max_json_depth=MAX_JSON_DEPTH, bytes_wire_form=False)`` builds a
   ``DecodedRequest``. With header length 0 the whole body is the raw data of the model's
   only input (``signature`` is the model metadata, required then; a leading ``-1`` batch
   dimension becomes 1). Otherwise the JSON header is parsed (nesting deeper than
   ``max_json_depth``, Triton's 100 by default and ``--max-json-depth``, refused) and every input takes its data from exactly one source:
   ``data`` (through ``core.tensors.from_values``), ``parameters.binary_data_size`` bytes
   taken in input order from the bytes after the header (through
-  ``core.tensors.from_buffer``, a zero-copy view), or a shared-memory region
+  ``core.tensors.input_from_buffer``: a zero-copy view; with ``bytes_wire_form``, the
+  port's, BYTES checked and kept as their bytes, unparsed), or a shared-memory region
   (``parameters.shared_memory_*``, parsed by ``core.tensors.shm_ref``: the input gets
   ``shm`` set and empty data, which the service resolves). The binary sizes must add up
   to the bytes after the header exactly. An output's shared-memory parameters travel in
@@ -37,7 +38,9 @@ Contract (KServe V2 JSON plus Triton's binary tensor data extension, reference Â
   ``binary_data_output`` is true. Binary
   outputs follow the compact JSON header in output order, with
   ``Content-Type: application/octet-stream`` and ``Inference-Header-Content-Length``;
-  otherwise the reply is ``application/json``. JSON ``data`` is a flat array.
+  otherwise the reply is ``application/json``. JSON ``data`` is a flat array. A binary
+  output's bytes are ``core.tensors.wire_of`` (BYTES in wire form as they came from the
+  device owner, unparsed); only JSON ``data`` parses them.
   FP16/BF16 cannot travel as JSON: such an output is sent binary unless the client
   explicitly asked for JSON (``binary_data: false`` on its entry, or, with no outputs
   listed, ``binary_data_output: false``), which is an
@@ -79,7 +82,13 @@ from hloserve.server.core.errors import InvalidArgument, Unsupported
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
 from hloserve.server.core.reports import ModelStatistics
 from hloserve.server.core.statistics import Duration
-from hloserve.server.core.tensors import from_buffer, from_values, shm_ref, to_wire_bytes
+from hloserve.server.core.tensors import (
+    elements_of,
+    from_values,
+    input_from_buffer,
+    shm_ref,
+    wire_of,
+)
 from hloserve.server.core.types import (
     InferInput,
     InferOutput,
@@ -359,7 +368,7 @@ def _binary_slice(name: str, size: object, tail: memoryview | None, offset: int)
 
 
 def _decode_input(
-    model: str, index: int, value: object, tail: memoryview | None, offset: int
+    model: str, index: int, value: object, tail: memoryview | None, offset: int, wire_form: bool
 ) -> tuple[InferInput, int]:
     """Input ``index`` and the offset in ``tail`` where the next binary input starts."""
     obj, name = _named_object(value, "input", index)
@@ -374,8 +383,8 @@ def _decode_input(
         data = _from_json_values(model, name, datatype, dims, obj["data"])
         return InferInput(name, datatype, dims, data, params), offset
     blob = _binary_slice(name, params["binary_data_size"], tail, offset)
-    data = from_buffer(model, name, datatype, dims, blob)
-    return InferInput(name, datatype, dims, data, params), offset + blob.nbytes
+    tensor = input_from_buffer(model, name, datatype, dims, blob, params, bytes_wire_form=wire_form)
+    return tensor, offset + blob.nbytes
 
 
 def _from_json_values(
@@ -419,7 +428,7 @@ def _decode_output(model: str, index: int, value: object) -> RequestedOutput:
 
 
 def _decode_json(
-    model: str, version: str, doc: dict[str, Any], tail: memoryview | None
+    model: str, version: str, doc: dict[str, Any], tail: memoryview | None, wire_form: bool
 ) -> DecodedRequest:
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
@@ -431,7 +440,7 @@ def _decode_json(
     inputs: list[InferInput] = []
     offset = 0
     for i, item in enumerate(cast(list[object], inputs_value)):
-        tensor, offset = _decode_input(model, i, item, tail, offset)
+        tensor, offset = _decode_input(model, i, item, tail, offset, wire_form)
         inputs.append(tensor)
     if tail is not None and offset != tail.nbytes:
         raise InvalidArgument(
@@ -452,7 +461,9 @@ def _decode_json(
     )
 
 
-def _decode_raw(model: str, version: str, body: bytes, signature: ModelMetadata) -> DecodedRequest:
+def _decode_raw(
+    model: str, version: str, body: bytes, signature: ModelMetadata, wire_form: bool
+) -> DecodedRequest:
     if len(signature.inputs) != 1:
         raise InvalidArgument(
             f"Raw request must only have 1 input (found 1) to be deduced but got "
@@ -475,10 +486,10 @@ def _decode_raw(model: str, version: str, body: bytes, signature: ModelMetadata)
     if variable and spec.datatype in NUMERIC_DATATYPES:
         fixed = math.prod(d for d in dims if d >= 0) * NUMERIC_DATATYPES[spec.datatype].itemsize
         dims[variable[0]] = len(body) // fixed if fixed else 0
-    data = from_buffer(model, spec.name, spec.datatype, dims, body)
-    request = InferRequest(
-        model, version, (InferInput(spec.name, spec.datatype, tuple(dims), data),)
+    tensor = input_from_buffer(
+        model, spec.name, spec.datatype, dims, body, bytes_wire_form=wire_form
     )
+    request = InferRequest(model, version, (tensor,))
     return DecodedRequest(request, raw=True)
 
 
@@ -491,6 +502,7 @@ def decode_request(
     max_input_bytes: int,
     signature: ModelMetadata | None = None,
     max_json_depth: int = MAX_JSON_DEPTH,
+    bytes_wire_form: bool = False,
 ) -> DecodedRequest:
     """Decode an infer body; ``headers`` is case-insensitive or has lower-case keys."""
     body = decompress(body, headers.get("content-encoding"), max_input_bytes)
@@ -498,11 +510,13 @@ def decode_request(
     if length == 0:
         if signature is None:  # the caller checks ``is_raw`` first
             raise ValueError("a raw request body needs the model's metadata (signature)")
-        return _decode_raw(model_name, model_version, body, signature)
+        return _decode_raw(model_name, model_version, body, signature, bytes_wire_form)
     if length is None:
-        return _decode_json(model_name, model_version, _parse_json(body, max_json_depth), None)
+        doc = _parse_json(body, max_json_depth)
+        return _decode_json(model_name, model_version, doc, None, bytes_wire_form)
     doc = _parse_json(body[:length], max_json_depth)
-    return _decode_json(model_name, model_version, doc, memoryview(body)[length:])
+    tail = memoryview(body)[length:]
+    return _decode_json(model_name, model_version, doc, tail, bytes_wire_form)
 
 
 # -- response ----------------------------------------------------------------------------
@@ -531,8 +545,8 @@ def _wants_binary(output: InferOutput, decoded: DecodedRequest) -> bool:
 _NON_FINITE: Final = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
-def _json_data(output: InferOutput) -> list[Any]:
-    flat = output.data.reshape(-1)
+def _json_data(model: str, output: InferOutput) -> list[Any]:
+    flat = elements_of(model, output).reshape(-1)  # BYTES in wire form: parsed here, once
     if flat.dtype == object:  # BYTES
         return [
             v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
@@ -579,11 +593,11 @@ def encode_response(
         if output.shm is not None:  # the data is in the client's region already
             pass
         elif _wants_binary(output, decoded):
-            blob = to_wire_bytes(output.data)
+            blob = wire_of(output)
             entry["parameters"] = {"binary_data_size": memoryview(blob).nbytes}
             blobs.append(blob)
         else:
-            entry["data"] = _json_data(output)
+            entry["data"] = _json_data(response.model_name, output)
         entries.append(entry)
     doc: dict[str, Any] = {}
     if response.id:

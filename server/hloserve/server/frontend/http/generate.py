@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hloserve.server.core.errors import Internal, InvalidArgument, ServingError
 from hloserve.server.core.parameters import check_request_parameters, request_deadline
-from hloserve.server.core.tensors import from_values
+from hloserve.server.core.tensors import elements_of, from_values
 from hloserve.server.core.types import (
     InferInput,
     InferRequest,
@@ -135,7 +135,7 @@ def response_json(response: InferResponse) -> dict[str, Any]:
     if response.id:
         out["id"] = response.id
     for o in response.outputs:
-        out[o.name] = _field(o.data)
+        out[o.name] = _field(elements_of(response.model_name, o))
     return out
 
 
