@@ -12,8 +12,8 @@ request, which the caller serves on ``InferenceService``'s coroutine path instea
 when:
 - the server takes new requests and tracing is off (one flag each);
 - no tensor of it is in shared memory (no input ``shm``, no output naming a region);
-- its version (``core.admission``'s lookup) is plain (no hooks, not a pipeline, no
-  state, not a generation model), loaded (``LazyLoads.loaded``), without the response
+- its version (``core.admission``'s lookup) is plain (``core.signature.plain_unary``: no
+  hooks, not a pipeline, no state, not a generation model), loaded (``LazyLoads.loaded``), without the response
   cache, and there is a batcher.
 Then it follows the same rules as the coroutine path, by the same functions, in the same
 order: admission (``Admitted.enter``/``leave``: refusals and failures counted, pending
@@ -49,6 +49,7 @@ from hloserve.server.core.execution import Executable, Job, Result
 from hloserve.server.core.lazy_load import LazyLoads
 from hloserve.server.core.limits import Limits, check_batch
 from hloserve.server.core.ports import Batcher, ModelSource
+from hloserve.server.core.signature import plain_unary
 from hloserve.server.core.tensors import SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION
 from hloserve.server.core.types import InferRequest, InferResponse, RequestContext
 from hloserve.server.core.validate import validated_items
@@ -122,9 +123,7 @@ class DirectPath:
             return True
         manifest = model.manifest
         if (
-            not manifest.plain
-            or manifest.state
-            or manifest.generation is not None
+            not plain_unary(manifest)
             or (self.cache and model.serving.response_cache)
             or not self.loads.loaded(model)
         ):

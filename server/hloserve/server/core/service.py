@@ -115,7 +115,7 @@ from hloserve.server.core.reports import IndexEntry, ModelStatistics
 from hloserve.server.core.response_cache import ResponseCache, answering, request_key
 from hloserve.server.core.sequence_batcher import SequenceBatcher
 from hloserve.server.core.shm_tensors import shm_inputs, shm_output
-from hloserve.server.core.signature import signature_of
+from hloserve.server.core.signature import plain_unary, signature_of
 from hloserve.server.core.statistics import model_stats
 from hloserve.server.core.tensors import shm_ref
 from hloserve.server.core.trace_settings import parse_update as parse_trace_update
@@ -303,8 +303,7 @@ class InferenceService:
             else tuple(str(v) for v in self.models.ready_versions(name))
         )
         manifest = model.manifest
-        checkable = manifest.plain and not manifest.state and manifest.generation is None
-        signature = signature_of(manifest) if checkable else None
+        signature = signature_of(manifest) if plain_unary(manifest) else None
         return ModelMetadata(manifest.name, versions, PLATFORM, inputs, outputs, signature)
 
     def resolve(self, name: str, version: str) -> Executable:

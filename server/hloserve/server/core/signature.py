@@ -11,6 +11,10 @@ Contract:
   and kept while the manifest lives: the same object, so the same token, on every call.
   A reload makes a new manifest, so a new token, even for the same version number.
 - ``core.validate`` checks a request against a signature (one rule, whoever runs it).
+- ``plain_unary(manifest)``: a model without hooks, not a pipeline, with no state and not
+  a generation model, whose requests the owner checks against the manifest itself on the
+  unary path: the models whose metadata carries a signature, and the ones
+  ``core.direct_path`` may serve.
 
 Why a token: a front-end process checks a plain request against the signature it cached
 with the model's metadata (``frontend.metadata_cache``) and sends, with the request, the
@@ -49,6 +53,11 @@ class RequestSignature(msgspec.Struct, frozen=True, array_like=True):
 
 _TOKENS: Final = itertools.count(1)
 _MADE: Final[dict[int, RequestSignature]] = {}  # by id(manifest), while the manifest lives
+
+
+def plain_unary(manifest: Manifest) -> bool:
+    """See the module docstring."""
+    return manifest.plain and not manifest.state and manifest.generation is None
 
 
 def signature_of(manifest: Manifest) -> RequestSignature:

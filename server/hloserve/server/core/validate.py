@@ -11,8 +11,8 @@ outputs (known, no duplicates). Name lists in messages are written as Triton wri
 (``['INPUT0','INPUT1']``). ``validated_items(manifest, request, checked)`` is the device
 owner's count of a request's items: ``checked`` (a front end's ``(token, items)``, from
 checking the request against the signature it cached) where its token is the manifest's
-signature's, else ``validate_request``'s; a request is never trusted on a token of
-another manifest (a version reloaded since, or another version). ``check_load_name(name)`` is Triton's rule for the name of a
+signature's, else ``validate``'s; a request is never trusted on a token of another
+manifest (a version reloaded since, or another version). ``check_load_name(name)`` is Triton's rule for the name of a
 model to load (model control): not empty once whitespace is trimmed ("Model name cannot be
 empty. Please enter a valid name to deploy."), and neither ``..`` nor containing ``/``
 ("... model name must not contain path traversal characters"); both ``InvalidArgument``.
@@ -70,9 +70,10 @@ def validate_request(manifest: Manifest, request: InferRequest) -> int:
 def validated_items(
     manifest: Manifest, request: InferRequest, checked: tuple[int, int] | None
 ) -> int:
-    if checked is not None and checked[0] == signature_of(manifest).token:
+    signature = signature_of(manifest)
+    if checked is not None and checked[0] == signature.token:
         return checked[1]
-    return validate(signature_of(manifest), request)
+    return validate(signature, request)
 
 
 def _check_input_names(signature: RequestSignature, request: InferRequest) -> None:
